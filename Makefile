@@ -1,0 +1,29 @@
+# Set-up, main job and tests. `make demo` and `make test` each do all the set-up they need.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch first, pinned, so that no install step pulls another (CUDA) build from the registry.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup demo test lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	touch $@
+
+demo: setup
+	$(BIN)/python -m dataflow make-demo demo-data/arrow --format arrow
+	$(BIN)/python -m dataflow read demo-data/arrow
+
+test: setup
+	$(BIN)/python -m pytest tests -q -p no:cacheprovider
+
+lint: setup
+	$(BIN)/ruff check dataflow server client bench tests
+
+clean:
+	rm -rf $(VENV) demo-data bench-out

@@ -1,0 +1,237 @@
+"""Columnar batches: the one in-memory form every reader produces and the wire carries.
+
+A batch is a ``dict[str, Column]`` where a column is either
+
+* a numpy array of shape ``(n, *shape)`` for a fixed-size field (ints, floats, tensors), or
+* a :class:`Ragged` column for a variable-length field (bytes, text, variable lists),
+  Arrow style: one flat ``values`` array and ``offsets`` of shape ``(n + 1,)``.
+
+Conversion from Arrow is vectorized and zero-copy where Arrow's layout allows it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from dataflow.errors import DataflowError
+
+RAGGED_KINDS = ("bytes", "str", "list")
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A variable-length column.
+
+    Attributes:
+        values: 1-D array holding every sample's items back to back (uint8 for bytes/str).
+        offsets: int64 array of shape ``(n + 1,)``; sample ``i`` is
+            ``values[offsets[i]:offsets[i + 1]]``; ``offsets[0] == 0``.
+        kind: ``"bytes"``, ``"str"`` (UTF-8 bytes) or ``"list"`` (typed values).
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in RAGGED_KINDS:
+            raise DataflowError(f"ragged kind must be one of {RAGGED_KINDS}. Found: {self.kind!r}")
+        if self.values.ndim != 1 or self.offsets.ndim != 1 or len(self.offsets) < 1:
+            raise DataflowError("ragged values and offsets must be 1-D, offsets non-empty")
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> bytes | str | np.ndarray:
+        item = self.values[self.offsets[i] : self.offsets[i + 1]]
+        if self.kind == "bytes":
+            return item.tobytes()
+        if self.kind == "str":
+            return item.tobytes().decode("utf-8")
+        return item
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + self.offsets.nbytes
+
+
+Column = np.ndarray | Ragged
+Batch = dict[str, Column]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """The type of one field, identical for every sample of a dataset.
+
+    Attributes:
+        name: field name.
+        dtype: numpy dtype name of the values (``"int64"``, ``"uint8"``, ...).
+        shape: per-sample shape of a fixed-size field; ``()`` for scalars and ragged fields.
+        ragged: ``None`` for fixed-size fields, else one of ``RAGGED_KINDS``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...] = ()
+    ragged: str | None = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+                "ragged": self.ragged}
+
+    @classmethod
+    def from_json(cls, obj: Mapping) -> FieldSpec:
+        return cls(str(obj["name"]), str(obj["dtype"]), tuple(int(d) for d in obj["shape"]),
+                   obj["ragged"])
+
+
+Schema = tuple[FieldSpec, ...]
+
+
+def schema_to_json(schema: Schema) -> str:
+    return json.dumps([f.to_json() for f in schema])
+
+
+def schema_from_json(text: str) -> Schema:
+    return tuple(FieldSpec.from_json(o) for o in json.loads(text))
+
+
+def batch_len(batch: Mapping[str, Column]) -> int:
+    """Number of samples in ``batch`` (0 for a batch with no fields)."""
+    for col in batch.values():
+        return len(col)
+    return 0
+
+
+def batch_nbytes(batch: Mapping[str, Column]) -> int:
+    return sum(c.nbytes for c in batch.values())
+
+
+def concat(batches: Sequence[Mapping[str, Column]]) -> Batch:
+    """Concatenate batches with the same fields into one (copies unless there is one)."""
+    if not batches:
+        raise DataflowError("concat needs at least one batch")
+    if len(batches) == 1:
+        return dict(batches[0])
+    out: Batch = {}
+    for name, first in batches[0].items():
+        cols = [b[name] for b in batches]
+        if isinstance(first, Ragged):
+            starts = np.cumsum([0] + [len(c.values) for c in cols[:-1]], dtype=np.int64)
+            shifted = [c.offsets[1:] + s for c, s in zip(cols, starts, strict=True)]
+            offsets = np.concatenate([cols[0].offsets[:1], *shifted])
+            out[name] = Ragged(np.concatenate([c.values for c in cols]), offsets, first.kind)
+        else:
+            out[name] = np.concatenate(cols)
+    return out
+
+
+def slice_batch(batch: Mapping[str, Column], start: int, stop: int) -> Batch:
+    """Rows ``[start, stop)`` of ``batch`` (views, no copy of the values)."""
+    out: Batch = {}
+    for name, col in batch.items():
+        if isinstance(col, Ragged):
+            offs = col.offsets[start : stop + 1]
+            out[name] = Ragged(col.values[offs[0] : offs[-1]], offs - offs[0], col.kind)
+        else:
+            out[name] = col[start:stop]
+    return out
+
+
+def _primitive_dtype(t: pa.DataType) -> np.dtype | None:
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return np.dtype(t.to_pandas_dtype())
+    return None
+
+
+def field_spec(field: pa.Field) -> FieldSpec:
+    """The :class:`FieldSpec` of an Arrow field; raises for types dataflow cannot batch."""
+    t = field.type
+    if isinstance(t, pa.FixedShapeTensorType):
+        dt = _primitive_dtype(t.value_type)
+        if dt is not None:
+            return FieldSpec(field.name, dt.name, tuple(t.shape))
+    if isinstance(t, pa.ExtensionType):
+        return field_spec(pa.field(field.name, t.storage_type))
+    dt = _primitive_dtype(t)
+    if dt is not None:
+        return FieldSpec(field.name, dt.name)
+    shape: list[int] = []
+    inner = t
+    while pa.types.is_fixed_size_list(inner):
+        shape.append(inner.list_size)
+        inner = inner.value_type
+    if shape and _primitive_dtype(inner) is not None:
+        return FieldSpec(field.name, _primitive_dtype(inner).name, tuple(shape))
+    if pa.types.is_fixed_size_binary(t):
+        return FieldSpec(field.name, "uint8", (t.byte_width,))
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return FieldSpec(field.name, "uint8", ragged="bytes")
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return FieldSpec(field.name, "uint8", ragged="str")
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _primitive_dtype(t.value_type):
+        return FieldSpec(field.name, _primitive_dtype(t.value_type).name, ragged="list")
+    raise DataflowError(f"field {field.name!r}: unsupported Arrow type {t}")
+
+
+def schema_of_arrow(schema: pa.Schema) -> Schema:
+    return tuple(field_spec(f) for f in schema)
+
+
+def _no_nulls(name: str, arr: pa.Array) -> None:
+    if arr.null_count:
+        raise DataflowError(
+            f"field {name!r}: {arr.null_count} null value(s); nulls are not supported"
+        )
+
+
+def _ragged_from_binary(arr: pa.Array, kind: str) -> Ragged:
+    wide = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
+    _, offs_buf, data_buf = arr.buffers()
+    offs = np.frombuffer(offs_buf, dtype=np.int64 if wide else np.int32)
+    offs = offs[arr.offset : arr.offset + len(arr) + 1]
+    if data_buf is None:
+        values = np.zeros(0, dtype=np.uint8)
+    else:
+        values = np.frombuffer(data_buf, dtype=np.uint8)[offs[0] : offs[-1]]
+    return Ragged(values, (offs - offs[0]).astype(np.int64, copy=False), kind)
+
+
+def column_from_arrow(spec: FieldSpec, arr: pa.Array | pa.ChunkedArray) -> Column:
+    """Convert one Arrow column to a :class:`Column` of ``spec``'s type."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if isinstance(arr, pa.ExtensionArray):
+        arr = arr.storage
+    _no_nulls(spec.name, arr)
+    n = len(arr)
+    if spec.ragged in ("bytes", "str"):
+        return _ragged_from_binary(arr, spec.ragged)
+    if spec.ragged == "list":
+        offs = arr.offsets.to_numpy()
+        values = arr.flatten()
+        _no_nulls(spec.name, values)
+        return Ragged(values.to_numpy(zero_copy_only=False), (offs - offs[0]).astype(np.int64),
+                      "list")
+    if pa.types.is_fixed_size_binary(arr.type):
+        buf = arr.buffers()[1]
+        w = arr.type.byte_width
+        flat = np.frombuffer(buf, dtype=np.uint8)[arr.offset * w : (arr.offset + n) * w]
+        return flat.reshape(n, w)
+    values = arr
+    while pa.types.is_fixed_size_list(values.type):
+        values = values.flatten()
+    _no_nulls(spec.name, values)
+    flat = values.to_numpy(zero_copy_only=False)
+    return flat.reshape((n, *spec.shape))
+
+
+def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema | None = None) -> Batch:
+    """Convert an Arrow table or record batch to a :class:`Batch` without per-sample loops."""
+    specs = schema if schema is not None else schema_of_arrow(table.schema)
+    return {s.name: column_from_arrow(s, table.column(s.name)) for s in specs}

@@ -1,0 +1,82 @@
+"""The project's one error hierarchy.
+
+Every message names the shard, endpoint or field involved, so a user can act on it
+without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class DataflowError(Exception):
+    """Base of every error raised by dataflow."""
+
+
+class ConfigError(DataflowError, ValueError):
+    """A configuration value is invalid (raised on construction)."""
+
+
+class SpecError(DataflowError):
+    """A dataset spec is malformed or matches no shard."""
+
+
+class ShardReadError(DataflowError):
+    """A shard could not be read.
+
+    Attributes:
+        shard: URL or path of the shard.
+        offset: byte offset of the problem, when known.
+        index: sample index inside the shard, when known.
+    """
+
+    def __init__(
+        self, shard: str, message: str, *, offset: int | None = None, index: int | None = None
+    ) -> None:
+        where = []
+        if index is not None:
+            where.append(f"sample {index}")
+        if offset is not None:
+            where.append(f"byte offset {offset}")
+        loc = f" ({', '.join(where)})" if where else ""
+        super().__init__(f"{shard}{loc}: {message}")
+        self.shard = shard
+        self.offset = offset
+        self.index = index
+
+
+class SchemaMismatchError(DataflowError):
+    """Two shards of one dataset disagree on their schema."""
+
+    def __init__(self, shard_a: str, shard_b: str, field: str, detail: str) -> None:
+        super().__init__(
+            f"schema mismatch on field {field!r} between {shard_a} and {shard_b}: {detail}"
+        )
+        self.shard_a = shard_a
+        self.shard_b = shard_b
+        self.field = field
+
+
+class ProtocolError(DataflowError):
+    """A wire message is malformed, truncated, oversized or of another protocol version."""
+
+
+class ServerUnavailable(DataflowError):
+    """A loader server did not answer within the timeout."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(f"{endpoint}: {message}")
+        self.endpoint = endpoint
+
+
+class RemoteError(DataflowError):
+    """An error raised inside a loader server, carried to the client.
+
+    Attributes:
+        endpoint: the server that reported it.
+        kind: the server-side exception class name.
+    """
+
+    def __init__(self, endpoint: str, kind: str, message: str) -> None:
+        super().__init__(f"{endpoint}: {kind}: {message}")
+        self.endpoint = endpoint
+        self.kind = kind
+        self.remote_message = message

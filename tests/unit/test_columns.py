@@ -1,0 +1,81 @@
+"""Arrow -> columnar batch conversion, concatenation and slicing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dataflow.columns import (
+    FieldSpec,
+    Ragged,
+    batch_len,
+    concat,
+    from_arrow,
+    schema_from_json,
+    schema_of_arrow,
+    schema_to_json,
+    slice_batch,
+)
+from dataflow.errors import DataflowError
+
+
+def _table(n: int = 10) -> pa.Table:
+    images = np.arange(n * 6, dtype=np.uint8).reshape(n, 2, 3)
+    return pa.table({
+        "id": pa.array(np.arange(n, dtype=np.int64)),
+        "image": pa.FixedShapeTensorArray.from_numpy_ndarray(images),
+        "flat": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(n * 4, dtype=np.float32)), 4),
+        "text": pa.array([f"t{i}" * i for i in range(n)]),
+        "blob": pa.array([bytes([i]) * i for i in range(n)], type=pa.large_binary()),
+        "ints": pa.array([list(range(i)) for i in range(n)], type=pa.list_(pa.int32())),
+        "flag": pa.array([i % 2 == 0 for i in range(n)]),
+    })
+
+
+def test_schema_of_arrow_and_json_round_trip() -> None:
+    schema = schema_of_arrow(_table().schema)
+    assert schema == (
+        FieldSpec("id", "int64"),
+        FieldSpec("image", "uint8", (2, 3)),
+        FieldSpec("flat", "float32", (4,)),
+        FieldSpec("text", "uint8", ragged="str"),
+        FieldSpec("blob", "uint8", ragged="bytes"),
+        FieldSpec("ints", "int32", ragged="list"),
+        FieldSpec("flag", "bool"),
+    )
+    assert schema_from_json(schema_to_json(schema)) == schema
+
+
+@pytest.mark.parametrize("start, stop", [(0, 10), (3, 7), (9, 10), (4, 4)])
+def test_from_arrow_slices_match_rows(start: int, stop: int) -> None:
+    batch = from_arrow(_table().slice(start, stop - start))
+    assert batch_len(batch) == stop - start
+    assert batch["id"].tolist() == list(range(start, stop))
+    assert batch["image"].shape == (stop - start, 2, 3)
+    assert batch["image"].reshape(-1).tolist() == list(range(start * 6, stop * 6))
+    assert batch["flat"].shape == (stop - start, 4)
+    rows = range(stop - start)
+    assert [batch["text"][i] for i in rows] == [f"t{i}" * i for i in range(start, stop)]
+    assert [batch["blob"][i] for i in rows] == [bytes([i]) * i for i in range(start, stop)]
+    assert [batch["ints"][i].tolist() for i in rows] == [list(range(i)) for i in range(start, stop)]
+    assert batch["flag"].tolist() == [i % 2 == 0 for i in range(start, stop)]
+
+
+def test_concat_and_slice_are_inverse() -> None:
+    whole = from_arrow(_table())
+    parts = [slice_batch(whole, 0, 3), slice_batch(whole, 3, 3), slice_batch(whole, 3, 10)]
+    joined = concat(parts)
+    for name, col in whole.items():
+        if isinstance(col, Ragged):
+            assert joined[name].offsets.tolist() == col.offsets.tolist()
+            assert joined[name].values.tolist() == col.values.tolist()
+        else:
+            assert np.array_equal(joined[name], col)
+
+
+def test_nulls_and_unsupported_types_name_the_field() -> None:
+    with pytest.raises(DataflowError, match="'x'.*null"):
+        from_arrow(pa.table({"x": pa.array([1, None])}))
+    with pytest.raises(DataflowError, match="'s'.*unsupported"):
+        from_arrow(pa.table({"s": pa.array([{"a": 1}])}))
