@@ -1,0 +1,97 @@
+"""Shard readers: one module per format, chosen by the shard's magic bytes.
+
+``open_shard(url)`` returns a :class:`ShardReader` giving random access to a shard's samples
+as columnar batches.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+from dataflow.errors import ShardReadError
+from dataflow.readers.arrow import ArrowFileReader, ArrowStreamReader
+from dataflow.readers.base import ShardReader, check_on_error
+from dataflow.readers.cache import default_cache_dir
+from dataflow.readers.parquet import ParquetReader
+from dataflow.readers.tar import TarReader
+from dataflow.sources import open_file
+
+__all__ = [
+    "ArrowFileReader",
+    "ArrowStreamReader",
+    "ParquetReader",
+    "ShardReader",
+    "TarReader",
+    "detect_format",
+    "open_shard",
+]
+
+FORMATS = ("arrow-file", "arrow-stream", "parquet", "tar", "tar.gz")
+_MAGIC_BYTES = 512
+
+
+def detect_format(url: str, head: bytes, size: int) -> str:
+    """The format of a shard from its first bytes (not its name).
+
+    Args:
+        url: the shard, for the error message.
+        head: the shard's first bytes (at least 262 for tar detection).
+        size: the shard's size in bytes.
+
+    Returns:
+        One of :data:`FORMATS`.
+
+    Raises:
+        ShardReadError: no known magic at offset 0.
+    """
+    if head.startswith(b"ARROW1"):
+        return "arrow-file"
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if head.startswith(b"\x1f\x8b"):
+        return "tar.gz"
+    if head[257:262] == b"ustar":
+        return "tar"
+    if head.startswith(b"\xff\xff\xff\xff"):
+        return "arrow-stream"
+    if len(head) >= 8:
+        length, root = struct.unpack_from("<iI", head)
+        if 0 < length <= size - 4 and 0 < root < length:
+            return "arrow-stream"
+    raise ShardReadError(url, f"unknown shard format (first bytes {head[:8]!r})", offset=0)
+
+
+def open_shard(
+    url: str, *, cache_dir: str | None = None, on_error: str = "raise"
+) -> ShardReader:
+    """Open one shard, detecting its format by magic bytes.
+
+    Args:
+        url: a local path or fsspec URL.
+        cache_dir: where tar indexes go when they cannot sit beside the shard, and where
+            gzipped tars are decompressed and remote Arrow/tar shards downloaded (once, then
+            memory-mapped); default :func:`default_cache_dir`.
+        on_error: ``"raise"`` on bad samples, or ``"skip"`` to drop them and count them in
+            ``reader.skipped``.
+
+    Raises:
+        ConfigError: ``on_error`` is invalid.
+        ShardReadError: the shard is missing, unreadable, of unknown format or damaged.
+    """
+    check_on_error(on_error)
+    try:
+        with open_file(url) as f:
+            head = f.read(_MAGIC_BYTES)
+            size = f.seek(0, os.SEEK_END)
+    except (OSError, ValueError) as e:
+        raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
+    fmt = detect_format(url, head, size)
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+    if fmt == "arrow-file":
+        return ArrowFileReader(url, cache_dir)
+    if fmt == "arrow-stream":
+        return ArrowStreamReader(url, cache_dir)
+    if fmt == "parquet":
+        return ParquetReader(url)
+    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz")

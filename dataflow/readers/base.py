@@ -1,0 +1,113 @@
+"""The shard reader interface every format implements."""
+
+from __future__ import annotations
+
+import bisect
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from types import TracebackType
+
+import numpy as np
+
+from dataflow.columns import Batch, Ragged, Schema
+from dataflow.errors import ConfigError, ShardReadError
+
+ON_ERROR = ("raise", "skip")
+
+
+def check_on_error(on_error: str) -> str:
+    """Validate an ``on_error`` policy.
+
+    Raises:
+        ConfigError: ``on_error`` is not ``"raise"`` or ``"skip"``.
+    """
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"`on_error` must be one of {ON_ERROR}. Found: {on_error!r}")
+    return on_error
+
+
+class ShardReader(ABC):
+    """Random access to the samples of one shard, as columnar batches.
+
+    Attributes:
+        url: the shard's URL or local path.
+        schema: the type of every field, identical for every sample.
+        skipped: samples dropped because of bad input (``on_error="skip"``); 0 otherwise.
+        closed: whether :meth:`close` was called.
+
+    A reader is not thread-safe: use one reader per thread. ``close()`` is idempotent.
+    """
+
+    url: str
+    schema: Schema
+    skipped: int = 0
+    closed: bool = False
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of samples in the shard."""
+
+    @abstractmethod
+    def _read(self, start: int, stop: int) -> Batch:
+        """Rows ``[start, stop)``; the range is already validated and not empty."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release files and memory maps (idempotent)."""
+
+    def read(self, start: int, stop: int) -> Batch:
+        """Samples ``[start, stop)`` of the shard as one batch.
+
+        Any range can be read without reading from the start of the shard. Arrays may be
+        read-only views of a memory-mapped file.
+
+        Raises:
+            ShardReadError: the reader is closed, the range is outside ``[0, len(self)]``, or
+                the shard is damaged.
+        """
+        if self.closed:
+            raise ShardReadError(self.url, "read after close()")
+        n = len(self)
+        if not (0 <= start <= stop <= n):
+            raise ShardReadError(self.url, f"range [{start}, {stop}) outside [0, {n}]")
+        if start == stop:
+            return empty_batch(self.schema)
+        return self._read(start, stop)
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, samples={len(self)})"
+
+
+def empty_batch(schema: Schema) -> Batch:
+    """A batch of zero samples with the columns ``schema`` describes."""
+    out: Batch = {}
+    for f in schema:
+        if f.ragged is None:
+            out[f.name] = np.empty((0, *f.shape), dtype=f.dtype)
+        else:
+            out[f.name] = Ragged(np.empty(0, dtype=f.dtype), np.zeros(1, dtype=np.int64), f.ragged)
+    return out
+
+
+def overlapping(bounds: Sequence[int], start: int, stop: int) -> range:
+    """Indices of the chunks that overlap rows ``[start, stop)``.
+
+    Args:
+        bounds: cumulative chunk lengths with a leading 0, shape ``(chunks + 1,)``.
+        start: first row.
+        stop: one past the last row; ``stop > start``.
+    """
+    first = bisect.bisect_right(bounds, start) - 1
+    last = bisect.bisect_left(bounds, stop) - 1
+    return range(first, last + 1)

@@ -1,0 +1,148 @@
+"""On-disk caches of derived shard data: member indexes and local uncompressed copies.
+
+Every cached file is tied to its source shard by an *identity* (size plus mtime for local
+files, size plus ETag or modification time for remote ones) and is rebuilt when the identity
+changes. Files are written to a temporary name and renamed into place, so concurrent readers
+never see a partial file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import zlib
+from collections.abc import Callable, Mapping
+from typing import IO
+
+import fsspec
+
+from dataflow.errors import ShardReadError
+from dataflow.sources import is_local, local_path
+
+_COPY_CHUNK = 8 << 20
+_FILE_MODE = 0o644
+
+
+def default_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
+    """``$XDG_CACHE_HOME/dataflow``, else ``~/.cache/dataflow``.
+
+    The one place the readers consult the environment.
+    """
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dataflow")
+
+
+def identity(url: str) -> str:
+    """A string that changes whenever the shard's content may have changed.
+
+    Raises:
+        ShardReadError: the shard does not exist or cannot be queried.
+    """
+    try:
+        if is_local(url):
+            st = os.stat(local_path(url))
+            return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
+        fs, path = fsspec.core.url_to_fs(url)
+        info = fs.info(path)
+    except (OSError, ValueError) as e:
+        raise ShardReadError(url, f"cannot stat shard: {e}", offset=0) from e
+    stamp = next(
+        (info[k] for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created")
+         if info.get(k) is not None),
+        "",
+    )
+    return f"size={info.get('size')};stamp={stamp}"
+
+
+def cache_name(url: str, suffix: str) -> str:
+    """A file name unique to ``url``: a short hash of the URL (a local shard's absolute path)
+    plus the shard's base name."""
+    key = local_path(url) if is_local(url) else url
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    base = os.path.basename(url.rstrip("/"))[:80]
+    return f"{digest}-{base}{suffix}"
+
+
+def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:
+    """Write a file through ``write(f)`` to a temporary name, then rename it to ``path``.
+
+    The file is made readable by everyone (mode 0644), like the shards it is derived from.
+
+    Raises:
+        OSError: the directory is not writable (nothing is left behind).
+    """
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, _FILE_MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def local_copy(url: str, cache_dir: str, *, gunzip: bool) -> str:
+    """A local, uncompressed copy of a remote and/or gzipped shard, made once.
+
+    The copy lives in ``cache_dir`` with a sidecar ``.id`` file holding the shard's identity
+    and the copy's size; a copy whose identity or size no longer matches is replaced.
+
+    A gzip stream that ends early yields the data decompressed so far: the tar reader then
+    reports the truncation at its offset in the decompressed tar (and ``on_error="skip"`` keeps
+    the complete samples before it).
+
+    Args:
+        url: the shard.
+        cache_dir: directory for the copy (created if missing).
+        gunzip: decompress while copying.
+
+    Returns:
+        Path of the copy.
+
+    Raises:
+        ShardReadError: the shard cannot be read or is not valid gzip.
+    """
+    ident = identity(url)
+    os.makedirs(cache_dir, exist_ok=True)
+    path = os.path.join(cache_dir, cache_name(url, ".tar" if gunzip else ".copy"))
+    id_path = path + ".id"
+    try:
+        with open(id_path, encoding="utf-8") as f:
+            if f.read() == f"{ident}\ncopy_size={os.path.getsize(path)}":
+                return path
+    except OSError:
+        pass
+
+    def copy(dst: IO[bytes]) -> None:
+        opener = open(local_path(url), "rb") if is_local(url) else fsspec.open(url, "rb").open()
+        with opener as raw:
+            if gunzip:
+                _gunzip(raw, dst)
+            else:
+                shutil.copyfileobj(raw, dst, _COPY_CHUNK)
+
+    try:
+        write_atomic(path, copy)
+    except (OSError, zlib.error) as e:
+        what = "decompress" if gunzip else "copy"
+        raise ShardReadError(url, f"cannot {what} shard into {cache_dir}: {e}") from e
+    stamp = f"{ident}\ncopy_size={os.path.getsize(path)}"
+    write_atomic(id_path, lambda f: f.write(stamp.encode("utf-8")))
+    return path
+
+
+def _gunzip(src: IO[bytes], dst: IO[bytes]) -> None:
+    """Decompress every gzip member of ``src`` into ``dst``; stop quietly where input ends."""
+    dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    while chunk := src.read(_COPY_CHUNK):
+        while chunk:
+            dst.write(dec.decompress(chunk))
+            chunk = dec.unused_data if dec.eof else b""
+            if dec.eof:
+                dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    dst.write(dec.flush())

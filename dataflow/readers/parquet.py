@@ -1,0 +1,128 @@
+"""Parquet shards, read row group by row group.
+
+The footer gives the sample count and every row group's length, so :meth:`read` decodes only
+the row groups overlapping the requested range, plus (with small row groups) the following
+ones up to ``READ_AHEAD_ROWS`` rows, decoded together so pyarrow spreads them over its
+threads. The last decoded span is kept, because ranges usually arrive in order: a read that
+starts inside it reuses its rows and decodes only what lies beyond.
+
+Parquet has no tensor type: a fixed-size list field whose Arrow field metadata carries
+``b"dataflow.shape"`` (a JSON list, e.g. ``b"[3,64,64]"``) is read as that shape.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import json
+import math
+from typing import NamedTuple
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dataflow.columns import Batch, FieldSpec, Schema, field_spec, from_arrow
+from dataflow.errors import DataflowError, ShardReadError
+from dataflow.readers.base import ShardReader
+from dataflow.sources import is_local, local_path, open_file
+
+SHAPE_KEY = b"dataflow.shape"
+READ_AHEAD_ROWS = 1024
+
+
+def shaped_field_spec(field: pa.Field) -> FieldSpec:
+    """:func:`dataflow.columns.field_spec`, honouring the ``dataflow.shape`` field metadata.
+
+    Raises:
+        DataflowError: the metadata is not a JSON list of ints matching the field's size.
+    """
+    spec = field_spec(field)
+    meta = field.metadata or {}
+    if SHAPE_KEY not in meta or spec.ragged is not None:
+        return spec
+    try:
+        shape = tuple(int(d) for d in json.loads(meta[SHAPE_KEY]))
+    except (ValueError, TypeError) as e:
+        raise DataflowError(f"field {field.name!r}: bad {SHAPE_KEY!r} metadata: {e}") from e
+    if math.prod(shape) != math.prod(spec.shape):
+        raise DataflowError(
+            f"field {field.name!r}: {SHAPE_KEY!r} metadata {list(shape)} does not match "
+            f"the stored size {math.prod(spec.shape)}"
+        )
+    return dataclasses.replace(spec, shape=shape)
+
+
+class _Span(NamedTuple):
+    """Decoded rows ``[start, stop)`` of the shard."""
+
+    start: int
+    stop: int
+    table: pa.Table
+
+
+class ParquetReader(ShardReader):
+    """A Parquet file; local shards are memory-mapped, remote ones read through fsspec."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._span: _Span | None = None
+        remote = None if is_local(url) else open_file(url)
+        try:
+            self._file = pq.ParquetFile(remote or local_path(url), memory_map=remote is None)
+            self.schema: Schema = tuple(shaped_field_spec(f) for f in self._file.schema_arrow)
+        except (OSError, pa.ArrowInvalid, DataflowError) as e:
+            if remote is not None:
+                remote.close()
+            raise ShardReadError(url, f"not a readable Parquet file: {e}", offset=0) from e
+        self._remote = remote
+        meta = self._file.metadata
+        self._lengths = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        self._bounds = [0, *itertools.accumulate(self._lengths)]
+
+    def __len__(self) -> int:
+        return self._bounds[-1]
+
+    def _decode(self, first: int, last: int) -> pa.Table:
+        """Row groups ``first..last`` (inclusive), decoded together (in parallel)."""
+        try:
+            return self._file.read_row_groups(range(first, last + 1))
+        except (OSError, pa.ArrowInvalid) as e:
+            raise ShardReadError(
+                self.url, f"row groups {first}..{last} are damaged: {e}", index=self._bounds[first]
+            ) from e
+
+    def _rows(self, start: int, stop: int) -> pa.Table:
+        """Rows ``[start, stop)`` as a table, reusing the decoded span where it overlaps."""
+        span, bounds = self._span, self._bounds
+        if span is not None and span.start <= start < span.stop:
+            if stop <= span.stop:
+                return span.table.slice(start - span.start, stop - start)
+            kept, row0 = span.table.slice(start - span.start), start
+            first = bisect.bisect_left(bounds, span.stop)
+        else:
+            kept, first = None, bisect.bisect_right(bounds, start) - 1
+            row0 = bounds[first]
+        last = first
+        while last + 1 < len(self._lengths) and (
+            bounds[last + 1] < stop or bounds[last + 1] - row0 < READ_AHEAD_ROWS
+        ):
+            last += 1
+        new = self._decode(first, last)
+        table = new if kept is None else pa.concat_tables([kept, new])
+        self._span = _Span(row0, bounds[last + 1], table)
+        return table.slice(start - row0, stop - start)
+
+    def _read(self, start: int, stop: int) -> Batch:
+        table = self._rows(start, stop)
+        try:
+            return from_arrow(table, self.schema)
+        except DataflowError as e:
+            raise ShardReadError(self.url, str(e), index=start) from e
+
+    def close(self) -> None:
+        self.closed = True
+        self._span = None
+        self._file.close()
+        if self._remote is not None:
+            self._remote.close()

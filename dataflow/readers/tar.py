@@ -1,0 +1,152 @@
+"""WebDataset tar shards (plain or gzipped, local or remote), read through a member index.
+
+On open, the reader loads the shard's member index (see :mod:`dataflow.readers.tarindex`)
+or builds and caches it: beside the shard as ``<shard>.dfidx`` when that directory is
+writable, else in ``cache_dir``. It then memory-maps the tar and collates any sample range
+with vectorized gathers: ``.npy`` fields become one ``(n, *shape)`` array, integer fields come
+from the index itself, text and bytes fields become :class:`~dataflow.columns.Ragged` columns.
+
+A tar that cannot be memory-mapped in place (gzipped, or remote) is first decompressed or
+downloaded once into ``cache_dir`` as an uncompressed copy, kept next to a record of the
+shard's identity and replaced when the shard changes; that copy is then memory-mapped.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+
+import numpy as np
+
+from dataflow.columns import Batch, Column, Ragged
+from dataflow.errors import ShardReadError
+from dataflow.readers.base import ShardReader
+from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
+from dataflow.readers.tarindex import TarIndex, build_index, gather_fixed
+from dataflow.sources import is_local, local_path
+
+log = logging.getLogger(__name__)
+
+INDEX_SUFFIX = ".dfidx"
+
+
+def _index_paths(url: str, cache_dir: str) -> list[str]:
+    """Candidate index locations, preferred first: beside a local shard, then in cache_dir."""
+    cached = os.path.join(cache_dir, cache_name(url, INDEX_SUFFIX))
+    return [local_path(url) + INDEX_SUFFIX, cached] if is_local(url) else [cached]
+
+
+def save_index(index: TarIndex, paths: list[str]) -> str | None:
+    """Save ``index`` at the first of ``paths`` whose directory accepts the write.
+
+    Writability is decided by trying: a directory that refuses the file (permissions, a
+    read-only filesystem) passes the index on to the next candidate.
+
+    Returns:
+        Where the index was saved, or ``None`` if no candidate accepted it (logged).
+    """
+    for path in paths:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            write_atomic(path, index.save)
+            return path
+        except OSError as e:
+            log.debug("cannot write tar index %s: %s", path, e)
+    log.warning("tar index not cached: none of %s is writable", paths)
+    return None
+
+
+class TarReader(ShardReader):
+    """A WebDataset tar shard.
+
+    Attributes:
+        index_path: where the member index was loaded from or saved to (``None`` if it could
+            not be saved).
+        index_built: whether opening this reader built the index (``False``: loaded a cache).
+    """
+
+    def __init__(self, url: str, *, cache_dir: str, on_error: str, gzipped: bool) -> None:
+        self.url = url
+        self._mm: mmap.mmap | None = None
+        self._buf: np.ndarray | None = None
+        ident = identity(url)
+        if gzipped or not is_local(url):
+            path = local_copy(url, cache_dir, gunzip=gzipped)
+        else:
+            path = local_path(url)
+        try:
+            with open(path, "rb") as f:
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise ShardReadError(url, f"cannot map tar: {e}", offset=0) from e
+        self._buf = np.frombuffer(self._mm, dtype=np.uint8)
+        paths = _index_paths(url, cache_dir)
+        self.index_path, index = self._find_index(paths, ident, on_error)
+        self.index_built = index is None
+        if index is None:
+            try:
+                index = build_index(url, self._mm, ident, on_error)
+            except BaseException:
+                self.close()
+                raise
+            self.index_path = save_index(index, paths)
+        self._index = index
+        self.schema = index.schema
+        self.skipped = index.skipped
+
+    def _find_index(
+        self, paths: list[str], ident: str, on_error: str
+    ) -> tuple[str | None, TarIndex | None]:
+        """The first cached index that is current and fits the tar, with its path."""
+        for path in paths:
+            index = TarIndex.load(path)
+            if (
+                index is not None
+                and index.identity == ident
+                and (on_error == "skip" or index.skipped == 0)
+                and index.fits(len(self._mm))
+            ):
+                return path, index
+        return None, None
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def _read(self, start: int, stop: int) -> Batch:
+        ix = self._index
+        out: Batch = {}
+        for j, (spec, codec) in enumerate(zip(self.schema, ix.codecs, strict=True)):
+            offs = ix.offsets[start:stop, j]
+            if codec == "int":
+                out[spec.name] = ix.ints[start:stop, j].copy()
+            elif codec.startswith("npy:"):
+                out[spec.name] = self._npy(np.dtype(codec[4:]), spec.shape, offs,
+                                           int(ix.sizes[0, j]))
+            else:
+                out[spec.name] = self._ragged(offs, ix.sizes[start:stop, j], codec)
+        return out
+
+    def _npy(self, dtype: np.dtype, shape: tuple[int, ...], offs: np.ndarray,
+             size: int) -> np.ndarray:
+        arr = gather_fixed(self._buf, offs, size).view(dtype).reshape((len(offs), *shape))
+        return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
+
+    def _ragged(self, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Column:
+        bounds = np.zeros(len(offs) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        buf = self._buf
+        values = np.concatenate(
+            [buf[o : o + s] for o, s in zip(offs.tolist(), sizes.tolist(), strict=True)]
+        )
+        return Ragged(values, bounds, kind)
+
+    def close(self) -> None:
+        self.closed = True
+        self._buf = None
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                log.debug("%s: arrays still view the map; it is unmapped when they go", self.url)
