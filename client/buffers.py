@@ -1,0 +1,158 @@
+"""Where received batches land: host buffers, the pinned ring and host-to-device copies.
+
+A BATCH's arrays are received back to back (each aligned to :data:`ALIGN` bytes) into one
+uint8 buffer with ``recv_into``; the yielded tensors are typed views of that buffer (CPU) or of
+its device copy (CUDA).
+
+* :class:`HostSink` (device None or CPU): every batch gets a fresh buffer (pinned through
+  torch's caching host allocator when CUDA is available and ``pin_memory``), so a batch the
+  user keeps never aliases memory that is reused later.
+* :class:`CudaSink`: a fixed ring of reusable pinned host slots; after a batch is received into
+  a slot its H2D copy is issued on a dedicated CUDA stream and an event recorded; the slot is
+  reused only after that event completed, and the consumer's stream waits on the event before
+  it uses the batch (:func:`hand_over`).
+
+Thread invariant: a sink is used by the client's I/O thread only; :func:`hand_over` runs on the
+consumer's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dataflow import wire
+
+ALIGN = 64
+RING_SLOTS = 3
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "int64": torch.int64, "uint8": torch.uint8, "uint16": torch.uint16,
+    "uint32": torch.uint32, "uint64": torch.uint64, "float16": torch.float16,
+    "float32": torch.float32, "float64": torch.float64,
+}
+
+
+def layout(arrays: Sequence[wire.ArraySpec]) -> tuple[list[int], int]:
+    """Byte offset of each array in one receive buffer, and the buffer's size in bytes."""
+    offsets = []
+    pos = 0
+    for spec in arrays:
+        offsets.append(pos)
+        pos += -(-spec.nbytes // ALIGN) * ALIGN
+    return offsets, pos
+
+
+def typed_views(buf: torch.Tensor, arrays: Sequence[wire.ArraySpec],
+                offsets: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Typed tensors of ``arrays`` over the uint8 buffer ``buf`` (no copy)."""
+    out = {}
+    for spec, off in zip(arrays, offsets, strict=True):
+        raw = buf[off : off + spec.nbytes]
+        out[spec.name] = raw.view(TORCH_DTYPES[spec.dtype]).view(spec.shape)
+    return out
+
+
+@dataclass
+class Landing:
+    """A receive buffer for one BATCH.
+
+    Attributes:
+        host: uint8 host tensor the frames are received into.
+        array: ``host`` as a writable numpy array (for ``recv_into``).
+        offsets: byte offset of each array in ``host``.
+        slot: ring slot index (CUDA sink) or -1.
+    """
+
+    host: torch.Tensor
+    array: np.ndarray
+    offsets: list[int]
+    slot: int = -1
+
+
+@dataclass
+class Ready:
+    """A received batch ready for the consumer.
+
+    Attributes:
+        tensors: field name -> tensor (see the DataLoader docstring for names and shapes).
+        event: CUDA event the consumer's stream must wait on, or None on CPU.
+        base: the device buffer the tensors view (for ``record_stream``), or None on CPU.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    event: torch.cuda.Event | None = None
+    base: torch.Tensor | None = None
+
+
+class HostSink:
+    """Fresh host buffer per batch (pinned when ``pin``); tensors stay on the CPU."""
+
+    def __init__(self, pin: bool) -> None:
+        self._pin = pin
+
+    def land(self, msg: wire.BatchMsg) -> Landing:
+        offsets, total = layout(msg.arrays)
+        host = torch.empty(total, dtype=torch.uint8, pin_memory=self._pin)
+        return Landing(host, host.numpy(), offsets)
+
+    def finish(self, landing: Landing, msg: wire.BatchMsg) -> Ready:
+        return Ready(typed_views(landing.host, msg.arrays, landing.offsets))
+
+    def close(self) -> None:
+        """Nothing to release (idempotent)."""
+
+
+class CudaSink:
+    """Pinned host ring + asynchronous H2D copies on a dedicated stream."""
+
+    def __init__(self, device: torch.device, slots: int = RING_SLOTS) -> None:
+        self._device = device
+        self._stream = torch.cuda.Stream(device=device)
+        self._slots: list[torch.Tensor | None] = [None] * slots
+        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+
+    def land(self, msg: wire.BatchMsg) -> Landing:
+        offsets, total = layout(msg.arrays)
+        i = self._next
+        self._next = (i + 1) % len(self._slots)
+        event = self._events[i]
+        if event is not None:
+            event.synchronize()
+        slot = self._slots[i]
+        if slot is None or slot.numel() < total:
+            slot = self._slots[i] = torch.empty(max(total, ALIGN), dtype=torch.uint8,
+                                                pin_memory=True)
+        host = slot[:total]
+        return Landing(host, host.numpy(), offsets, i)
+
+    def finish(self, landing: Landing, msg: wire.BatchMsg) -> Ready:
+        with torch.cuda.stream(self._stream):
+            dev = torch.empty(landing.host.numel(), dtype=torch.uint8, device=self._device)
+            dev.copy_(landing.host, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        self._events[landing.slot] = event
+        return Ready(typed_views(dev, msg.arrays, landing.offsets), event, dev)
+
+    def close(self) -> None:
+        """Wait for pending copies and drop the ring (idempotent)."""
+        for event in self._events:
+            if event is not None:
+                event.synchronize()
+        self._slots = [None] * len(self._slots)
+        self._events = [None] * len(self._events)
+
+
+def hand_over(ready: Ready) -> dict[str, torch.Tensor]:
+    """Make a batch safe to use on the consumer's current stream and return its tensors."""
+    if ready.event is not None and ready.base is not None:
+        stream = torch.cuda.current_stream(ready.base.device)
+        stream.wait_event(ready.event)
+        ready.base.record_stream(stream)
+    return ready.tensors

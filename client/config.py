@@ -1,0 +1,105 @@
+"""DataLoader configuration and the one place that reads the distributed environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dataflow.errors import ConfigError
+from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
+
+
+def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Fill in ``rank`` / ``world_size`` when None.
+
+    Sources, in order: an initialized ``torch.distributed`` process group, the torchrun
+    environment (``RANK``, ``WORLD_SIZE``), else rank 0 of 1.
+
+    Raises:
+        ConfigError: ``RANK`` or ``WORLD_SIZE`` is set but not an integer.
+    """
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        env_rank, env_world = dist.get_rank(), dist.get_world_size()
+    else:
+        try:
+            env_rank = int(os.environ.get("RANK", "0"))
+            env_world = int(os.environ.get("WORLD_SIZE", "1"))
+        except ValueError as e:
+            raise ConfigError(f"RANK and WORLD_SIZE must be integers. Found: RANK="
+                              f"{os.environ.get('RANK')!r}, WORLD_SIZE="
+                              f"{os.environ.get('WORLD_SIZE')!r}") from e
+    return (env_rank if rank is None else rank, env_world if world_size is None else world_size)
+
+
+def _int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"`{name}` must be an integer >= {minimum}. Found: {value!r}")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Validated settings of one DataLoader (see :class:`client.DataLoader` for meanings).
+
+    ``device`` is normalized: None for CPU tensors, else a CUDA device string.
+    """
+
+    endpoints: tuple[str, ...]
+    batch_size: int
+    rank: int
+    world_size: int
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    device: str | None = None
+    pin_memory: bool = True
+    prefetch: int = 4
+    timeout: float = 60.0
+    block_size: int = DEFAULT_BLOCK_SIZE
+    window: int = DEFAULT_WINDOW
+
+    def __post_init__(self) -> None:
+        if not self.endpoints or not all(isinstance(e, str) and "://" in e
+                                         for e in self.endpoints):
+            raise ConfigError("`servers` must be one or more endpoints like "
+                              f"tcp://host:port. Found: {self.endpoints!r}")
+        if len(set(self.endpoints)) != len(self.endpoints):
+            raise ConfigError(f"`servers` must not repeat an endpoint. Found: {self.endpoints!r}")
+        _int("batch_size", self.batch_size, 1)
+        _int("world_size", self.world_size, 1)
+        _int("rank", self.rank, 0)
+        if self.rank >= self.world_size:
+            raise ConfigError(f"`rank` must be < world_size ({self.world_size}). "
+                              f"Found: {self.rank}")
+        _int("seed", self.seed, 0)
+        _int("prefetch", self.prefetch, 1)
+        _int("block_size", self.block_size, 1)
+        _int("window", self.window, 1)
+        if not self.timeout > 0:
+            raise ConfigError(f"`timeout` must be > 0 seconds. Found: {self.timeout!r}")
+        if self.device is not None and not self.device.startswith("cuda"):
+            raise ConfigError(f"`device` must be None, 'cpu' or a CUDA device. "
+                              f"Found: {self.device!r}")
+        if self.device is not None and not torch.cuda.is_available():
+            raise ConfigError(f"`device` is {self.device!r} but CUDA is not available")
+
+
+def normalize_servers(servers: str | Sequence[str]) -> tuple[str, ...]:
+    return (servers,) if isinstance(servers, str) else tuple(servers)
+
+
+def normalize_device(device: str | torch.device | None) -> str | None:
+    """None for CPU, else the device as a string (``cuda`` becomes ``cuda:<current>``)."""
+    if device is None:
+        return None
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(dev)

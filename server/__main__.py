@@ -1,0 +1,101 @@
+"""``python -m server`` / ``dataflow-server``: run one loader server until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+
+import zmq
+
+from dataflow.errors import DataflowError
+from dataflow.index import build_index
+from server.config import ServerConfig, parse_args
+from server.frontend import Frontend
+from server.pool import WorkerPool
+from server.transform import load_transform
+from server.worker import WorkerSpec
+
+log = logging.getLogger("dataflow.server")
+
+READY_TIMEOUT_S = 120.0
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT; polled by the serving loop."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    def __call__(self) -> bool:
+        return self.set
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        log.info("received signal %d; shutting down", signum)
+        self.set = True
+
+
+def serve(config: ServerConfig, stop: _StopFlag) -> int:
+    """Build the index, start workers and frontend, print the ready line, serve until stopped."""
+    if config.transform:
+        load_transform(config.transform)
+    index = build_index(list(config.data), cache_dir=config.cache_dir, on_error=config.on_error)
+    log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
+             index.total, index.fingerprint)
+    tmp = tempfile.mkdtemp(prefix="dataflow-server-")
+    backend = f"ipc://{tmp}/backend"
+    pool = WorkerPool(WorkerSpec(backend, index.shards, config.cache_dir, config.transform,
+                                 config.on_error, os.getpid(), config.level),
+                      config.workers, config.worker_queue)
+    ctx = None
+    frontend = None
+    try:
+        pool.start()
+        ctx = zmq.Context()
+        frontend = Frontend(config, index, pool, ctx, backend)
+        frontend.wait_ready(READY_TIMEOUT_S, stop)
+        if stop():
+            return 0
+        ready = {"event": "ready", "endpoint": frontend.endpoint, "pid": os.getpid(),
+                 "workers": config.workers, "shards": len(index.shards), "samples": index.total,
+                 "fingerprint": index.fingerprint, "worker_pids": pool.pids}
+        sys.stdout.write(json.dumps(ready) + "\n")
+        sys.stdout.flush()
+        log.info("serving on %s with %d worker(s)", frontend.endpoint, config.workers)
+        frontend.serve(stop)
+        log.info("stopped; counters %s", frontend.stats())
+        return 0
+    finally:
+        pool.close()
+        if frontend is not None:
+            frontend.close()
+        if ctx is not None:
+            ctx.term()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the process exit code."""
+    config = parse_args(argv)
+    logging.basicConfig(level=config.level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s server[%(process)d] %(message)s")
+    stop = _StopFlag()
+    stop.install()
+    try:
+        return serve(config, stop)
+    except (DataflowError, RuntimeError, OSError, zmq.ZMQError) as e:
+        log.error("%s: %s", type(e).__name__, e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Loader server configuration: command-line flags validated into a frozen dataclass."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dataflow.errors import ConfigError
+
+DEFAULT_BIND = "tcp://127.0.0.1:0"
+DEFAULT_MAX_CREDITS = 64
+DEFAULT_CLIENT_TTL = 10.0
+DEFAULT_WORKER_QUEUE = 2
+MAX_WORKERS = 256
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+ON_ERROR = ("raise", "skip")
+
+
+def default_workers() -> int:
+    """Reader processes by default: one per CPU, at least 1, at most 32."""
+    return max(1, min(os.cpu_count() or 1, 32))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Validated settings of one loader server.
+
+    Attributes:
+        data: dataset specs (paths, dirs, globs, brace ranges, fsspec URLs).
+        bind: ZeroMQ endpoint clients connect to; port 0 picks a free port.
+        workers: reader processes.
+        transform: optional ``module:function`` applied to every batch in the workers.
+        cache_dir: local cache directory for remote shards and tar indexes.
+        log_level: logging level name.
+        max_credits: most requests one client may keep outstanding.
+        client_ttl: seconds of silence after which a client's state is freed.
+        worker_queue: tasks queued per worker (one being read + the rest waiting).
+        on_error: reader policy for damaged samples (``raise`` or ``skip``).
+    """
+
+    data: tuple[str, ...]
+    bind: str = DEFAULT_BIND
+    workers: int = 1
+    transform: str | None = None
+    cache_dir: str | None = None
+    log_level: str = "INFO"
+    max_credits: int = DEFAULT_MAX_CREDITS
+    client_ttl: float = DEFAULT_CLIENT_TTL
+    worker_queue: int = DEFAULT_WORKER_QUEUE
+    on_error: str = "raise"
+
+    def __post_init__(self) -> None:
+        if not self.data or not all(isinstance(d, str) and d for d in self.data):
+            raise ConfigError(f"`data` must be one or more non-empty specs. Found: {self.data!r}")
+        if not self.bind.startswith(("tcp://", "ipc://")):
+            raise ConfigError(f"`bind` must be a tcp:// or ipc:// endpoint. Found: {self.bind!r}")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"`workers` must be in [1, {MAX_WORKERS}]. Found: {self.workers}")
+        if self.transform is not None:
+            module, _, func = self.transform.partition(":")
+            if not module or not func:
+                raise ConfigError("`transform` must look like `module:function`. "
+                                  f"Found: {self.transform!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"`log_level` must be one of {LOG_LEVELS}. Found: {self.log_level!r}")
+        if not 1 <= self.max_credits <= 4096:
+            raise ConfigError(f"`max_credits` must be in [1, 4096]. Found: {self.max_credits}")
+        if not self.client_ttl > 0:
+            raise ConfigError(f"`client_ttl` must be > 0 seconds. Found: {self.client_ttl}")
+        if not 1 <= self.worker_queue <= 64:
+            raise ConfigError(f"`worker_queue` must be in [1, 64]. Found: {self.worker_queue}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"`on_error` must be one of {ON_ERROR}. Found: {self.on_error!r}")
+
+    @property
+    def zmq_bind(self) -> str:
+        """``bind`` in ZeroMQ's spelling: port 0 becomes ``*`` (an ephemeral port)."""
+        if self.bind.startswith("tcp://") and self.bind.endswith(":0"):
+            return self.bind[:-2] + ":*"
+        return self.bind
+
+    @property
+    def level(self) -> int:
+        return getattr(logging, self.log_level)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dataflow-server",
+        description="Serve batches of a sharded dataset to dataflow DataLoader clients over "
+                    "ZeroMQ. Prints one JSON line {\"event\": \"ready\", \"endpoint\": ...} on "
+                    "stdout when ready; logs go to stderr. SIGTERM/SIGINT stop it cleanly.",
+    )
+    p.add_argument("--data", nargs="+", required=True, metavar="SPEC",
+                   help="dataset specs: shard paths, directories, globs, brace ranges "
+                        "(train-{000000..000127}.tar) or fsspec URLs")
+    p.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
+                   help="endpoint clients connect to; port 0 picks a free port, reported in the "
+                        "ready line (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help=f"reader processes (default: one per CPU, here {default_workers()})")
+    p.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
+                   help="function Batch -> Batch run on every batch in the workers (e.g. "
+                        "decoding); its errors reach the client")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="local cache for remote shards and tar member indexes")
+    p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
+                   help="logging level (default: %(default)s)")
+    p.add_argument("--max-credits", type=int, default=DEFAULT_MAX_CREDITS, metavar="N",
+                   help="most requests one client may keep outstanding; bounds server memory "
+                        "(default: %(default)s)")
+    p.add_argument("--client-ttl", type=float, default=DEFAULT_CLIENT_TTL, metavar="SECONDS",
+                   help="free a client's state after this long without a message from it "
+                        "(default: %(default)s)")
+    p.add_argument("--worker-queue", type=int, default=DEFAULT_WORKER_QUEUE, metavar="N",
+                   help="tasks queued per worker process (default: %(default)s)")
+    p.add_argument("--on-error", default="raise", choices=ON_ERROR,
+                   help="damaged samples: fail the request (raise) or skip them "
+                        "(default: %(default)s)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
+    """Parse command-line flags; exits with a usage message on invalid input."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        return ServerConfig(
+            data=tuple(ns.data), bind=ns.bind,
+            workers=default_workers() if ns.workers is None else ns.workers,
+            transform=ns.transform, cache_dir=ns.cache_dir, log_level=ns.log_level,
+            max_credits=ns.max_credits, client_ttl=ns.client_ttl, worker_queue=ns.worker_queue,
+            on_error=ns.on_error,
+        )
+    except ConfigError as e:
+        parser.error(str(e))

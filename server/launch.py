@@ -1,0 +1,170 @@
+"""Start a loader server as a subprocess and wait until it is ready (tests, benches, scripts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from dataflow.errors import ServerUnavailable
+
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+CLOSE_GRACE_S = 10.0
+STDERR_TAIL = 4000
+
+
+def _stop(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _cleanup(proc: subprocess.Popen, log_path: str) -> None:
+    _stop(proc, CLOSE_GRACE_S)
+    try:
+        os.unlink(log_path)
+    except FileNotFoundError:
+        pass
+
+
+class ServerHandle:
+    """A running ``python -m server`` subprocess.
+
+    Attributes:
+        endpoint: the endpoint clients connect to (real port, never 0).
+        pid: the server's process id.
+        ready: the server's ready line (endpoint, pid, workers, shards, samples, fingerprint,
+            worker_pids).
+        proc: the subprocess.
+    """
+
+    def __init__(self, proc: subprocess.Popen, ready: dict, log_path: str) -> None:
+        self.proc = proc
+        self.ready = ready
+        self.endpoint: str = ready["endpoint"]
+        self.pid: int = proc.pid
+        self._log_path = log_path
+        self._finalizer = weakref.finalize(self, _cleanup, proc, log_path)
+
+    def stderr_tail(self, n: int = STDERR_TAIL) -> str:
+        """The last ``n`` characters of the server's log (stderr)."""
+        return _tail(self._log_path, n)
+
+    def close(self, grace: float = CLOSE_GRACE_S) -> int | None:
+        """Stop the server (SIGTERM, then SIGKILL after ``grace`` s); idempotent.
+
+        Returns:
+            The server's exit code.
+        """
+        if self._finalizer.alive:
+            _stop(self.proc, grace)
+            self._finalizer()
+        return self.proc.returncode
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _tail(path: str, n: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - n))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _env(env: Mapping[str, str] | None) -> dict[str, str]:
+    out = dict(os.environ if env is None else {**os.environ, **env})
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, out.get("PYTHONPATH")) if p)
+    return out
+
+
+def launch(
+    data: Sequence[str],
+    *,
+    workers: int | None = None,
+    bind: str = "tcp://127.0.0.1:0",
+    extra_args: Sequence[str] = (),
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+) -> ServerHandle:
+    """Start ``python -m server`` and wait for its ready line.
+
+    Args:
+        data: dataset specs (``--data``).
+        workers: reader processes (``--workers``); the server's default when None.
+        bind: endpoint to bind (port 0: a free port).
+        extra_args: more command-line flags.
+        timeout: seconds to wait for the ready line.
+        env: extra environment variables; the repository is prepended to PYTHONPATH.
+
+    Raises:
+        ServerUnavailable: the server exited or was not ready within ``timeout`` seconds; the
+            message holds the tail of its stderr.
+    """
+    cmd = [sys.executable, "-m", "server", "--data", *data, "--bind", bind]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
+    cmd += list(extra_args)
+    fd, log_path = tempfile.mkstemp(prefix="dataflow-server-", suffix=".log")
+    with os.fdopen(fd, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log_file, env=_env(env),
+                                stdin=subprocess.DEVNULL)
+    try:
+        ready = _wait_ready(proc, timeout)
+    except BaseException:
+        _cleanup(proc, log_path)
+        raise
+    if isinstance(ready, str):
+        tail = _tail(log_path, STDERR_TAIL)
+        _cleanup(proc, log_path)
+        raise ServerUnavailable(bind, f"server {ready}; its stderr ends with:\n{tail}")
+    return ServerHandle(proc, ready, log_path)
+
+
+def _wait_ready(proc: subprocess.Popen, timeout: float) -> dict | str:
+    """The server's ready line, or why there is none."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"not ready after {timeout} s"
+            if sel.select(min(left, 0.5)):
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    proc.wait(5)
+                    return f"exited with code {proc.returncode} before it was ready"
+                buf += chunk
+    line = buf.split(b"\n", 1)[0]
+    try:
+        ready = json.loads(line)
+    except ValueError:
+        ready = None
+    if not isinstance(ready, dict) or ready.get("event") != "ready":
+        return f"printed an unexpected first line on stdout: {line[:200]!r}"
+    return ready

@@ -1,0 +1,136 @@
+"""The pool of reader worker processes, as seen from the frontend.
+
+Thread invariant: used only by the frontend's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from server.worker import WorkerSpec, run_worker
+
+log = logging.getLogger("dataflow.server.pool")
+
+MAX_RESTARTS = 100
+JOIN_TIMEOUT = 3.0
+
+
+@dataclass(frozen=True)
+class Task:
+    """A request handed to a worker: who asked, the request id and its int64 ranges bytes."""
+
+    client: bytes
+    req_id: int
+    ranges: bytes
+
+
+@dataclass
+class Worker:
+    """One worker process and the tasks it holds (at most ``worker_queue``)."""
+
+    identity: bytes
+    process: mp.process.BaseProcess
+    ready: bool = False
+    tasks: dict[tuple[bytes, int], Task] = field(default_factory=dict)
+
+
+class WorkerPool:
+    """Starts, watches and replaces ``n`` worker processes (spawn start method).
+
+    Args:
+        spec: what each worker needs.
+        n: number of workers.
+        capacity: tasks a worker may hold at once.
+    """
+
+    def __init__(self, spec: WorkerSpec, n: int, capacity: int) -> None:
+        self._spec = spec
+        self._n = n
+        self.capacity = capacity
+        self._ctx = mp.get_context("spawn")
+        self._workers: dict[bytes, Worker] = {}
+        self._serial = 0
+        self.restarts = 0
+
+    def start(self) -> None:
+        """Start all workers (idempotent)."""
+        while len(self._workers) < self._n:
+            self._spawn()
+
+    def _spawn(self) -> None:
+        self._serial += 1
+        identity = b"w%d" % self._serial
+        proc = self._ctx.Process(target=run_worker, args=(self._spec, identity),
+                                 name=f"dataflow-worker-{self._serial}", daemon=True)
+        proc.start()
+        self._workers[identity] = Worker(identity, proc)
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(self._workers.values())
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers.values() if w.process.pid is not None]
+
+    @property
+    def all_ready(self) -> bool:
+        return all(w.ready for w in self._workers.values())
+
+    def mark_ready(self, identity: bytes) -> None:
+        worker = self._workers.get(identity)
+        if worker is not None:
+            worker.ready = True
+
+    def get(self, identity: bytes) -> Worker | None:
+        return self._workers.get(identity)
+
+    def least_loaded(self) -> Worker | None:
+        """The ready worker holding the fewest tasks, if one has room."""
+        best = None
+        for w in self._workers.values():
+            if w.ready and len(w.tasks) < self.capacity and (
+                best is None or len(w.tasks) < len(best.tasks)
+            ):
+                best = w
+        return best
+
+    def reap(self, *, respawn: bool) -> list[tuple[Worker, int | None]]:
+        """Remove dead workers (and start replacements when ``respawn``).
+
+        Returns:
+            ``(worker, exitcode)`` of each dead worker; its ``tasks`` were lost.
+
+        Raises:
+            RuntimeError: more than ``MAX_RESTARTS`` replacements were needed.
+        """
+        dead = [w for w in self._workers.values() if not w.process.is_alive()]
+        out = []
+        for w in dead:
+            del self._workers[w.identity]
+            out.append((w, w.process.exitcode))
+            log.error("worker pid %s exited with code %s holding %d task(s)", w.process.pid,
+                      w.process.exitcode, len(w.tasks))
+            if respawn:
+                self.restarts += 1
+                if self.restarts > MAX_RESTARTS:
+                    raise RuntimeError(f"workers died {self.restarts} times; giving up")
+                self._spawn()
+        return out
+
+    def close(self) -> None:
+        """Terminate every worker and wait for it (kill after a grace period); idempotent."""
+        for w in self._workers.values():
+            if w.process.is_alive():
+                w.process.terminate()
+        for w in self._workers.values():
+            w.process.join(JOIN_TIMEOUT)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(JOIN_TIMEOUT)
+        self._workers.clear()

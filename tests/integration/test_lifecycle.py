@@ -1,0 +1,44 @@
+"""Server lifecycle: clean SIGTERM shutdown, worker replacement, STATS."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from srvtools import pid_alive
+
+from client import DataLoader
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_exits_cleanly_without_orphans(demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], workers=2)
+    workers = server.ready["worker_pids"]
+    assert len(workers) == 2 and all(pid_alive(p) for p in workers)
+    with DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, timeout=20) as dl:
+        next(iter(dl))
+        start = time.monotonic()
+        assert server.close(grace=10) == 0
+        assert time.monotonic() - start < 5
+    assert not any(pid_alive(p) for p in workers)
+    assert not pid_alive(server.pid)
+
+
+@pytest.mark.timeout(60)
+def test_dead_worker_is_replaced(demo_data, servers, raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], workers=1)
+    os.kill(server.ready["worker_pids"][0], signal.SIGKILL)
+    probe = raw_client(server.endpoint)
+    deadline = time.monotonic() + 20
+    while probe.stats()["worker_restarts"] == 0:
+        assert time.monotonic() < deadline, "worker not replaced"
+        time.sleep(0.1)
+    with DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, timeout=20) as dl:
+        ids = [i for b in dl for i in b["id"].tolist()]
+    assert sorted(ids) == list(range(demo.total))
+    stats = probe.stats()
+    assert stats["workers"] == 1 and stats["worker_pids"] != server.ready["worker_pids"]

@@ -1,0 +1,136 @@
+"""A server survives stalled, killed and malicious clients, and bounds its memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from srvtools import rss_bytes
+
+from client import DataLoader
+from dataflow import wire
+from server.launch import REPO_ROOT
+
+
+def _wait_for(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(90)
+def test_stalled_client_does_not_grow_server_memory(demo_data, servers, raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], workers=2, extra_args=["--max-credits", "4"])
+    stalled = raw_client(server.endpoint)
+    index = stalled.call(wire.Hello(100, "stalled"))
+    assert isinstance(index, wire.Index) and index.credits == 4
+    whole_shard = ((0, 0, demo.sizes[0]),)
+    for i in range(index.credits):
+        stalled.send(wire.Request(i, whole_shard))
+    probe = raw_client(server.endpoint)
+    probe.call(wire.Hello(1, "probe"))
+    with DataLoader(server.endpoint, batch_size=32, rank=0, world_size=1, timeout=20) as dl:
+        for _ in dl:
+            pass
+        rss_after_one_epoch = rss_bytes(server.pid)
+        buffered = []
+        for _ in range(4):
+            for _ in dl:
+                pass
+            buffered.append(probe.stats()["bytes_buffered"])
+        growth = rss_bytes(server.pid) - rss_after_one_epoch
+    stats = probe.stats()
+    assert stats["refused"] == 0 and stats["clients"] >= 2
+    assert max(buffered) <= index.credits * 2 * 1024 * 1024
+    assert growth < 32 * 1024 * 1024, f"server RSS grew by {growth} bytes"
+    replies = [stalled.recv() for _ in range(index.credits)]
+    assert sorted(r.req_id for r in replies if isinstance(r, wire.BatchMsg)) == [0, 1, 2, 3]
+    greedy = raw_client(server.endpoint)
+    assert greedy.call(wire.Hello(1, "greedy")).credits == 1
+    greedy.send(wire.Request(1, whole_shard))
+    greedy.send(wire.Request(2, whole_shard))
+    replies = {r.req_id: r for r in (greedy.recv(), greedy.recv())}
+    assert isinstance(replies[1], wire.BatchMsg)
+    assert isinstance(replies[2], wire.ErrorMsg) and "credit" in replies[2].message
+
+
+_KILLED_CLIENT = textwrap.dedent("""
+    import sys
+    from client import DataLoader
+    with DataLoader(sys.argv[1], batch_size=4, rank=0, world_size=1, prefetch=8) as dl:
+        for i, _ in enumerate(dl):
+            if i == 2:
+                print("streaming", flush=True)
+                sys.stdin.read()
+""")
+
+
+@pytest.mark.timeout(60)
+def test_killed_client_state_is_freed(demo_data, servers, raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], extra_args=["--client-ttl", "1.5"])
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT, server.endpoint],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT)
+    try:
+        assert proc.stdout.readline().strip() == b"streaming"
+        probe = raw_client(server.endpoint)
+        assert probe.stats()["clients"] == 1
+        proc.kill()
+        proc.wait(10)
+        _wait_for(lambda: probe.stats()["clients"] == 0, 10, "the killed client to expire")
+        stats = probe.stats()
+        assert stats["clients_expired"] == 1 and stats["queued"] == 0
+        assert stats["bytes_buffered"] == 0
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _header(kind: wire.Kind, **fields) -> bytes:
+    return json.dumps({"magic": wire.MAGIC, "version": wire.VERSION, "kind": int(kind),
+                       **fields}).encode()
+
+
+@pytest.mark.timeout(60)
+def test_garbage_frames_leave_server_serving(demo_data, servers, raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths])
+    with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1, timeout=20) as dl:
+        it = iter(dl)
+        first = next(it)
+        attacker = raw_client(server.endpoint)
+        rng = np.random.default_rng(0)
+        garbage = [
+            [rng.bytes(100)],
+            [_header(wire.Kind.HEARTBEAT)[:-2]],
+            [json.dumps({"magic": wire.MAGIC, "version": 99, "kind": 6}).encode()],
+            [_header(wire.Kind.REQUEST, req_id=1, n=1 << 40)],
+            [_header(wire.Kind.REQUEST, req_id=1, n=2), b"\0" * 24],
+            [_header(wire.Kind.HEARTBEAT)] + [b"x"] * 50,
+            [_header(wire.Kind.BATCH, req_id=1, size=1, arrays=[["a", "uint8", [1]]],
+                     ragged=[]), b"\0"],
+            [b""],
+        ]
+        for frames in garbage:
+            attacker.send_raw(frames)
+            reply = attacker.recv()
+            assert isinstance(reply, wire.ErrorMsg), frames[0][:60]
+        attacker.send(wire.Request(5, ((0, 0, 1),)))
+        assert "HELLO" in attacker.recv().message
+        attacker.call(wire.Hello(2))
+        bad_ranges = [((99, 0, 1),), ((0, 5, 2),), ((0, 0, 10**9),), ((-1, 0, 1),)]
+        for i, ranges in enumerate(bad_ranges):
+            reply = attacker.call(wire.Request(10 + i, ranges))
+            assert isinstance(reply, wire.ErrorMsg) and reply.req_id == 10 + i
+        rest = [b["id"] for b in it]
+    assert len(rest) + 1 == len(dl) and first["id"].numel() == 16
+    stats = attacker.stats()
+    assert stats["malformed"] == len(garbage) and stats["refused"] == len(bad_ranges) + 1

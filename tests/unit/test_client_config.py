@@ -1,0 +1,72 @@
+"""DataLoader configuration validation and the distributed-environment defaults."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from client.buffers import ALIGN, HostSink, layout, typed_views
+from client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
+from dataflow import wire
+from dataflow.errors import ConfigError
+
+
+def _cfg(**kw) -> LoaderConfig:
+    base = dict(endpoints=("tcp://127.0.0.1:5555",), batch_size=4, rank=0, world_size=1)
+    return LoaderConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(batch_size=0), "batch_size"),
+    (dict(rank=2, world_size=2), "rank"),
+    (dict(world_size=0), "world_size"),
+    (dict(prefetch=0), "prefetch"),
+    (dict(timeout=0), "timeout"),
+    (dict(seed=-1), "seed"),
+    (dict(endpoints=()), "servers"),
+    (dict(endpoints=("localhost:1",)), "servers"),
+    (dict(endpoints=("tcp://a:1", "tcp://a:1")), "servers"),
+])
+def test_config_rejects(kw: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=f"`{field}`"):
+        _cfg(**kw)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_cuda_device_without_cuda() -> None:
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        _cfg(device=normalize_device("cuda"))
+
+
+def test_normalizers() -> None:
+    assert normalize_servers("tcp://x:1") == ("tcp://x:1",)
+    assert normalize_device(None) is None and normalize_device("cpu") is None
+
+
+def test_dist_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert dist_env(None, None) == (0, 1)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert dist_env(None, None) == (3, 8)
+    assert dist_env(1, None) == (1, 8)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ConfigError, match="RANK"):
+        dist_env(None, None)
+
+
+def test_host_sink_views_are_typed_and_fresh() -> None:
+    specs = (wire.ArraySpec("a", "int64", (3,)), wire.ArraySpec("b", "bool", (3, 2)),
+             wire.ArraySpec("c", "float16", (3,)))
+    offsets, total = layout(specs)
+    assert all(o % ALIGN == 0 for o in offsets) and total >= 24 + 6 + 6
+    sink = HostSink(pin=False)
+    msg = wire.BatchMsg(1, 3, specs)
+    one, two = sink.land(msg), sink.land(msg)
+    assert one.array.ctypes.data != two.array.ctypes.data
+    one.array[:] = 0
+    views = typed_views(one.host, specs, one.offsets)
+    assert views["a"].dtype == torch.int64 and views["a"].shape == (3,)
+    assert views["b"].dtype == torch.bool and views["b"].shape == (3, 2)
+    assert views["c"].dtype == torch.float16
