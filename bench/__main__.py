@@ -1,0 +1,179 @@
+"""Command line: ``python -m bench demo|run|sweep`` (console script ``dataflow-bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from bench.config import LOADERS, STEP_MODES, BenchConfig
+from bench.data import ensure_demo
+from bench.session import run_config
+from bench.sweep import AXES, run_sweep
+from dataflow.demo import FORMATS
+from dataflow.errors import DataflowError
+
+QUICK = {"warmup": 5, "steps": 100, "repeats": 1}
+DEMO_DEFAULTS = {"shards": 8, "samples_per_shard": 1000}
+
+STEP_HELP = (
+    "step mode. gpu: calibrated fp16 matmul chain on the default CUDA stream, wait and "
+    "transfer measured on the GPU with CUDA events (needs CUDA). sleep: time.sleep(step), the "
+    "trainer's CPU stays free as during a GPU step. cpu: busy numpy loop, one trainer core "
+    "busy. auto: gpu with CUDA, else sleep. Default: %(default)s"
+)
+
+
+def _csv(kind: type, text: str) -> list:
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s: {e}") from e
+
+
+def _loaders(text: str) -> list[str]:
+    names = _csv(str, text)
+    unknown = [n for n in names if n not in LOADERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown loader {unknown[0]!r}; choose from {LOADERS}")
+    return names
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    d = BenchConfig(data=("x",))
+    g = p.add_argument_group("what to compare")
+    g.add_argument("data", nargs="*",
+                   help="dataset specs (dirs, globs, brace ranges, paths) of Arrow, Parquet or "
+                   "tar shards; none: the demo dataset of --format, written once under --out")
+    g.add_argument("--format", choices=FORMATS, default="tar",
+                   help="demo dataset format when no DATA is given (default: %(default)s)")
+    g.add_argument("--shards", type=int, default=DEMO_DEFAULTS["shards"],
+                   help="demo dataset shards (default: %(default)s)")
+    g.add_argument("--samples-per-shard", type=int, default=DEMO_DEFAULTS["samples_per_shard"],
+                   help="demo dataset samples per shard (default: %(default)s)")
+    g.add_argument("--loaders", type=_loaders, default=list(d.loaders),
+                   help=f"comma-separated, from {','.join(LOADERS)}; peers not installed are "
+                   f"skipped with a message (default: {','.join(d.loaders)})")
+    g.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="samples per batch (default: %(default)s)")
+    g.add_argument("--workers", type=int, default=d.workers,
+                   help="loading processes per loader, the shared CPU budget: torch "
+                   "num_workers, dataflow reader processes over all servers, peer workers "
+                   "(default: %(default)s)")
+    g.add_argument("--servers", type=int, default=d.servers,
+                   help="local dataflow servers to start; --workers is split evenly "
+                   "(default: %(default)s)")
+    g.add_argument("--endpoints", type=lambda t: _csv(str, t), default=[],
+                   help="comma-separated endpoints of running dataflow servers (tcp://h:p); "
+                   "none are started then")
+    g.add_argument("--no-shuffle", dest="shuffle", action="store_false",
+                   help="read in storage order (default: every loader shuffles)")
+    g.add_argument("--seed", type=int, default=d.seed, help="shuffle seed (default: %(default)s)")
+    g.add_argument("--prefetch", type=int, default=d.prefetch,
+                   help="batches each loader prepares ahead (default: %(default)s)")
+    s = p.add_argument_group("the training step and the measurement")
+    s.add_argument("--step", choices=STEP_MODES, default=d.step, help=STEP_HELP)
+    s.add_argument("--step-ms", type=float, default=d.step_ms,
+                   help="target step time in ms (default: %(default)s)")
+    s.add_argument("--warmup", type=int, default=d.warmup,
+                   help="warm-up steps, excluded (default: %(default)s)")
+    s.add_argument("--steps", type=int, default=d.steps,
+                   help="measured steps per run (default: %(default)s)")
+    s.add_argument("--repeats", type=int, default=d.repeats,
+                   help="runs per loader, interleaved; medians reported (default: %(default)s)")
+    s.add_argument("--quick", action="store_true",
+                   help=f"short run: warm-up {QUICK['warmup']}, {QUICK['steps']} steps, "
+                   f"{QUICK['repeats']} repeat")
+    s.add_argument("--inflight", type=int, default=d.inflight,
+                   help="gpu mode: steps queued ahead of the GPU (default: %(default)s)")
+    s.add_argument("--timeout", type=float, default=d.timeout_s,
+                   help="seconds a loader may take for one batch (default: %(default)s)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default=d.out_dir,
+                   help="directory for JSON, PNG, demo data and peer conversions "
+                   "(default: %(default)s)")
+    o.add_argument("--tag", default=None, help="base name of the output files")
+    o.add_argument("--markdown", action="store_true",
+                   help="also print the table as markdown (for bench/RESULTS.md)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m bench`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=(
+            "Measure GPU-idle time: a training loop with a step of controlled cost consumes "
+            "batches from each loader in turn (dataflow, torch's DataLoader, installed peers) "
+            "on the same data with the same batch size and CPU budget, and reports per loader "
+            "the GPU-idle fraction (data stall / wall time), samples/s, wait percentiles, CPU "
+            "and peak RSS, as a table, a JSON file of every step and a PNG plot."
+        ),
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,run,sweep}")
+    demo = sub.add_parser(
+        "demo", help="the first thing to run: demo data, 2 local servers, dataflow vs torch",
+        description="Write demo shards (cached under --out), start local dataflow servers and "
+        "compare dataflow with torch's DataLoader (webdataset for tar) on them: a short run "
+        "(--quick) with a 10 ms sleep step. Finishes in about a minute on 2 cores.")
+    _common(demo)
+    run = sub.add_parser("run", help="compare loaders on one configuration",
+                         description="Compare loaders on one configuration.")
+    _common(run)
+    sweep = sub.add_parser(
+        "sweep", help="compare loaders over step times or server counts",
+        description="Run the comparison at several values of one setting and plot GPU-idle "
+        "fraction against it: where each loader stops keeping up.")
+    _common(sweep)
+    sweep.add_argument("--axis", choices=AXES, default="step-ms",
+                       help="setting to sweep; servers also sets --workers to servers x "
+                       "(workers per server) for every loader (default: %(default)s)")
+    sweep.add_argument("--values", type=lambda t: _csv(float, t), default=[0.0, 5.0, 20.0],
+                       help="comma-separated values of the axis (default: 0,5,20)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The :class:`BenchConfig` for parsed arguments, writing the demo data when needed."""
+    data = list(args.data)
+    if not data:
+        demo_dir = os.path.join(args.out, f"demo-{args.format}-{args.shards}x"
+                                f"{args.samples_per_shard}")
+        print(f"demo data: {demo_dir}", flush=True)
+        data = [ensure_demo(demo_dir, fmt=args.format, shards=args.shards,
+                            samples_per_shard=args.samples_per_shard)]
+    timing = dict(QUICK) if args.quick or args.command == "demo" else {
+        "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats}
+    return BenchConfig(
+        data=tuple(data), loaders=tuple(args.loaders), batch_size=args.batch_size,
+        workers=args.workers, servers=args.servers, endpoints=tuple(args.endpoints),
+        step=args.step, step_ms=args.step_ms, shuffle=args.shuffle, seed=args.seed,
+        prefetch=args.prefetch, inflight=args.inflight, timeout_s=args.timeout,
+        out_dir=args.out, **timing,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m bench`` / ``dataflow-bench``; returns the exit code.
+
+    Exit codes: 0 when every loader that could run ran, 1 when one failed, 2 on bad input.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        if args.command == "sweep":
+            doc = run_sweep(cfg, args.axis, args.values, tag=args.tag or "sweep")
+            return 1 if any(point["failed"] for point in doc["points"]) else 0
+        result = run_config(cfg, tag=args.tag or args.command)
+    except DataflowError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.markdown:
+        from bench.report import format_table
+
+        print("\n" + format_table(result.outcome, cfg.loaders, markdown=True))
+    return 1 if result.outcome.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

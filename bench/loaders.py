@@ -1,0 +1,152 @@
+"""Loader adapters: each yields batches endlessly (epoch after epoch) and names its processes.
+
+Every adapter gets the same data, batch size and CPU budget (``BenchConfig.workers`` loading
+processes) and yields ``dict[str, torch.Tensor | list]`` host batches; the bench's trainer
+does the device copy the same way for all of them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from bench.config import BenchConfig
+from bench.data import BenchData
+from bench.procs import descendants
+from bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
+
+Batch = dict[str, object]
+
+
+class LoaderRun(Protocol):
+    """An opened loader.
+
+    Attributes:
+        name: the loader's name in the report.
+        description: how it was set up (processes, options), one line.
+    """
+
+    name: str
+    description: str
+
+    def batches(self) -> Iterator[Batch]:
+        """Batches forever, epoch after epoch (calling ``set_epoch`` where there is one)."""
+
+    def pids(self) -> list[int]:
+        """The live processes doing this loader's work outside the trainer process."""
+
+    def close(self) -> None:
+        """Stop the loader and its processes; idempotent."""
+
+
+class DataflowRun:
+    """dataflow's client over local servers it starts (or over given endpoints).
+
+    ``cfg.workers`` reader processes in total: ``cfg.servers`` servers of
+    ``cfg.workers_per_server`` each. Each server also has its own front process (sockets,
+    scheduling), which shows in the loader CPU and RSS figures. ``cfg.prefetch`` batches are
+    requested ahead in total, split evenly over the servers.
+    """
+
+    name = "dataflow"
+
+    def __init__(self, cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> None:
+        from client import DataLoader
+        from server.launch import launch
+
+        self._handles = []
+        self._loader = None
+        try:
+            if cfg.endpoints:
+                endpoints = list(cfg.endpoints)
+                self.description = f"{len(endpoints)} given server(s), processes not measured"
+            else:
+                for _ in range(cfg.servers):
+                    self._handles.append(launch(list(data.shards), workers=cfg.workers_per_server,
+                                                timeout=cfg.timeout_s))
+                endpoints = [h.endpoint for h in self._handles]
+                self.description = (f"{cfg.servers} local server(s) x {cfg.workers_per_server} "
+                                    f"reader process(es)")
+            self._loader = DataLoader(
+                endpoints, batch_size=cfg.batch_size, rank=0, world_size=1,
+                shuffle=cfg.shuffle, seed=cfg.seed, pin_memory=pin_memory,
+                prefetch=max(1, math.ceil(cfg.prefetch / len(endpoints))),
+                timeout=cfg.timeout_s,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def batches(self) -> Iterator[Batch]:
+        epoch = 0
+        while True:
+            self._loader.set_epoch(epoch)
+            yield from self._loader
+            epoch += 1
+
+    def pids(self) -> list[int]:
+        roots = [h.pid for h in self._handles]
+        return sorted(set(roots) | set(descendants(roots)))
+
+    def close(self) -> None:
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
+        while self._handles:
+            self._handles.pop().close()
+
+
+class TorchRun:
+    """``torch.utils.data.DataLoader`` with ``cfg.workers`` worker processes.
+
+    Tar shards go through a webdataset pipeline batching in the workers; Arrow and Parquet
+    shards through a map-style dataset with sampler and collation. Workers are persistent and
+    prefetch ``ceil(cfg.prefetch / cfg.workers)`` batches each, so the total prefetch depth
+    matches dataflow's.
+    """
+
+    name = "torch"
+
+    def __init__(self, cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> None:
+        self._before = set(descendants([os.getpid()]))
+        self._epochs: Iterator[Batch] | None = None
+        prefetch_factor = max(1, math.ceil(cfg.prefetch / cfg.workers))
+        common = dict(num_workers=cfg.workers, pin_memory=pin_memory, persistent_workers=True,
+                      prefetch_factor=prefetch_factor, timeout=cfg.timeout_s)
+        if data.fmt in ("tar", "tar.gz"):
+            pipeline = webdataset_pipeline(data.shards, data.schema, batch_size=cfg.batch_size,
+                                           shuffle=cfg.shuffle, seed=cfg.seed)
+            self._loader = torch.utils.data.DataLoader(pipeline, batch_size=None, **common)
+            kind = "webdataset pipeline"
+        else:
+            dataset = ArrowMapDataset(data.shards, data.sizes, data.schema, data.fmt)
+            generator = torch.Generator().manual_seed(cfg.seed)
+            self._loader = torch.utils.data.DataLoader(
+                dataset, batch_size=cfg.batch_size, shuffle=cfg.shuffle, generator=generator,
+                **common,
+            )
+            kind = "map-style Arrow dataset"
+        self.description = (f"DataLoader({kind}, num_workers={cfg.workers}, "
+                            f"prefetch_factor={prefetch_factor}, pin_memory={pin_memory})")
+
+    def batches(self) -> Iterator[Batch]:
+        self._epochs = self._run_epochs()
+        return self._epochs
+
+    def _run_epochs(self) -> Iterator[Batch]:
+        while True:
+            yield from self._loader
+
+    def pids(self) -> list[int]:
+        return [p for p in descendants([os.getpid()]) if p not in self._before]
+
+    def close(self) -> None:
+        """Drop the epoch generator and the DataLoader; its persistent workers exit with it."""
+        if self._epochs is not None:
+            self._epochs.close()
+            self._epochs = None
+        self._loader = None

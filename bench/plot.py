@@ -1,0 +1,104 @@
+"""PNG plots of bench results (matplotlib, optional: without it the plots are skipped)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+MISSING = "matplotlib is not installed; skipping the PNG (pip install 'dataflow[plot]')"
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _median_run(loader: Mapping[str, object]) -> Mapping[str, object]:
+    runs = sorted(loader["runs"], key=lambda r: r["figures"]["samples_per_s"])
+    return runs[len(runs) // 2]
+
+
+def plot_run(doc: Mapping[str, object], path: str) -> str | None:
+    """Per-step wait over time for each loader, and bars of GPU-idle fraction and samples/s.
+
+    Args:
+        doc: the bench's JSON document (see :func:`bench.report.to_json`).
+        path: PNG file to write.
+
+    Returns:
+        ``path``, or None when matplotlib is missing.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    loaders = {name: v for name, v in doc["loaders"].items() if not v.get("failed")}
+    fig, (ax_wait, ax_idle, ax_rate) = plt.subplots(
+        1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [2.2, 1, 1]})
+    names = list(loaders)
+    for name in names:
+        run = _median_run(loaders[name])
+        ax_wait.plot(range(1, len(run["wait_ms"]) + 1), run["wait_ms"], label=name, lw=0.9)
+    ax_wait.set_xlabel("measured step")
+    ax_wait.set_ylabel("wait (data stall), ms")
+    ax_wait.set_title("per-step wait (median-throughput repeat)")
+    ax_wait.legend()
+    idle = [loaders[n]["median"]["gpu_idle"] * 100 for n in names]
+    rate = [loaders[n]["median"]["samples_per_s"] for n in names]
+    ax_idle.bar(names, idle, color="tab:red")
+    ax_idle.set_ylabel("GPU-idle, % of wall time")
+    ax_idle.set_title("GPU-idle fraction (median)")
+    ax_rate.bar(names, rate, color="tab:blue")
+    ax_rate.set_ylabel("samples/s")
+    ax_rate.set_title("throughput (median)")
+    cfg = doc["config"]
+    fig.suptitle(f"{doc['data']['format']}, batch {cfg['batch_size']}, {doc['step']}, "
+                 f"{cfg['workers']} loading processes per loader", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(axis: str, values: Sequence[float],
+               idle: Mapping[str, Sequence[float | None]],
+               rate: Mapping[str, Sequence[float | None]], path: str) -> str | None:
+    """GPU-idle fraction and samples/s against the swept setting, one line per loader.
+
+    Args:
+        axis: the swept setting's label (e.g. ``step ms``).
+        values: the setting's values, x axis.
+        idle: per loader, GPU-idle fraction per value (None: not measured).
+        rate: per loader, samples/s per value.
+        path: PNG file to write.
+
+    Returns:
+        ``path``, or None when matplotlib is missing.
+    """
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, (ax_idle, ax_rate) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in idle:
+        xs = [v for v, y in zip(values, idle[name], strict=True) if y is not None]
+        ax_idle.plot(xs, [y * 100 for y in idle[name] if y is not None], "o-", label=name)
+        ax_rate.plot(xs, [y for y in rate[name] if y is not None], "o-", label=name)
+    ax_idle.set_xlabel(axis)
+    ax_idle.set_ylabel("GPU-idle, % of wall time")
+    ax_idle.set_title("where each loader stops keeping up")
+    ax_rate.set_xlabel(axis)
+    ax_rate.set_ylabel("samples/s")
+    for ax in (ax_idle, ax_rate):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,165 @@
+"""The bench's outputs: terminal/markdown table and the JSON file with every per-step figure."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from bench.config import BenchConfig
+from bench.data import BenchData
+from bench.runner import BenchOutcome, median_figures
+
+BASELINE = "torch"
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("gpu_idle", "GPU-idle", "{:.1%}"),
+    ("samples_per_s", "samples/s", "{:,.0f}"),
+    ("batches_per_s", "batches/s", "{:,.1f}"),
+    ("wait_p50_ms", "wait p50 ms", "{:.2f}"),
+    ("wait_p95_ms", "p95 ms", "{:.2f}"),
+    ("wait_p99_ms", "p99 ms", "{:.2f}"),
+    ("trainer_cpu_ms_per_batch", "trainer CPU ms/b", "{:.2f}"),
+    ("loader_cpu_ms_per_batch", "loader CPU ms/b", "{:.2f}"),
+    ("trainer_peak_rss_mib", "trainer RSS MiB", "{:,.0f}"),
+    ("loader_peak_rss_mib", "loader RSS MiB", "{:,.0f}"),
+    ("ttfb_s", "1st batch s", "{:.2f}"),
+)
+
+
+def machine_info() -> dict[str, object]:
+    """Where the bench ran: CPUs, memory, OS, versions, GPU, date."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": round(mem_gib, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": gpu,
+    }
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def summary_rows(outcome: BenchOutcome, order: Sequence[str]) -> list[list[str]]:
+    """One row of cells per loader (medians over repeats; skipped/failed rows say why)."""
+    medians = {name: median_figures(runs) for name, runs in outcome.results.items()
+               if name not in outcome.failed}
+    base = medians.get(BASELINE, {}).get("samples_per_s")
+    rows = []
+    for name in order:
+        if name in outcome.skipped:
+            rows.append([name, f"skipped: {outcome.skipped[name]}"])
+            continue
+        if name in outcome.failed:
+            rows.append([name, f"FAILED: {outcome.failed[name]}"])
+            continue
+        if name not in medians:
+            continue
+        f = medians[name]
+        ratio = f"{f['samples_per_s'] / base:.2f}x" if base else "n/a"
+        cells = [_cell(f[key], fmt) for key, _, fmt in COLUMNS]
+        rows.append([name, *cells[:2], ratio, *cells[2:]])
+    return rows
+
+
+def _headers() -> list[str]:
+    names = [title for _, title, _ in COLUMNS]
+    return ["loader", *names[:2], f"vs {BASELINE}", *names[2:]]
+
+
+def format_table(outcome: BenchOutcome, order: Sequence[str], *, markdown: bool = False) -> str:
+    """The summary table, plain text for the terminal or GitHub markdown."""
+    headers = _headers()
+    rows = summary_rows(outcome, order)
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+        for row in rows:
+            lines.append("| " + " | ".join(row + [""] * (len(headers) - len(row))) + " |")
+        return "\n".join(lines)
+    full = [r for r in rows if len(r) == len(headers)]
+    widths = [max(len(h), *(len(r[i]) for r in full)) if full else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) if i else h.ljust(w)
+                       for i, (h, w) in enumerate(zip(headers, widths, strict=True)))]
+    for row in rows:
+        if len(row) == len(headers):
+            lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
+                                   for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        else:
+            lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
+    return "\n".join(lines)
+
+
+def _floats(a: np.ndarray, scale: float = 1.0) -> list[float]:
+    return [round(float(x) * scale, 4) for x in a]
+
+
+def to_json(cfg: BenchConfig, data: BenchData, outcome: BenchOutcome, *, step: str,
+            page_cache: str, machine: dict[str, object]) -> dict[str, object]:
+    """Everything about one configuration: settings, machine, medians and per-step figures.
+
+    Per-step arrays are in milliseconds (``wait_ms``, ``transfer_ms``, ``step_ms``,
+    ``host_wait_ms``) and samples per step, measured steps only.
+    """
+    loaders: dict[str, object] = {}
+    for name, runs in outcome.results.items():
+        loaders[name] = {
+            "description": runs[0].description,
+            "median": median_figures(runs),
+            "failed": outcome.failed.get(name),
+            "runs": [
+                {
+                    "repeat": r.repeat,
+                    "figures": r.figures(),
+                    "loader_processes": r.loader_processes,
+                    "distinct_ids": r.measurement.distinct_ids,
+                    "wall_s": r.measurement.wall_s,
+                    "wait_ms": _floats(r.measurement.wait_s, 1e3),
+                    "transfer_ms": _floats(r.measurement.transfer_s, 1e3),
+                    "step_ms": _floats(r.measurement.step_s, 1e3),
+                    "host_wait_ms": _floats(r.measurement.host_wait_s, 1e3),
+                    "samples": [int(x) for x in r.measurement.samples],
+                }
+                for r in runs
+            ],
+        }
+    return {
+        "config": dataclasses.asdict(cfg),
+        "machine": machine,
+        "step": step,
+        "page_cache": page_cache,
+        "data": {"shards": len(data.shards), "samples": data.total, "format": data.fmt,
+                 "bytes": data.nbytes, "fingerprint": data.fingerprint,
+                 "index_s": data.index_s},
+        "loaders": loaders,
+        "skipped": outcome.skipped,
+        "failed": outcome.failed,
+        "prepare": outcome.prepare,
+    }
+
+
+def write_json(path: str, doc: dict[str, object]) -> None:
+    """Write ``doc`` as indented JSON, creating the directory."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")

@@ -1,0 +1,85 @@
+"""One bench configuration end to end: data, step, runs, JSON, plot, table."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import TextIO
+
+from bench.config import BenchConfig
+from bench.data import BenchData, load, warm_page_cache
+from bench.plot import MISSING, plot_run
+from bench.report import format_table, machine_info, to_json, write_json
+from bench.runner import BenchOutcome, Progress, run_all
+from bench.steps import make_step
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    """What :func:`run_config` produced.
+
+    Attributes:
+        doc: the JSON document written to ``json_path``.
+        outcome: the raw runs.
+        json_path: where the JSON went.
+        png_path: where the plot went (None without matplotlib or when not plotted).
+    """
+
+    doc: dict[str, object]
+    outcome: BenchOutcome
+    json_path: str
+    png_path: str | None
+
+
+def header(cfg: BenchConfig, data: BenchData, step: str, page_cache: str) -> str:
+    """What is being compared, printed before the runs."""
+    budget = (f"{cfg.workers} loading processes per loader (torch num_workers={cfg.workers}; "
+              f"dataflow {cfg.servers} server(s) x {cfg.workers_per_server} reader process(es)"
+              f" + 1 front process per server; peers {cfg.workers} workers)")
+    if cfg.endpoints:
+        budget = f"dataflow uses {len(cfg.endpoints)} given server(s); others {cfg.workers} workers"
+    return "\n".join([
+        f"data: {len(data.shards)} {data.fmt} shards, {data.total:,} samples, "
+        f"{data.nbytes / 2**20:.1f} MiB (dataflow index {data.index_s:.2f} s)",
+        f"step: {step}; batch {cfg.batch_size}; warm-up {cfg.warmup} + {cfg.steps} measured "
+        f"steps; {cfg.repeats} repeat(s), median reported",
+        f"CPU budget: {budget}",
+        f"page cache: {page_cache}",
+    ])
+
+
+def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO = sys.stdout,
+               progress: Progress | None = None) -> SessionResult:
+    """Run every loader of ``cfg`` and write ``<out_dir>/<tag>.json`` (and ``.png``).
+
+    Args:
+        cfg: the configuration.
+        tag: base name of the output files.
+        plot: write the PNG.
+        out: stream for the header, the table and the output paths.
+        progress: progress display (default: stderr).
+    """
+    data = load(cfg.data)
+    page_cache = warm_page_cache(data)
+    step = make_step(cfg.step, cfg.step_ms)
+    print(header(cfg, data, step.describe(), page_cache), file=out, flush=True)
+    outcome = run_all(cfg, data, step, progress)
+    doc = to_json(cfg, data, outcome, step=step.describe(), page_cache=page_cache,
+                  machine=machine_info())
+    json_path = os.path.join(cfg.out_dir, f"{tag}.json")
+    write_json(json_path, doc)
+    png_path = None
+    if plot and doc["loaders"]:
+        png_path = plot_run(doc, os.path.join(cfg.out_dir, f"{tag}.png"))
+    print(file=out)
+    print(format_table(outcome, cfg.loaders), file=out)
+    for name, info in outcome.prepare.items():
+        how = "cached" if info["cached"] else "converted now"
+        print(f"{name}: data conversion took {info['seconds']:.1f} s ({how}, {info['path']})",
+              file=out)
+    print(f"\nper-step figures: {json_path}", file=out)
+    if plot:
+        why = MISSING if doc["loaders"] else "no loader ran"
+        print(f"plot: {png_path}" if png_path else f"plot not written: {why}", file=out)
+    return SessionResult(doc, outcome, json_path, png_path)

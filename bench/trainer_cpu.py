@@ -1,0 +1,97 @@
+"""P2: trainer-process CPU seconds per batch, dataflow DataLoader vs torch DataLoader.
+
+Both read the same Arrow demo shards (images 3x64x64 uint8, ids, labels, text). The torch
+side is a map-style Arrow dataset (``bench.torch_datasets.ArrowMapDataset``) with
+``DataLoader(num_workers=2, pin_memory=True)``; the dataflow side is one loader server
+(``--workers 2``) and ``client.DataLoader``. Only the trainer process is measured
+(``getrusage(RUSAGE_SELF)``: user + system CPU of all its threads, not of worker or server
+processes). The target is a ratio <= 0.25.
+
+Without CUDA, torch's ``pin_memory=True`` pins nothing (torch warns and skips it) and
+dataflow's ``pin_memory`` is off too.
+
+Usage: python -m bench.trainer_cpu [--batch-size 256] [--epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable
+
+import torch
+
+from bench.torch_datasets import ArrowMapDataset
+from client import DataLoader
+from dataflow.demo import DemoSpec, make_demo
+from dataflow.index import build_index
+from server import launch
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(epochs: Iterable[Iterable]) -> tuple[float, float, int]:
+    """(trainer CPU s, wall s, batches) over ``epochs`` (each an iterable of batches)."""
+    n = 0
+    cpu0, wall0 = _cpu(), time.perf_counter()
+    for epoch in epochs:
+        for _ in epoch:
+            n += 1
+    return _cpu() - cpu0, time.perf_counter() - wall0, n
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--samples-per-shard", type=int, default=1000)
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-cpu-") as tmp:
+        demo = make_demo(tmp, DemoSpec(shards=args.shards,
+                                       samples_per_shard=args.samples_per_shard), progress=None)
+        index = build_index(list(demo.paths))
+
+        dataset = ArrowMapDataset(index.shards, index.sizes, index.schema, "arrow-file")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch_dl = torch.utils.data.DataLoader(
+                dataset, batch_size=args.batch_size, shuffle=True, num_workers=2,
+                pin_memory=True, persistent_workers=True)
+            list(zip(range(2), torch_dl, strict=False))
+            cpu, wall, n = measure(torch_dl for _ in range(args.epochs))
+        rows.append(("torch DataLoader(num_workers=2, pin_memory=True), map-style Arrow",
+                     cpu, wall, n))
+        del torch_dl
+
+        with launch(list(demo.paths), workers=2) as server, DataLoader(
+            server.endpoint, batch_size=args.batch_size, rank=0, world_size=1, timeout=60
+        ) as dl:
+            for _ in dl:
+                pass
+            cpu, wall, n = measure(dl for _ in range(args.epochs))
+        rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
+
+    base = rows[0][1] / rows[0][3]
+    print(f"command: python -m bench.trainer_cpu {' '.join(argv or sys.argv[1:])}".rstrip())
+    print(f"{demo.total} samples in {args.shards} Arrow shards, batch {args.batch_size}, "
+          f"{args.epochs} timed epochs after warm-up, CUDA available: "
+          f"{torch.cuda.is_available()}")
+    print()
+    print("| loader | batches | trainer CPU s | CPU ms / batch | wall s | ratio to torch |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, cpu, wall, n in rows:
+        print(f"| {name} | {n} | {cpu:.2f} | {1000 * cpu / n:.2f} | {wall:.2f} | "
+              f"{cpu / n / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The real bench on tiny demo data: real servers, real torch workers, real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.data import ensure_demo, load
+from bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
+
+REPO = Path(__file__).resolve().parents[2]
+SHARDS, PER_SHARD = 4, 100
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fmt", ["tar", "arrow", "parquet"])
+def test_torch_baseline_reads_every_sample_once(tmp_path, fmt):
+    data = load([ensure_demo(str(tmp_path / fmt), fmt=fmt, shards=SHARDS,
+                             samples_per_shard=PER_SHARD)])
+    if fmt == "tar":
+        dataset = webdataset_pipeline(data.shards, data.schema, batch_size=32, shuffle=True,
+                                      seed=1)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    else:
+        dataset = ArrowMapDataset(data.shards, data.sizes, data.schema, data.fmt)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=32, shuffle=True,
+                                             num_workers=2)
+    ids = []
+    for batch in loader:
+        assert batch["image"].shape[1:] == (3, 64, 64)
+        assert batch["image"].dtype == torch.uint8
+        assert torch.equal(batch["label"], batch["id"] % 10)
+        assert all(text.startswith(f"sample {i} ") for i, text in
+                   zip(batch["id"].tolist(), batch["text"], strict=True))
+        ids += batch["id"].tolist()
+    assert sorted(ids) == list(range(SHARDS * PER_SHARD))
+
+
+def test_demo_data_is_cached(tmp_path):
+    out = str(tmp_path / "demo")
+    ensure_demo(out, fmt="tar", shards=2, samples_per_shard=10)
+    first = sorted(p.stat().st_mtime_ns for p in Path(out).glob("train-*"))
+    ensure_demo(out, fmt="tar", shards=2, samples_per_shard=10)
+    assert sorted(p.stat().st_mtime_ns for p in Path(out).glob("train-*")) == first
+    ensure_demo(out, fmt="tar", shards=3, samples_per_shard=10)
+    assert len(list(Path(out).glob("train-*.tar"))) == 3
+
+
+@pytest.mark.timeout(90)
+def test_bench_runs_dataflow_and_torch_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    steps, batch = 20, 16
+    cmd = [sys.executable, "-m", "bench", "run", "--format", "tar", "--shards", str(SHARDS),
+           "--samples-per-shard", str(PER_SHARD), "--loaders", "dataflow,torch,streaming",
+           "--batch-size", str(batch), "--steps", str(steps), "--warmup", "2", "--repeats", "1",
+           "--step-ms", "2", "--out", str(out), "--tag", "e2e", "--markdown"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| loader |" in done.stdout
+    doc = json.loads((out / "e2e.json").read_text())
+    assert doc["data"] == {**doc["data"], "samples": SHARDS * PER_SHARD, "format": "tar"}
+    assert "streaming" in doc["skipped"] or "streaming" in doc["loaders"]
+    for name in ("dataflow", "torch"):
+        (run,) = doc["loaders"][name]["runs"]
+        assert len(run["wait_ms"]) == steps
+        assert run["samples"] == [batch] * steps
+        assert run["distinct_ids"] == steps * batch
+        assert run["loader_processes"] >= 2
+        assert 0.0 <= run["figures"]["gpu_idle"] <= 1.0
+    assert (out / "e2e.png").stat().st_size > 1000
+    assert not doc["failed"]

@@ -1,0 +1,96 @@
+"""BenchConfig validation and the CLI's parsing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import build_parser, config_from_args, main
+from bench.config import BenchConfig
+from bench.sweep import point_config
+from dataflow.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_valid():
+    cfg = BenchConfig(data=("d",))
+    assert cfg.workers_per_server == cfg.workers // cfg.servers
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"data": ()}, "`data` must be"),
+        ({"loaders": ()}, "`loaders` must name"),
+        ({"loaders": ("dataflow", "nope")}, "Found: 'nope'"),
+        ({"loaders": ("torch", "torch")}, "must not repeat"),
+        ({"batch_size": 0}, "`batch_size` must be greater than 0. Found: 0"),
+        ({"repeats": -1}, "`repeats` must be greater than 0"),
+        ({"warmup": 0}, "`warmup` must be at least 1"),
+        ({"step": "tpu"}, "`step` must be one of"),
+        ({"step_ms": -1.0}, "`step_ms` must be 0 or more"),
+        ({"workers": 3, "servers": 2}, "multiple of `servers`"),
+        ({"out_dir": ""}, "`out_dir`"),
+    ],
+)
+def test_invalid_configs_are_named(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        BenchConfig(**{"data": ("d",), **kwargs})
+
+
+def test_endpoints_lift_the_server_split_rule():
+    cfg = BenchConfig(data=("d",), workers=3, servers=2, endpoints=("tcp://127.0.0.1:5555",))
+    assert cfg.endpoints
+
+
+def test_sweep_points():
+    base = BenchConfig(data=("d",), workers=2, servers=2)
+    assert point_config(base, "step-ms", 5).step_ms == 5.0
+    four = point_config(base, "servers", 4)
+    assert (four.servers, four.workers) == (4, 4)
+    with pytest.raises(ConfigError, match="`axis`"):
+        point_config(base, "batch", 1)
+
+
+def test_cli_parses_into_config(tmp_path):
+    args = build_parser().parse_args(
+        ["run", str(tmp_path), "--loaders", "torch,dataflow", "--step", "cpu", "--step-ms", "3",
+         "--quick", "--out", str(tmp_path / "o")])
+    cfg = config_from_args(args)
+    assert cfg.loaders == ("torch", "dataflow")
+    assert (cfg.step, cfg.step_ms, cfg.repeats, cfg.steps) == ("cpu", 3.0, 1, 100)
+
+
+def test_cli_rejects_unknown_loader(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["run", "x", "--loaders", "dataflow,nope"])
+    assert e.value.code == 2
+    assert "unknown loader 'nope'" in capsys.readouterr().err
+
+
+def test_cli_bad_data_is_a_clear_error(tmp_path, capsys):
+    code = main(["run", str(tmp_path / "missing-*.tar"), "--out", str(tmp_path)])
+    assert code == 2
+    assert "missing-*.tar" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_help_works_from_the_command_line():
+    done = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "usage: python -m bench" in done.stdout
+    assert "GPU-idle" in done.stdout
+
+
+@pytest.mark.parametrize("sub", ["demo", "run", "sweep"])
+def test_subcommand_help(sub, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([sub, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--loaders" in out and "--step" in out

@@ -1,0 +1,158 @@
+"""Shape of the bench's table, JSON and plots, from synthetic measurements."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bench.config import BenchConfig
+from bench.data import BenchData
+from bench.loop import Measurement
+from bench.plot import plot_run, plot_sweep
+from bench.procs import (
+    _is_loopback,
+    cpu_delta,
+    cpu_seconds,
+    cpu_snapshot,
+    descendants,
+    non_loopback_listeners,
+    peak_rss_bytes,
+    total_peak_rss,
+)
+from bench.report import format_table, machine_info, summary_rows, to_json, write_json
+from bench.runner import BenchOutcome, RunResult, median_figures
+
+STEPS = 10
+
+
+def measurement(wait_ms: float, samples: int = 64) -> Measurement:
+    wait = np.full(STEPS, wait_ms / 1e3)
+    step = np.full(STEPS, 0.01)
+    return Measurement(
+        wait_s=wait, transfer_s=np.zeros(STEPS), step_s=step, host_wait_s=wait,
+        samples=np.full(STEPS, samples), wall_s=float(wait.sum() + step.sum()), ttfb_s=0.5,
+        trainer_cpu_s=0.01, distinct_ids=STEPS * samples,
+    )
+
+
+def run(loader: str, repeat: int, wait_ms: float, **kw) -> RunResult:
+    defaults = dict(description=f"{loader} setup", setup_s=1.0, trainer_peak_rss=300 << 20,
+                    loader_peak_rss=200 << 20, loader_cpu_s=0.05, loader_processes=2)
+    return RunResult(loader=loader, repeat=repeat, measurement=measurement(wait_ms),
+                     **{**defaults, **kw})
+
+
+@pytest.fixture
+def outcome() -> BenchOutcome:
+    out = BenchOutcome()
+    out.results["dataflow"] = [run("dataflow", r, w) for r, w in enumerate([0.0, 1.0, 0.5])]
+    out.results["torch"] = [run("torch", r, w, loader_peak_rss=None, loader_cpu_s=None)
+                            for r, w in enumerate([10.0, 10.0, 30.0])]
+    out.skipped["ray"] = "not installed"
+    out.failed["litdata"] = "RuntimeError: boom"
+    return out
+
+
+def cfg(tmp_path) -> BenchConfig:
+    return BenchConfig(data=("d",), loaders=("dataflow", "torch", "ray", "litdata"),
+                       out_dir=str(tmp_path))
+
+
+def data() -> BenchData:
+    return BenchData(shards=("a.tar",), sizes=(640,), fmt="tar", fingerprint="f" * 32,
+                     schema=(), nbytes=1 << 20, index_s=0.1)
+
+
+def test_figures_follow_the_definitions():
+    f = run("torch", 0, 10.0).figures()
+    assert f["gpu_idle"] == pytest.approx(0.5)
+    assert f["samples_per_s"] == pytest.approx(STEPS * 64 / 0.2)
+    assert f["batches_per_s"] == pytest.approx(STEPS / 0.2)
+    assert f["wait_p50_ms"] == pytest.approx(10.0)
+    assert f["trainer_cpu_ms_per_batch"] == pytest.approx(1.0)
+    assert f["loader_cpu_ms_per_batch"] == pytest.approx(5.0)
+    assert f["trainer_peak_rss_mib"] == pytest.approx(300)
+
+
+def test_medians_skip_unmeasurable_figures(outcome):
+    med = median_figures(outcome.results["dataflow"])
+    assert med["wait_p50_ms"] == pytest.approx(0.5)
+    torch_med = median_figures(outcome.results["torch"])
+    assert torch_med["loader_peak_rss_mib"] is None
+    assert torch_med["wait_p50_ms"] == pytest.approx(10.0)
+
+
+def test_table_rows(outcome):
+    rows = summary_rows(outcome, ["dataflow", "torch", "ray", "litdata"])
+    assert [r[0] for r in rows] == ["dataflow", "torch", "ray", "litdata"]
+    assert rows[1][3] == "1.00x"
+    assert float(rows[0][3].rstrip("x")) > 1.0
+    assert rows[2][1].startswith("skipped: not installed")
+    assert rows[3][1].startswith("FAILED: RuntimeError")
+    text = format_table(outcome, ["dataflow", "torch", "ray", "litdata"])
+    assert "GPU-idle" in text and "n/a" in text
+    md = format_table(outcome, ["dataflow", "torch"], markdown=True)
+    lines = md.splitlines()
+    assert lines[0].startswith("| loader |") and len(lines) == 4
+    assert len({line.count("|") for line in lines}) == 1
+
+
+def test_json_holds_every_step(tmp_path, outcome):
+    doc = to_json(cfg(tmp_path), data(), outcome, step="sleep 10 ms", page_cache="warm",
+                  machine=machine_info())
+    path = tmp_path / "x" / "bench.json"
+    write_json(str(path), doc)
+    back = json.loads(path.read_text())
+    assert set(back) >= {"config", "machine", "step", "page_cache", "data", "loaders",
+                         "skipped", "failed", "prepare"}
+    runs = back["loaders"]["dataflow"]["runs"]
+    assert len(runs) == 3
+    assert len(runs[0]["wait_ms"]) == STEPS and len(runs[0]["samples"]) == STEPS
+    assert back["loaders"]["torch"]["median"]["gpu_idle"] == pytest.approx(0.5)
+    assert back["machine"]["cpus"] == os.cpu_count()
+    assert back["skipped"] == {"ray": "not installed"}
+
+
+def test_plots_are_written(tmp_path, outcome):
+    outcome.failed.clear()
+    doc = to_json(cfg(tmp_path), data(), outcome, step="sleep", page_cache="warm",
+                  machine={})
+    doc = json.loads(json.dumps(doc))
+    png = plot_run(doc, str(tmp_path / "p" / "bench.png"))
+    assert png and os.path.getsize(png) > 1000
+    sweep = plot_sweep("step ms", [0, 5], {"a": [0.5, None]}, {"a": [100.0, None]},
+                       str(tmp_path / "sweep.png"))
+    assert sweep and os.path.getsize(sweep) > 1000
+
+
+@pytest.mark.timeout(30)
+def test_process_figures():
+    me = os.getpid()
+    assert peak_rss_bytes(me) > 1 << 20
+    assert cpu_seconds(me) > 0
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in descendants([me])
+        assert total_peak_rss([child.pid, 999_999_999]) > 0
+        before = cpu_snapshot([child.pid])
+        assert cpu_delta(before, cpu_snapshot([child.pid])) >= 0
+    finally:
+        child.kill()
+        child.wait()
+    assert peak_rss_bytes(child.pid) is None
+
+
+def test_loopback_listeners_are_not_flagged():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert non_loopback_listeners([os.getpid()]) == []
+    assert _is_loopback("0100007F:1F90")
+    assert not _is_loopback("00000000:1F90")
+    assert not _is_loopback("00000000000000000000000000000000:1F90")
