@@ -16,8 +16,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 demo: setup
-	$(BIN)/python -m dataflow make-demo demo-data/arrow --format arrow
-	$(BIN)/python -m dataflow read demo-data/arrow
+	$(BIN)/python -m bench demo --out bench-out
 
 test: setup
 	$(BIN)/python -m pytest tests -q -p no:cacheprovider
