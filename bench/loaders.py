@@ -100,7 +100,40 @@ class DataflowRun:
             self._handles.pop().close()
 
 
-class TorchRun:
+class ReiterableRun:
+    """A loader object that yields one epoch per iteration (torch-style), run epoch after epoch.
+
+    Its processes are the trainer's descendants that appeared after construction began.
+    """
+
+    name: str
+    description: str
+
+    def __init__(self) -> None:
+        self._before = set(descendants([os.getpid()]))
+        self._epochs: Iterator[Batch] | None = None
+        self._loader: object = None
+
+    def batches(self) -> Iterator[Batch]:
+        self._epochs = self._run_epochs()
+        return self._epochs
+
+    def _run_epochs(self) -> Iterator[Batch]:
+        while True:
+            yield from self._loader
+
+    def pids(self) -> list[int]:
+        return [p for p in descendants([os.getpid()]) if p not in self._before]
+
+    def close(self) -> None:
+        """Drop the epoch generator and the loader; persistent workers exit with it."""
+        if self._epochs is not None:
+            self._epochs.close()
+            self._epochs = None
+        self._loader = None
+
+
+class TorchRun(ReiterableRun):
     """``torch.utils.data.DataLoader`` with ``cfg.workers`` worker processes.
 
     Tar shards go through a webdataset pipeline batching in the workers; Arrow and Parquet
@@ -112,8 +145,7 @@ class TorchRun:
     name = "torch"
 
     def __init__(self, cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> None:
-        self._before = set(descendants([os.getpid()]))
-        self._epochs: Iterator[Batch] | None = None
+        super().__init__()
         prefetch_factor = max(1, math.ceil(cfg.prefetch / cfg.workers))
         common = dict(num_workers=cfg.workers, pin_memory=pin_memory, persistent_workers=True,
                       prefetch_factor=prefetch_factor, timeout=cfg.timeout_s)
@@ -132,21 +164,3 @@ class TorchRun:
             kind = "map-style Arrow dataset"
         self.description = (f"DataLoader({kind}, num_workers={cfg.workers}, "
                             f"prefetch_factor={prefetch_factor}, pin_memory={pin_memory})")
-
-    def batches(self) -> Iterator[Batch]:
-        self._epochs = self._run_epochs()
-        return self._epochs
-
-    def _run_epochs(self) -> Iterator[Batch]:
-        while True:
-            yield from self._loader
-
-    def pids(self) -> list[int]:
-        return [p for p in descendants([os.getpid()]) if p not in self._before]
-
-    def close(self) -> None:
-        """Drop the epoch generator and the DataLoader; its persistent workers exit with it."""
-        if self._epochs is not None:
-            self._epochs.close()
-            self._epochs = None
-        self._loader = None

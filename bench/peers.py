@@ -27,6 +27,7 @@ from torch.utils.data import default_collate
 
 from bench.config import BenchConfig
 from bench.data import BenchData
+from bench.loaders import ReiterableRun
 from bench.procs import descendants, non_loopback_listeners
 from dataflow.columns import Ragged
 from dataflow.errors import DataflowError
@@ -80,32 +81,14 @@ def _loader_kwargs(cfg: BenchConfig, pin_memory: bool) -> dict[str, object]:
                                                                           cfg.workers)))
 
 
-class _TorchLoaderPeer:
+class _TorchLoaderPeer(ReiterableRun):
     """A peer whose loader is a torch-style DataLoader over its own dataset class."""
 
     def __init__(self, name: str, loader: object, description: str) -> None:
+        super().__init__()
         self.name = name
         self.description = description
         self._loader = loader
-        self._before = set(descendants([os.getpid()]))
-        self._epochs: Iterator[Batch] | None = None
-
-    def batches(self) -> Iterator[Batch]:
-        self._epochs = self._run_epochs()
-        return self._epochs
-
-    def _run_epochs(self) -> Iterator[Batch]:
-        while True:
-            yield from self._loader
-
-    def pids(self) -> list[int]:
-        return [p for p in descendants([os.getpid()]) if p not in self._before]
-
-    def close(self) -> None:
-        if self._epochs is not None:
-            self._epochs.close()
-            self._epochs = None
-        self._loader = None
 
 
 def _mds_columns(data: BenchData) -> dict[str, str]:

@@ -14,7 +14,7 @@ from abc import abstractmethod
 
 import pyarrow as pa
 
-from dataflow.columns import Batch, Schema, from_arrow, schema_of_arrow
+from dataflow.columns import Batch, Schema, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import ShardReader, overlapping
 from dataflow.readers.cache import local_copy
@@ -60,10 +60,7 @@ class _ArrowReader(ShardReader):
             hi = min(stop - self._bounds[i], self._lengths[i])
             parts.append(self._batches[i].slice(lo, hi - lo))
         table = parts[0] if len(parts) == 1 else pa.Table.from_batches(parts)
-        try:
-            return from_arrow(table, self.schema)
-        except DataflowError as e:
-            raise ShardReadError(self.url, str(e), index=start) from e
+        return self._from_arrow(table, start)
 
     def close(self) -> None:
         self.closed = True

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from types import TracebackType
 
 import numpy as np
+import pyarrow as pa
 
-from dataflow.columns import Batch, Ragged, Schema
-from dataflow.errors import ConfigError, ShardReadError
+from dataflow.columns import Batch, Ragged, Schema, from_arrow
+from dataflow.errors import ConfigError, DataflowError, ShardReadError
 
 ON_ERROR = ("raise", "skip")
 
@@ -73,6 +74,13 @@ class ShardReader(ABC):
         if start == stop:
             return empty_batch(self.schema)
         return self._read(start, stop)
+
+    def _from_arrow(self, table: pa.Table | pa.RecordBatch, start: int) -> Batch:
+        """Convert rows of this shard starting at ``start`` to a batch of ``self.schema``."""
+        try:
+            return from_arrow(table, self.schema)
+        except DataflowError as e:
+            raise ShardReadError(self.url, str(e), index=start) from e
 
     def __enter__(self) -> ShardReader:
         return self

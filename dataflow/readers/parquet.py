@@ -22,7 +22,7 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataflow.columns import Batch, FieldSpec, Schema, field_spec, from_arrow
+from dataflow.columns import Batch, FieldSpec, Schema, field_spec
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import ShardReader
 from dataflow.sources import is_local, local_path, open_file
@@ -114,11 +114,7 @@ class ParquetReader(ShardReader):
         return table.slice(start - row0, stop - start)
 
     def _read(self, start: int, stop: int) -> Batch:
-        table = self._rows(start, stop)
-        try:
-            return from_arrow(table, self.schema)
-        except DataflowError as e:
-            raise ShardReadError(self.url, str(e), index=start) from e
+        return self._from_arrow(self._rows(start, stop), start)
 
     def close(self) -> None:
         self.closed = True
