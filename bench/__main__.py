@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -153,12 +154,19 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m bench`` / ``dataflow-bench``; returns the exit code.
+
+    SIGTERM exits through the loaders' ``close()``, so the servers the bench started stop too.
 
     Exit codes: 0 when every loader that could run ran, 1 when one failed, 2 on bad input.
     """
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         cfg = config_from_args(args)
         if args.command == "sweep":

@@ -19,7 +19,6 @@ from bench.peers import PEERS, unavailable_reason
 from bench.procs import cpu_delta, cpu_snapshot, peak_rss_bytes, reset_peak_rss, total_peak_rss
 from bench.steps import Step
 from bench.transfer import CopyToDevice, identity
-from dataflow.errors import DataflowError
 
 PROCESS_EXIT_WAIT_S = 10.0
 MIB = 2**20
@@ -190,8 +189,9 @@ def run_all(cfg: BenchConfig, data: BenchData, step: Step,
             progress: Progress | None = None) -> BenchOutcome:
     """Every loader of ``cfg``, ``cfg.repeats`` times, interleaved (loader order per repeat).
 
-    Peers that are not installed are skipped with their reason; a loader that fails is
-    recorded with its error and not run again; the others go on.
+    Peers that are not installed are skipped with their reason; a loader that fails, with any
+    exception (a worker's error re-raised by torch keeps its own type), is recorded with its
+    error and not run again; the others go on.
     """
     progress = progress or Progress()
     outcome = BenchOutcome()
@@ -205,7 +205,7 @@ def run_all(cfg: BenchConfig, data: BenchData, step: Step,
         if name in PEERS:
             try:
                 outcome.prepare[name] = PEERS[name].prepare(cfg, data)
-            except (DataflowError, OSError, RuntimeError, ValueError) as e:
+            except Exception as e:
                 outcome.failed[name] = f"converting the data failed: {type(e).__name__}: {e}"
                 progress.line(f"{name} failed: {outcome.failed[name]}")
                 continue
@@ -216,7 +216,7 @@ def run_all(cfg: BenchConfig, data: BenchData, step: Step,
                 continue
             try:
                 run = run_once(name, repeat, cfg, data, step, progress)
-            except (DataflowError, OSError, RuntimeError, ValueError) as e:
+            except Exception as e:
                 outcome.failed[name] = f"{type(e).__name__}: {e}"
                 progress.line(f"{name} failed: {outcome.failed[name]}")
                 continue

@@ -111,9 +111,12 @@ def _blocks(
 
 
 def _take(blocks: np.ndarray, cum: np.ndarray, a: int, b: int) -> list[Range]:
-    """Ranges covering positions ``[a, b)`` of the cyclic sequence of ``blocks``."""
+    """Ranges covering positions ``[a, b)`` of the cyclic sequence of ``blocks``.
+
+    Consecutive blocks that continue each other (same shard, adjacent samples) are merged.
+    """
     total = int(cum[-1])
-    out: list[Range] = []
+    parts = []
     while a < b:
         base = a // total * total
         lo, hi = a - base, min(b - base, total)
@@ -122,13 +125,15 @@ def _take(blocks: np.ndarray, cum: np.ndarray, a: int, b: int) -> list[Range]:
         part = blocks[i0:i1].copy()
         part[0, 1] += lo - cum[i0]
         part[-1, 2] -= cum[i1] - hi
-        for s, st, sp in part.tolist():
-            if out and out[-1].shard == s and out[-1].stop == st:
-                out[-1] = Range(s, out[-1].start, sp)
-            else:
-                out.append(Range(s, st, sp))
+        parts.append(part)
         a = base + hi
-    return out
+    rows = np.concatenate(parts)
+    first = np.ones(len(rows), dtype=bool)
+    first[1:] = (rows[1:, 0] != rows[:-1, 0]) | (rows[1:, 1] != rows[:-1, 2])
+    starts = np.flatnonzero(first)
+    last = np.append(starts[1:], len(rows)) - 1
+    merged = np.stack([rows[starts, 0], rows[starts, 1], rows[last, 2]], axis=1)
+    return list(map(Range._make, merged.tolist()))
 
 
 @dataclass(frozen=True)

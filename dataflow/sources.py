@@ -28,6 +28,8 @@ import fsspec
 from dataflow.errors import SpecError
 
 SHARD_EXTENSIONS = (".arrow", ".feather", ".ipc", ".parquet", ".tar", ".tar.gz", ".tgz")
+INDEX_SUFFIX = ".dfidx"
+"""Suffix of the tar member indexes cached beside shards; such files are never shards."""
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -138,6 +140,7 @@ def _resolve_one(spec: str) -> list[str]:
     found: list[str] = []
     for pattern in expanded:
         matches = _local_matches(pattern) if is_local(pattern) else _remote_matches(pattern)
+        matches = [m for m in matches if not m.endswith(INDEX_SUFFIX)]
         if braced and not matches and not _GLOB_CHARS.search(pattern):
             raise SpecError(f"{spec!r}: {pattern} does not exist")
         found.extend(matches)

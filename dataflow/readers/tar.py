@@ -24,11 +24,9 @@ from dataflow.errors import ShardReadError
 from dataflow.readers.base import ShardReader
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
 from dataflow.readers.tarindex import TarIndex, build_index, gather_fixed
-from dataflow.sources import is_local, local_path
+from dataflow.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
-
-INDEX_SUFFIX = ".dfidx"
 
 
 def _index_paths(url: str, cache_dir: str) -> list[str]:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from bench.data import ensure_demo, load
+from bench.procs import descendants
 from bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,3 +78,82 @@ def test_bench_runs_dataflow_and_torch_end_to_end(tmp_path):
         assert 0.0 <= run["figures"]["gpu_idle"] <= 1.0
     assert (out / "e2e.png").stat().st_size > 1000
     assert not doc["failed"]
+
+
+def _tar_with_hard_links(out: Path, samples: int) -> Path:
+    """A tar made by the ``tar`` CLI whose odd samples' ``.text`` are hard links to sample 1's.
+
+    dataflow reads the link's data; webdataset skips link members, so its samples lack
+    ``text`` and ``default_collate`` raises ``KeyError`` inside the torch workers.
+    """
+    src = out / "src"
+    src.mkdir(parents=True)
+    for i in range(samples):
+        (src / f"{i:06d}.id").write_text(str(i))
+        (src / f"{i:06d}.label").write_text(str(i % 10))
+        if i % 2 and i != 1:
+            os.link(src / "000001.text", src / f"{i:06d}.text")
+        else:
+            (src / f"{i:06d}.text").write_text(f"sample {i}")
+    (out / "data").mkdir()
+    names = sorted(p.name for p in src.iterdir())
+    subprocess.run(["tar", "cf", str(out / "data" / "shard.tar"), *names], cwd=src, check=True)
+    return out / "data"
+
+
+@pytest.mark.timeout(90)
+def test_a_loader_raising_any_exception_is_reported_failed(tmp_path):
+    data = _tar_with_hard_links(tmp_path, 40)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "bench", "run", str(data), "--loaders", "dataflow,torch",
+           "--batch-size", "8", "--steps", "5", "--warmup", "1", "--repeats", "1",
+           "--step-ms", "0", "--servers", "1", "--out", str(out), "--tag", "fail"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = json.loads((out / "fail.json").read_text())
+    assert doc["failed"]["torch"].startswith("KeyError"), doc["failed"]
+    assert "dataflow" in doc["loaders"] and "dataflow" not in doc["failed"]
+    assert "FAILED" in done.stdout
+
+
+def _servers_below(pid: int) -> list[int]:
+    found = []
+    for child in descendants([pid]):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"server" in cmdline[1:3]:
+            found.append(child)
+    return found
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_stops_the_servers_the_bench_started(tmp_path):
+    data = ensure_demo(str(tmp_path / "demo"), fmt="tar", shards=2, samples_per_shard=50)
+    cmd = [sys.executable, "-m", "bench", "run", data, "--loaders", "dataflow",
+           "--batch-size", "8", "--steps", "100000", "--warmup", "1", "--repeats", "1",
+           "--step-ms", "5", "--servers", "1", "--out", str(tmp_path / "out")]
+    bench = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not servers and time.monotonic() < deadline and bench.poll() is None:
+            time.sleep(0.2)
+            servers = _servers_below(bench.pid)
+        assert servers, "the bench started no server"
+        bench.send_signal(signal.SIGTERM)
+        code = bench.wait(30)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in servers):
+            time.sleep(0.1)
+        assert not [p for p in servers if os.path.exists(f"/proc/{p}")]
+        assert code == 128 + signal.SIGTERM
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for pid in servers:
+            if os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, signal.SIGKILL)

@@ -32,6 +32,15 @@ def test_build_index_counts_every_shard(tmp_path, fmt: str) -> None:
     assert FieldSpec("image", "uint8", (2, 2)) in index.schema
 
 
+def test_glob_skips_the_tar_indexes_cached_beside_the_shards(tmp_path) -> None:
+    spec = DemoSpec(fmt="tar", shards=3, samples_per_shard=10, image_shape=(2, 2))
+    demo = make_demo(str(tmp_path / "d"), spec, progress=None)
+    first = build_index(str(tmp_path / "d" / "*"), cache_dir=str(tmp_path / "c"))
+    assert all(os.path.exists(p + ".dfidx") for p in demo.paths)
+    again = build_index(str(tmp_path / "d" / "*"), cache_dir=str(tmp_path / "c"))
+    assert first == again and again.shards == demo.paths
+
+
 def test_fingerprint_and_json_round_trip(tmp_path) -> None:
     a = _arrow(str(tmp_path / "a.arrow"), x=np.arange(3))
     b = _arrow(str(tmp_path / "b.arrow"), x=np.arange(4))
