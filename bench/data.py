@@ -102,13 +102,14 @@ def ensure_demo(out: str, *, fmt: str, shards: int, samples_per_shard: int) -> s
         out: directory (created if missing).
         fmt: ``arrow``, ``tar`` or ``parquet``.
         shards: shard count.
-        samples_per_shard: samples per shard (even sizes).
+        samples_per_shard: mean samples per shard (sizes are uneven, as in real datasets).
 
     Returns:
         The directory, usable as a dataset spec.
     """
-    spec = DemoSpec(fmt=fmt, shards=shards, samples_per_shard=samples_per_shard, uneven=False)
-    wanted = {"format": fmt, "shards": shards, "samples_per_shard": samples_per_shard}
+    spec = DemoSpec(fmt=fmt, shards=shards, samples_per_shard=samples_per_shard, uneven=True)
+    wanted = {"format": fmt, "shards": shards, "samples_per_shard": samples_per_shard,
+              "uneven": spec.uneven}
     marker = os.path.join(out, _DEMO_MARKER)
     try:
         with open(marker) as f:

@@ -183,11 +183,12 @@ def measure(
     ttfb = cpu0 = t_start = 0.0
     for i in range(total):
         if i == warmup:
-            if gpu:
-                torch.cuda.synchronize()
+            # Snapshots first: their host time must not show as GPU idle in the first step.
             if on_window is not None:
                 on_window("start")
             cpu0 = time.process_time()
+            if gpu:
+                torch.cuda.synchronize()
             t_start = time.perf_counter()
         t0 = time.perf_counter()
         try:
