@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -172,6 +173,9 @@ def run_once(name: str, repeat: int, cfg: BenchConfig, data: BenchData, step: St
         trainer_rss = peak_rss_bytes(os.getpid()) if rss_reset else None
     finally:
         loader.close()
+        # Collect the loader's garbage now: a finalizer left in a reference cycle (torch's
+        # iterator joins its workers for up to 5 s each) must not run inside the next run.
+        gc.collect()
         _wait_exit(pids)
     loader_cpu = (cpu_delta(snapshots["start"], snapshots["end"])
                   if snapshots.get("end") else None)

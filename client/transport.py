@@ -1,12 +1,15 @@
 """The client's background I/O thread: owns every ZeroMQ socket of one DataLoader.
 
-One DEALER socket per server (``linger=0``). The thread
+Per server, one control DEALER (``linger=0``) to the server's endpoint and one data DEALER to
+each of its reader processes (routing id: the session token from INDEX). The thread
 
-* says HELLO to every server and collects their INDEX replies;
+* says HELLO to every server, collects their INDEX replies, connects the data DEALERs and
+  waits until every reader answered a HEARTBEAT on them (so replies never find them missing);
 * for the current epoch, requests batches in plan order, each from the least-loaded server
   that has credit, never more than the server's granted credits outstanding per server and
   never more than ``window`` batches requested but not yet taken by the consumer;
-* receives array frames with ``recv_into`` straight into the buffers of a sink
+* receives replies from the readers' data sockets (REQUESTs go to the control socket), array
+  frames with ``recv_into`` straight into the buffers of a sink
   (:mod:`client.buffers`) and hands batches to the consumer strictly in plan order through a
   bounded queue (a reorder buffer holds early arrivals);
 * sends a HEARTBEAT to every server once a second, and raises :class:`ServerUnavailable` for a
@@ -41,6 +44,25 @@ log = logging.getLogger("dataflow.client")
 HEARTBEAT_S = 1.0
 POLL_MS = 250
 BYE_LINGER_MS = 100
+SESSION_LOST = "UnknownClient"
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]")
+
+
+def reachable(data_endpoint: str, server_endpoint: str) -> str:
+    """The address to connect to for a reader's advertised data endpoint.
+
+    A server bound to a wildcard address (``tcp://0.0.0.0:5555``) advertises its readers'
+    endpoints with that wildcard host; the client reaches them at the host it used for the
+    server itself.
+    """
+    scheme, _, rest = data_endpoint.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or host not in WILDCARD_HOSTS:
+        return data_endpoint
+    server_host = server_endpoint.partition("://")[2].rpartition(":")[0]
+    return f"tcp://{server_host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,7 @@ class Item:
 class _Server:
     endpoint: str
     sock: zmq.Socket
+    data: list[zmq.Socket] = field(default_factory=list)
     credits: int = 0
     outstanding: dict[int, int] = field(default_factory=dict)
     last_progress: float = 0.0
@@ -162,8 +185,9 @@ class IOThread(threading.Thread):
                     os.read(self._wake_r, 4096)
                     self._drain_commands()
                 for s in self._servers:
-                    if events.get(s.sock):
-                        self._receive_all(s)
+                    for sock in (s.sock, *s.data):
+                        if events.get(sock):
+                            self._receive_all(s, sock)
                 self._heartbeat()
         except Exception as e:
             self._fail(e)
@@ -193,6 +217,8 @@ class IOThread(threading.Thread):
             except zmq.ZMQError:
                 pass
             s.sock.close(linger=BYE_LINGER_MS)
+            for sock in s.data:
+                sock.close(linger=0)
         self._sink.close()
 
     def _hello(self, poller: zmq.Poller) -> None:
@@ -223,10 +249,51 @@ class IOThread(threading.Thread):
                                             f"{wire.kind_of(msg).name}")
                     s.credits = msg.credits
                     indexes[s.endpoint] = msg
+                    self._attach(s, msg, poller)
+        self._await_attached(poller, deadline)
         now = time.monotonic()
         for s in self._servers:
             s.last_heartbeat = now
         self._put(Item(0, indexes=tuple(indexes[s.endpoint] for s in self._servers)))
+
+    def _attach(self, s: _Server, index: wire.Index, poller: zmq.Poller) -> None:
+        """Connect a data DEALER to each reader of ``s`` and say HEARTBEAT on it."""
+        if not index.data or not index.session:
+            raise ProtocolError(f"{s.endpoint}: INDEX names no reader data endpoints")
+        ctx = zmq.Context.instance()
+        for advertised in index.data:
+            endpoint = reachable(advertised, s.endpoint)
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTING_ID, index.session.encode())
+            sock.connect(endpoint)
+            sock.send_multipart(wire.encode(wire.Heartbeat()))
+            s.data.append(sock)
+            poller.register(sock, zmq.POLLIN)
+
+    def _await_attached(self, poller: zmq.Poller, deadline: float) -> None:
+        """Wait for every reader's HEARTBEAT answer on its data connection."""
+        waiting = {sock: s for s in self._servers for sock in s.data}
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted({s.endpoint for s in waiting.values()})
+                raise ServerUnavailable(", ".join(missing), f"{len(waiting)} reader data "
+                                        f"connection(s) not answered within {self._timeout} s")
+            events = dict(poller.poll(int(min(left * 1000, POLL_MS)) + 1))
+            if self._wake_r in events:
+                os.read(self._wake_r, 4096)
+                self._drain_commands()
+                if self._stopping:
+                    return
+            for sock in [k for k in waiting if events.get(k)]:
+                s = waiting.pop(sock)
+                msg = wire.decode(sock.recv_multipart())
+                if isinstance(msg, wire.ErrorMsg):
+                    raise RemoteError(s.endpoint, msg.kind, msg.message)
+                if not isinstance(msg, wire.Heartbeat):
+                    raise ProtocolError(f"{s.endpoint}: expected HEARTBEAT on a data "
+                                        f"connection, got {wire.kind_of(msg).name}")
 
     def _drain_commands(self) -> None:
         while True:
@@ -276,70 +343,71 @@ class IOThread(threading.Thread):
 
     # -- receiving ------------------------------------------------------------------------------
 
-    def _receive_all(self, s: _Server) -> None:
+    def _receive_all(self, s: _Server, sock: zmq.Socket) -> None:
         for _ in range(64):
             try:
-                header = s.sock.recv(zmq.NOBLOCK)
+                header = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._receive(s, header)
+            self._receive(s, sock, header)
 
-    def _drain_frames(self, s: _Server) -> int:
+    @staticmethod
+    def _drain_frames(sock: zmq.Socket) -> int:
         n = 0
-        while s.sock.getsockopt(zmq.RCVMORE):
-            s.sock.recv(copy=False)
+        while sock.getsockopt(zmq.RCVMORE):
+            sock.recv(copy=False)
             n += 1
         return n
 
-    def _receive(self, s: _Server, header: bytes) -> None:
+    def _receive(self, s: _Server, sock: zmq.Socket, header: bytes) -> None:
         try:
             msg = wire.decode_header(header)
         except ProtocolError as e:
-            self._drain_frames(s)
+            self._drain_frames(sock)
             raise ProtocolError(f"{s.endpoint}: {e}") from e
         if isinstance(msg, wire.Heartbeat):
-            self._drain_frames(s)
+            self._drain_frames(sock)
             return
         if isinstance(msg, wire.ErrorMsg):
-            self._drain_frames(s)
+            self._drain_frames(sock)
             self._on_error(s, msg)
             return
         if not isinstance(msg, wire.BatchMsg):
-            extra = self._drain_frames(s)
+            extra = self._drain_frames(sock)
             raise ProtocolError(f"{s.endpoint}: unexpected {wire.kind_of(msg).name} message "
                                 f"({extra} buffer frame(s))")
         key = s.outstanding.pop(msg.req_id, None)
         if key is None:
-            self._drain_frames(s)
+            self._drain_frames(sock)
             raise ProtocolError(f"{s.endpoint}: BATCH for unknown request {msg.req_id}")
         s.last_progress = time.monotonic()
         ep = self._epoch
         if ep is None or key >> 32 != ep.gen or ep.failed:
-            self._drain_frames(s)
+            self._drain_frames(sock)
             return
-        ready = self._land(s, msg)
+        ready = self._land(s, sock, msg)
         index = key & 0xFFFFFFFF
         ep.early[index] = ready
         while ep.next_emit in ep.early:
             self._put(Item(ep.gen, ep.next_emit, ready=ep.early.pop(ep.next_emit)))
             ep.next_emit += 1
 
-    def _land(self, s: _Server, msg: wire.BatchMsg) -> Ready:
+    def _land(self, s: _Server, sock: zmq.Socket, msg: wire.BatchMsg) -> Ready:
         """Receive the array frames of ``msg`` into a sink buffer and finish the batch."""
         landing: Landing = self._sink.land(msg)
         for spec, off in zip(msg.arrays, landing.offsets, strict=True):
             pos = off
             for n in wire.chunk_sizes(spec.nbytes):
-                if not s.sock.getsockopt(zmq.RCVMORE):
+                if not sock.getsockopt(zmq.RCVMORE):
                     raise ProtocolError(f"{s.endpoint}: BATCH {msg.req_id} ended before array "
                                         f"{spec.name!r} was complete")
-                got = s.sock.recv_into(landing.array[pos : pos + n])
+                got = sock.recv_into(landing.array[pos : pos + n])
                 if got != n:
-                    self._drain_frames(s)
+                    self._drain_frames(sock)
                     raise ProtocolError(f"{s.endpoint}: BATCH {msg.req_id} array {spec.name!r}: "
                                         f"frame of {got} bytes, expected {n}")
                 pos += n
-        extra = self._drain_frames(s)
+        extra = self._drain_frames(sock)
         if extra:
             raise ProtocolError(f"{s.endpoint}: BATCH {msg.req_id} has {extra} extra frame(s)")
         where = {a.name: (a, off) for a, off in zip(msg.arrays, landing.offsets, strict=True)}
@@ -354,6 +422,11 @@ class IOThread(threading.Thread):
         return self._sink.finish(landing, msg)
 
     def _on_error(self, s: _Server, msg: wire.ErrorMsg) -> None:
+        if msg.kind == SESSION_LOST:
+            raise ServerUnavailable(
+                s.endpoint, f"the server has no session for this client any more ({msg.message});"
+                f" {len(s.outstanding)} outstanding request(s) were lost. Open a new DataLoader "
+                "and load_state_dict() the last state_dict() to resume")
         key = s.outstanding.pop(msg.req_id, None) if msg.req_id >= 0 else None
         s.last_progress = time.monotonic()
         ep = self._epoch

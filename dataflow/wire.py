@@ -93,11 +93,19 @@ class Index:
         credits: credits granted to this client.
         workers: reader processes of the server.
         index_json: ``DatasetIndex.to_json()``; travels as one buffer frame.
+        session: this client's session token; the client uses it (ASCII) as the routing id of
+            its data connections.
+        data: endpoints of the server's reader processes. Replies to REQUESTs (BATCH, and
+            ERROR for a failed read) come straight from a reader over the client's data
+            connection to it; the client connects one DEALER to each and sends a HEARTBEAT
+            there, which the reader answers once the connection can carry replies.
     """
 
     credits: int
     workers: int
     index_json: str
+    session: str = ""
+    data: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -267,8 +275,8 @@ def encode(msg: Message) -> list[Buffer]:
         return [_header(Kind.HELLO, credits=msg.credits, client=msg.client[:MAX_NAME])]
     if isinstance(msg, Index):
         body = msg.index_json.encode("utf-8")
-        return [_header(Kind.INDEX, credits=msg.credits, workers=msg.workers, nbytes=len(body)),
-                body]
+        return [_header(Kind.INDEX, credits=msg.credits, workers=msg.workers, nbytes=len(body),
+                        session=msg.session, data=list(msg.data)), body]
     if isinstance(msg, Request):
         ranges = np.asarray(msg.ranges, dtype=np.int64).reshape(-1, 3)
         return [_header(Kind.REQUEST, req_id=msg.req_id, n=len(ranges)), ranges.tobytes()]
@@ -440,10 +448,15 @@ def decode_header(header: Any) -> Message:
         _keys(h, kind, {"credits", "client"})
         return Hello(_int(h, "credits", 1, MAX_CREDITS), _str(h, "client", MAX_NAME))
     if kind == Kind.INDEX:
-        _keys(h, kind, {"credits", "workers", "nbytes"})
+        _keys(h, kind, {"credits", "workers", "nbytes", "session", "data"})
         _int(h, "nbytes", 0, MAX_INDEX_BYTES)
+        data = h["data"]
+        if (not isinstance(data, list) or len(data) > MAX_ARRAYS
+                or not all(isinstance(e, str) and 0 < len(e) <= MAX_NAME for e in data)):
+            raise ProtocolError(f"INDEX `data` must be a list of at most {MAX_ARRAYS} endpoint "
+                                f"strings. Found: {data!r}"[:400])
         return _IndexHeader(_int(h, "credits", 1, MAX_CREDITS), _int(h, "workers", 0, 1 << 20),
-                            "", h["nbytes"])
+                            "", _str(h, "session", MAX_NAME), tuple(data), h["nbytes"])
     if kind == Kind.REQUEST:
         _keys(h, kind, {"req_id", "n"})
         return _RequestHeader(_int(h, "req_id", 0, _INT64_MAX), (), _int(h, "n", 1, MAX_RANGES))
@@ -517,7 +530,7 @@ def decode(frames: Sequence[Any]) -> Message:
             text = bytes(memoryview(body[0])).decode("utf-8")
         except UnicodeDecodeError as e:
             raise ProtocolError(f"INDEX payload is not UTF-8: {e}") from e
-        return Index(head.credits, head.workers, text)
+        return Index(head.credits, head.workers, text, head.session, head.data)
     if isinstance(head, _RequestHeader):
         ranges = np.frombuffer(body[0], dtype=np.int64).reshape(-1, 3)
         return Request(head.req_id, tuple(tuple(r) for r in ranges.tolist()))

@@ -24,6 +24,7 @@ from server.worker import WorkerSpec
 log = logging.getLogger("dataflow.server")
 
 READY_TIMEOUT_S = 120.0
+DATA_HWM_MARGIN = 16
 
 
 class _StopFlag:
@@ -53,9 +54,11 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
              index.total, index.fingerprint)
     tmp = tempfile.mkdtemp(prefix="dataflow-server-")
     backend = f"ipc://{tmp}/backend"
-    pool = WorkerPool(WorkerSpec(backend, index.shards, config.cache_dir, config.transform,
-                                 config.on_error, os.getpid(), config.level),
-                      config.workers, config.worker_queue)
+    pool = WorkerPool(WorkerSpec(backend, config.max_credits + DATA_HWM_MARGIN, index.shards,
+                                 config.cache_dir, config.transform, config.on_error,
+                                 os.getpid(), config.level),
+                      config.workers, config.worker_queue,
+                      [config.data_bind(slot) for slot in range(config.workers)])
     ctx = None
     frontend = None
     try:
@@ -67,7 +70,8 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
             return 0
         ready = {"event": "ready", "endpoint": frontend.endpoint, "pid": os.getpid(),
                  "workers": config.workers, "shards": len(index.shards), "samples": index.total,
-                 "fingerprint": index.fingerprint, "worker_pids": pool.pids}
+                 "fingerprint": index.fingerprint, "worker_pids": pool.pids,
+                 "data_endpoints": pool.endpoints}
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
         log.info("serving on %s with %d worker(s)", frontend.endpoint, config.workers)

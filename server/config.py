@@ -36,7 +36,8 @@ class ServerConfig:
         cache_dir: local cache directory for remote shards and tar indexes.
         log_level: logging level name.
         max_credits: most requests one client may keep outstanding.
-        client_ttl: seconds of silence after which a client's state is freed.
+        client_ttl: seconds of silence after which a client whose connection is closed has its
+            state freed (a silent client with a live connection keeps its session).
         worker_queue: tasks queued per worker (one being read + the rest waiting).
         on_error: reader policy for damaged samples (``raise`` or ``skip``).
     """
@@ -82,6 +83,13 @@ class ServerConfig:
             return self.bind[:-2] + ":*"
         return self.bind
 
+    def data_bind(self, slot: int) -> str:
+        """Where reader ``slot`` binds its data socket: ``bind``'s host on a free port, or
+        ``bind``'s ipc path with a ``.w<slot>`` suffix."""
+        if self.bind.startswith("tcp://"):
+            return self.bind[: self.bind.rindex(":")] + ":*"
+        return f"{self.bind}.w{slot}"
+
     @property
     def level(self) -> int:
         return getattr(logging, self.log_level)
@@ -113,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most requests one client may keep outstanding; bounds server memory "
                         "(default: %(default)s)")
     p.add_argument("--client-ttl", type=float, default=DEFAULT_CLIENT_TTL, metavar="SECONDS",
-                   help="free a client's state after this long without a message from it "
-                        "(default: %(default)s)")
+                   help="free a client's state once it has been silent this long and its "
+                        "connection is closed; also the ZMTP heartbeat timeout of client "
+                        "connections (default: %(default)s)")
     p.add_argument("--worker-queue", type=int, default=DEFAULT_WORKER_QUEUE, metavar="N",
                    help="tasks queued per worker process (default: %(default)s)")
     p.add_argument("--on-error", default="raise", choices=ON_ERROR,

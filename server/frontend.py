@@ -1,16 +1,21 @@
-"""The loader server's frontend: routes client requests to workers and replies back.
+"""The loader server's frontend: routes client requests to workers and accounts for credits.
 
-The frontend never reads data. It owns two ROUTER sockets:
+The frontend never reads data and never carries batches: readers send replies straight to
+clients over their own data sockets (see :mod:`server.worker`). It owns two ROUTER sockets:
 
 * ``router`` (client-facing, bound to ``--bind``), with ``ROUTER_MANDATORY`` so a full or gone
-  peer is reported (``EAGAIN`` / ``EHOSTUNREACH``) instead of silently dropped;
+  peer is reported (``EAGAIN`` / ``EHOSTUNREACH``) instead of silently dropped; it carries
+  HELLO/INDEX, REQUEST, HEARTBEAT, STATS and the frontend's own ERRORs;
 * ``backend`` (bound to a private ``ipc://`` path), to which the worker processes connect.
 
 Flow control is credit based: a client may keep at most ``credits`` requests outstanding
-(queued, at a worker, or waiting to be sent); more are refused with an ERROR. A reply refused by
-a client's full send queue waits in that client's ``pending`` list (bounded by its credits) and
-is retried; the loop never blocks on one client. Memory is therefore bounded by
-``workers x worker_queue x batch`` plus ``clients x credits x batch``.
+(queued, at a worker, or not yet handed to ZeroMQ by the worker, which says SENT just before
+it does); more are refused with an ERROR. Every client's replies queued in a worker's data
+socket are therefore bounded by its credits (the data sockets' high-water mark is above the
+largest grant, so a reader never meets a full queue). A frontend ERROR refused by a client's
+full queue waits in that client's ``pending`` list and is retried; the loop never blocks on one
+client. Memory is bounded by ``workers x worker_queue x batch`` plus
+``clients x credits x batch``.
 
 Thread invariant: every method runs on the one thread that calls :meth:`serve`.
 """
@@ -29,9 +34,10 @@ from dataflow import wire
 from dataflow.errors import ProtocolError
 from dataflow.index import DatasetIndex
 from server.config import ServerConfig
+from server.framing import recv_bounded
 from server.pool import Task, WorkerPool
 from server.sessions import Session, Sessions
-from server.worker import READY
+from server.worker import READY, SENT
 
 log = logging.getLogger("dataflow.server")
 
@@ -40,31 +46,10 @@ MAX_INBOUND_FRAME = 32 * 1024 * 1024
 MAX_BATCH_SAMPLES = 1 << 22
 DRAIN = 256
 HOUSEKEEPING_S = 0.25
+ZMTP_HEARTBEAT_MS = 1000
 
 COUNTERS = ("malformed", "refused", "dropped_sends", "requests", "replies", "bytes_sent",
-            "clients_expired")
-
-
-def recv_bounded(sock: zmq.Socket, max_frames: int) -> tuple[list[zmq.Frame], int]:
-    """Receive one multipart message without blocking, keeping at most ``max_frames`` frames.
-
-    Returns:
-        The kept frames and the number of frames discarded beyond ``max_frames``.
-
-    Raises:
-        zmq.Again: no message is waiting.
-    """
-    frames = [sock.recv(zmq.NOBLOCK, copy=False)]
-    extra = 0
-    more = frames[0].more
-    while more:
-        f = sock.recv(copy=False)
-        more = f.more
-        if len(frames) < max_frames:
-            frames.append(f)
-        else:
-            extra += 1
-    return frames, extra
+            "clients_expired", "clients_probed")
 
 
 class Frontend:
@@ -97,6 +82,8 @@ class Frontend:
         self.router.setsockopt(zmq.SNDHWM, 2 * config.max_credits + 16)
         self.router.setsockopt(zmq.RCVHWM, 4096)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_FRAME)
+        self.router.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
+        self.router.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(config.client_ttl * 1000))
         self.router.bind(config.zmq_bind)
         self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
 
@@ -112,8 +99,8 @@ class Frontend:
         while not self._pool.all_ready and not stop():
             if self.backend.poll(100):
                 frames = self.backend.recv_multipart()
-                if len(frames) == 2 and frames[1] == READY:
-                    self._pool.mark_ready(frames[0])
+                if len(frames) == 3 and frames[1] == READY:
+                    self._pool.mark_ready(frames[0], frames[2].decode())
             dead = self._pool.reap(respawn=False)
             if dead:
                 w, code = dead[0]
@@ -179,17 +166,22 @@ class Frontend:
     def _error(self, identity: bytes, req_id: int, kind: str, message: str) -> None:
         self._reply(identity, wire.ErrorMsg(req_id, kind, message))
 
-    def _deliver(self, s: Session, req_id: int, frames: list, nbytes: int) -> None:
-        """Hand a reply to ``s`` or park it in ``s.pending`` when its queue is full."""
+    def _deliver(self, s: Session, req_id: int, frames: list, nbytes: int, *,
+                 credit: bool = True) -> None:
+        """Hand a reply to ``s`` or park it in ``s.pending`` when its queue is full.
+
+        ``credit``: the reply returns the request's credit (False when it already came back).
+        """
         if s.pending:
-            s.pending.append((req_id, frames, nbytes))
+            s.pending.append((req_id, frames, nbytes, credit))
             s.pending_bytes += nbytes
             return
         result = self._send(s.identity, frames)
         if result == "ok":
-            self._delivered(s, req_id, nbytes)
+            if credit:
+                self._delivered(s, req_id, nbytes)
         elif result == "full":
-            s.pending.append((req_id, frames, nbytes))
+            s.pending.append((req_id, frames, nbytes, credit))
             s.pending_bytes += nbytes
         else:
             self._drop_session(s, "gone")
@@ -203,7 +195,7 @@ class Frontend:
     def _retry_pending(self) -> None:
         for s in self._sessions:
             while s.pending:
-                req_id, frames, nbytes = s.pending[0]
+                req_id, frames, nbytes, credit = s.pending[0]
                 result = self._send(s.identity, frames)
                 if result == "full":
                     break
@@ -212,7 +204,8 @@ class Frontend:
                     break
                 s.pending.popleft()
                 s.pending_bytes -= nbytes
-                self._delivered(s, req_id, nbytes)
+                if credit:
+                    self._delivered(s, req_id, nbytes)
 
     def _drop_session(self, s: Session, why: str) -> None:
         self._sessions.close(s.identity)
@@ -224,21 +217,27 @@ class Frontend:
     # -- workers --------------------------------------------------------------------------------
 
     def _on_worker(self, sock: zmq.Socket) -> None:
-        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-        identity = frames[0].bytes
-        if len(frames) == 2 and frames[1].bytes == READY:
-            self._pool.mark_ready(identity)
+        frames = sock.recv_multipart(zmq.NOBLOCK)
+        identity = frames[0]
+        if len(frames) == 3 and frames[1] == READY:
+            self._pool.mark_ready(identity, frames[2].decode())
             return
-        client, req_id = frames[1].bytes, int.from_bytes(frames[2].bytes, "little")
+        client, req, status, info = frames[1:]
+        req_id = int.from_bytes(req, "little")
         worker = self._pool.get(identity)
         if worker is not None:
             worker.tasks.pop((client, req_id), None)
-        reply = frames[3:]
         s = self._sessions.get(client)
-        if s is None:
-            self.counters["dropped_sends"] += 1
+        if status == SENT:
+            if s is None:
+                self.counters["dropped_sends"] += 1
+            else:
+                self._delivered(s, req_id, int.from_bytes(info, "little"))
             return
-        self._deliver(s, req_id, reply, sum(len(f) for f in reply))
+        self.counters["dropped_sends"] += 1
+        if s is not None:
+            frames = wire.encode(wire.ErrorMsg(req_id, "Undeliverable", info.decode()))
+            self._deliver(s, req_id, frames, 0, credit=False)
 
     def _dispatch(self) -> None:
         while True:
@@ -252,8 +251,8 @@ class Frontend:
             task = Task(s.identity, req_id, ranges)
             try:
                 self.backend.send_multipart(
-                    [worker.identity, s.identity, req_id.to_bytes(8, "little"), ranges],
-                    flags=zmq.NOBLOCK)
+                    [worker.identity, s.identity, s.token, req_id.to_bytes(8, "little"),
+                     ranges], flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 worker.ready = False
                 self._fail(task, "WorkerUnavailable",
@@ -280,10 +279,26 @@ class Frontend:
     # -- clients --------------------------------------------------------------------------------
 
     def _expire(self, now: float) -> None:
+        """Free the sessions of clients that are silent *and* whose connection is gone.
+
+        Silence alone is not proof of death: a client's Python threads can be held up for
+        seconds by things it does not control (a foreign finalizer run by the garbage
+        collector on its I/O thread, a debugger, a long GIL-holding call) while its
+        connection, kept by ZeroMQ's own threads and ZMTP heartbeats, is healthy. A silent
+        client is probed with a HEARTBEAT (``ROUTER_MANDATORY``): ``EHOSTUNREACH`` means its
+        connection is closed, so its state is freed; a probe that is queued (or refused by a
+        full queue) means it is alive, so its silence clock restarts.
+        """
         for s in self._sessions:
-            if now - s.last_seen > self._config.client_ttl:
+            if now - s.last_seen <= self._config.client_ttl:
+                continue
+            if self._send(s.identity, wire.encode(wire.Heartbeat())) == "gone":
                 self.counters["clients_expired"] += 1
-                self._drop_session(s, f"silent for more than {self._config.client_ttl} s")
+                self._drop_session(s, f"silent for more than {self._config.client_ttl} s and "
+                                      "disconnected")
+            else:
+                self.counters["clients_probed"] += 1
+                s.last_seen = now
 
     def _on_client(self, sock: zmq.Socket) -> None:
         frames, extra = recv_bounded(sock, 1 + MAX_CLIENT_FRAMES)
@@ -307,7 +322,7 @@ class Frontend:
         elif isinstance(msg, wire.Heartbeat):
             if s is None:
                 self._error(identity, -1, "UnknownClient",
-                            "no session for this client (expired after "
+                            "no session for this client (its connection was closed after "
                             f"{self._config.client_ttl} s of silence, or the server restarted)")
             else:
                 self._reply(identity, wire.Heartbeat())
@@ -326,16 +341,22 @@ class Frontend:
         self._sessions.open(identity, credits, msg.client, time.monotonic())
         log.info("client %s (%s) connected with %d credit(s)", identity.hex(), msg.client,
                  credits)
-        self._reply(identity, wire.Index(credits, len(self._pool), self._index_json))
+        s = self._sessions.get(identity)
+        self._reply(identity, wire.Index(credits, len(self._pool), self._index_json,
+                                         s.token.decode(), tuple(self._pool.endpoints)))
 
     def _on_request(self, identity: bytes, s: Session | None, msg: wire.Request,
                     ranges: bytes) -> None:
         if s is None:
             self.counters["refused"] += 1
-            self._error(identity, msg.req_id, "ProtocolError",
-                        "REQUEST before HELLO (or the session expired): send HELLO first")
+            self._error(identity, msg.req_id, "UnknownClient",
+                        "REQUEST before HELLO (or the session was freed): send HELLO first")
             return
         problem = self._check_ranges(np.frombuffer(ranges, dtype=np.int64).reshape(-1, 3))
+        if problem is None and s.outstanding >= s.credits:
+            # A reader notifies us just before it hands a reply to ZeroMQ, so the notice is
+            # normally here before the client can react to the reply: read waiting notices.
+            self._drain(self.backend, self._on_worker)
         if problem is None and s.outstanding >= s.credits:
             problem = (f"credit exceeded: {s.outstanding} request(s) outstanding and "
                        f"{s.credits} credit(s) granted")

@@ -33,6 +33,7 @@ class Worker:
 
     identity: bytes
     process: mp.process.BaseProcess
+    slot: int
     ready: bool = False
     tasks: dict[tuple[bytes, int], Task] = field(default_factory=dict)
 
@@ -40,15 +41,21 @@ class Worker:
 class WorkerPool:
     """Starts, watches and replaces ``n`` worker processes (spawn start method).
 
+    Worker ``slot`` binds its data socket to ``data_binds[slot]`` first; once it reported the
+    concrete endpoint, a replacement binds that same endpoint, so clients keep theirs.
+
     Args:
         spec: what each worker needs.
         n: number of workers.
         capacity: tasks a worker may hold at once.
+        data_binds: per slot, where the first worker binds its data socket.
     """
 
-    def __init__(self, spec: WorkerSpec, n: int, capacity: int) -> None:
+    def __init__(self, spec: WorkerSpec, n: int, capacity: int, data_binds: list[str]) -> None:
         self._spec = spec
         self._n = n
+        self._binds = list(data_binds)
+        self.endpoints: list[str | None] = [None] * n
         self.capacity = capacity
         self._ctx = mp.get_context("spawn")
         self._workers: dict[bytes, Worker] = {}
@@ -57,16 +64,19 @@ class WorkerPool:
 
     def start(self) -> None:
         """Start all workers (idempotent)."""
-        while len(self._workers) < self._n:
-            self._spawn()
+        taken = {w.slot for w in self._workers.values()}
+        for slot in range(self._n):
+            if slot not in taken:
+                self._spawn(slot)
 
-    def _spawn(self) -> None:
+    def _spawn(self, slot: int) -> None:
         self._serial += 1
         identity = b"w%d" % self._serial
-        proc = self._ctx.Process(target=run_worker, args=(self._spec, identity),
+        bind = self.endpoints[slot] or self._binds[slot]
+        proc = self._ctx.Process(target=run_worker, args=(self._spec, identity, bind),
                                  name=f"dataflow-worker-{self._serial}", daemon=True)
         proc.start()
-        self._workers[identity] = Worker(identity, proc)
+        self._workers[identity] = Worker(identity, proc, slot)
 
     def __iter__(self) -> Iterator[Worker]:
         return iter(self._workers.values())
@@ -82,10 +92,12 @@ class WorkerPool:
     def all_ready(self) -> bool:
         return all(w.ready for w in self._workers.values())
 
-    def mark_ready(self, identity: bytes) -> None:
+    def mark_ready(self, identity: bytes, endpoint: str) -> None:
+        """Record that worker ``identity`` serves, with its data socket at ``endpoint``."""
         worker = self._workers.get(identity)
         if worker is not None:
             worker.ready = True
+            self.endpoints[worker.slot] = endpoint
 
     def get(self, identity: bytes) -> Worker | None:
         return self._workers.get(identity)
@@ -120,7 +132,7 @@ class WorkerPool:
                 self.restarts += 1
                 if self.restarts > MAX_RESTARTS:
                     raise RuntimeError(f"workers died {self.restarts} times; giving up")
-                self._spawn()
+                self._spawn(w.slot)
         return out
 
     def close(self) -> None:

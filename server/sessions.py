@@ -5,6 +5,7 @@ Thread invariant: used only by the frontend's thread.
 
 from __future__ import annotations
 
+import secrets
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,13 +17,15 @@ class Session:
 
     Attributes:
         identity: the client's ZeroMQ routing id.
+        token: session token (32 ASCII hex bytes), the routing id of the client's data
+            connections to the readers.
         credits: requests it may keep outstanding.
         name: its self-description (for logs).
         last_seen: ``time.monotonic()`` of its last message.
         queued: accepted requests waiting for a worker: ``(req_id, ranges bytes)``.
         outstanding: accepted requests whose reply has not been handed to ZeroMQ yet.
         active: ids of the outstanding requests.
-        pending: ``(req_id, frames, nbytes)`` replies refused by the client's full send
+        pending: ``(req_id, frames, nbytes, credit)`` replies refused by the client's full send
             queue, retried later.
         pending_bytes: bytes held in ``pending``.
     """
@@ -31,10 +34,11 @@ class Session:
     credits: int
     name: str
     last_seen: float
+    token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     queued: deque[tuple[int, bytes]] = field(default_factory=deque)
     outstanding: int = 0
     active: set[int] = field(default_factory=set)
-    pending: deque[tuple[int, list, int]] = field(default_factory=deque)
+    pending: deque[tuple[int, list, int, bool]] = field(default_factory=deque)
     pending_bytes: int = 0
 
 

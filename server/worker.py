@@ -1,13 +1,28 @@
-"""Reader worker processes: read ranges of shards, transform, encode, send back.
+"""Reader worker processes: read ranges of shards, transform, encode, send to the client.
 
-A worker is a process started with the ``spawn`` method. It connects a DEALER socket to the
-frontend's private ``ipc://`` backend and serves tasks one at a time:
+A worker is a process started with the ``spawn`` method. It has two sockets:
 
-* frontend -> worker: ``[client, req_id, ranges]`` where ``req_id`` is 8 little-endian bytes
-  and ``ranges`` the int64 ``(n, 3)`` (shard, start, stop) triples of one REQUEST.
-* worker -> frontend: ``[client, req_id, *frames]`` where ``frames`` is an encoded BATCH or
-  ERROR message (see :mod:`dataflow.wire`), ready to forward to the client untouched.
-* worker -> frontend, once at start: ``[READY]``.
+* a DEALER connected to the frontend's private ``ipc://`` backend (tasks and notices);
+* a ROUTER *data* socket bound next to the server's client endpoint (``tcp://host:*``, or
+  ``<ipc path>.w<slot>``), with ``ROUTER_MANDATORY``. Each client connects one DEALER whose
+  routing id is its session token to every worker; replies go straight to the client, never
+  through the frontend. A replacement worker binds its predecessor's endpoint, so clients
+  reconnect to it by themselves.
+
+Messages:
+
+* frontend -> worker: ``[client, token, req_id, ranges]``: ``client`` is the client's routing
+  id at the frontend, ``token`` its session token, ``req_id`` 8 little-endian bytes, ``ranges``
+  the int64 ``(n, 3)`` (shard, start, stop) triples of one REQUEST.
+* worker -> client (data socket): an encoded BATCH or ERROR message (:mod:`dataflow.wire`).
+* client -> worker (data socket): HEARTBEAT, answered with a HEARTBEAT (the client waits for
+  it before sending REQUESTs, so the first reply never finds the connection missing).
+  Anything else is answered with an ERROR and otherwise ignored.
+* worker -> frontend: ``[client, req_id, SENT, nbytes]`` just before a reply is handed to
+  ZeroMQ (the frontend returns the client's credit), and ``[client, req_id, LOST, why]`` when
+  a reply could not be delivered: the client's data connection was missing for
+  ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies were waiting for one.
+* worker -> frontend, once at start: ``[READY, data endpoint]``.
 
 Each worker keeps an LRU of open shard readers. It exits when its parent dies (checked twice a
 second) or on SIGTERM; SIGINT is ignored (the parent decides).
@@ -15,10 +30,12 @@ second) or on SIGTERM; SIGINT is ignored (the parent decides).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,13 +43,20 @@ import zmq
 
 from dataflow import wire
 from dataflow.columns import Batch, concat
-from dataflow.errors import DataflowError
+from dataflow.errors import DataflowError, ProtocolError
 from dataflow.readers import ShardReader, open_shard
+from server.framing import recv_bounded
 from server.transform import Transform, apply_transform, load_transform
 
 READY = b"READY"
+SENT = b"SENT"
+LOST = b"LOST"
 MAX_OPEN_SHARDS = 32
 PARENT_CHECK_MS = 500
+RETRY_MS = 20
+UNREACHABLE_S = 5.0
+MAX_PARKED = 8
+MAX_DATA_INBOUND = 64 * 1024
 
 log = logging.getLogger("dataflow.server.worker")
 
@@ -43,6 +67,8 @@ class WorkerSpec:
 
     Attributes:
         backend: the frontend's ipc:// endpoint.
+        data_sndhwm: send high-water mark of the data socket per client (messages); above the
+            most replies a client can have outstanding, so sends never meet a full queue.
         shards: shard URLs in index order.
         cache_dir: reader cache directory.
         transform: optional ``module:function``.
@@ -52,6 +78,7 @@ class WorkerSpec:
     """
 
     backend: str
+    data_sndhwm: int
     shards: tuple[str, ...]
     cache_dir: str | None
     transform: str | None
@@ -113,8 +140,92 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
         return wire.encode(wire.ErrorMsg(req_id, type(e).__name__, str(e)))
 
 
-def run_worker(spec: WorkerSpec, identity: bytes) -> None:
-    """Entry point of a worker process (the target given to multiprocessing)."""
+class _Parked:
+    """A reply whose client's data connection was missing; retried until its deadline."""
+
+    def __init__(self, client: bytes, token: bytes, req: bytes, frames: list, deadline: float):
+        self.client, self.token, self.req, self.frames = client, token, req, frames
+        self.deadline = deadline
+
+
+class DataSender:
+    """Sends replies on the data socket and notices to the frontend. Not thread-safe."""
+
+    def __init__(self, data: zmq.Socket, control: zmq.Socket) -> None:
+        self._data = data
+        self._control = control
+        self.parked: deque[_Parked] = deque()
+
+    def send(self, client: bytes, token: bytes, req: bytes, frames: list) -> None:
+        """Notify the frontend, then hand the reply to ZeroMQ (parked if the client is away)."""
+        nbytes = sum(memoryview(f).nbytes for f in frames)
+        self._control.send_multipart([client, req, SENT, nbytes.to_bytes(8, "little")])
+        if self.parked or not self._try(token, frames):
+            self.parked.append(_Parked(client, token, req, frames,
+                                       time.monotonic() + UNREACHABLE_S))
+            while len(self.parked) > MAX_PARKED:
+                self._lost(self.parked.popleft(), f"more than {MAX_PARKED} replies were waiting "
+                                                   "for clients' data connections")
+
+    def _try(self, token: bytes, frames: list) -> bool:
+        try:
+            self._data.send_multipart([token, *frames], flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:
+            if e.errno == errno.EHOSTUNREACH:
+                return False
+            raise
+
+    def retry(self) -> None:
+        """Retry parked replies in order; give up on those past their deadline."""
+        now = time.monotonic()
+        while self.parked:
+            p = self.parked[0]
+            if self._try(p.token, p.frames):
+                self.parked.popleft()
+            elif now > p.deadline:
+                self.parked.popleft()
+                self._lost(p, f"the client's data connection to this reader was missing for "
+                              f"{UNREACHABLE_S} s")
+            else:
+                return
+
+    def _lost(self, p: _Parked, why: str) -> None:
+        log.warning("reply to request %d dropped: %s", int.from_bytes(p.req, "little"), why)
+        self._control.send_multipart([p.client, p.req, LOST, why.encode()])
+
+
+def answer_data(sock: zmq.Socket) -> None:
+    """Answer one message from a client's data connection (HEARTBEAT -> HEARTBEAT)."""
+    frames, extra = recv_bounded(sock, 2)
+    peer = frames[0].bytes
+    try:
+        if extra or len(frames) != 2:
+            raise ProtocolError("a data connection accepts only HEARTBEAT messages")
+        msg = wire.decode(frames[1:])
+        if not isinstance(msg, wire.Heartbeat):
+            raise ProtocolError(f"a data connection accepts only HEARTBEAT messages. Found: "
+                                f"{wire.kind_of(msg).name}")
+        reply = wire.encode(wire.Heartbeat())
+    except ProtocolError as e:
+        log.warning("malformed message on the data socket from %s: %s", peer.hex(), e)
+        reply = wire.encode(wire.ErrorMsg(-1, "ProtocolError", str(e)))
+    try:
+        sock.send_multipart([peer, *reply], flags=zmq.NOBLOCK)
+    except zmq.ZMQError:
+        pass
+
+
+def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
+    """Entry point of a worker process (the target given to multiprocessing).
+
+    Args:
+        spec: what every worker needs.
+        identity: this worker's routing id at the frontend.
+        data_bind: endpoint to bind the data socket to (a concrete one for a replacement).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=spec.log_level,
                         format="%(asctime)s %(levelname)s worker[%(process)d] %(message)s")
@@ -125,20 +236,36 @@ def run_worker(spec: WorkerSpec, identity: bytes) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTING_ID, identity)
     sock.connect(spec.backend)
+    data = ctx.socket(zmq.ROUTER)
+    data.setsockopt(zmq.LINGER, 0)
+    data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    data.setsockopt(zmq.SNDHWM, spec.data_sndhwm)
+    data.setsockopt(zmq.MAXMSGSIZE, MAX_DATA_INBOUND)
+    sender = DataSender(data, sock)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(data, zmq.POLLIN)
     try:
-        sock.send(READY)
+        data.bind(data_bind)
+        sock.send_multipart([READY, data.getsockopt(zmq.LAST_ENDPOINT)])
         while True:
-            if not sock.poll(PARENT_CHECK_MS):
-                if os.getppid() != spec.parent_pid:
+            events = dict(poller.poll(RETRY_MS if sender.parked else PARENT_CHECK_MS))
+            if sender.parked:
+                sender.retry()
+            if data in events:
+                answer_data(data)
+            if sock not in events:
+                if not events and os.getppid() != spec.parent_pid:
                     log.info("parent %d is gone; exiting", spec.parent_pid)
                     return
                 continue
-            client, req, ranges = sock.recv_multipart()
+            client, token, req, ranges = sock.recv_multipart()
             req_id = int.from_bytes(req, "little")
             reply = serve_task(readers, transform, spec, req_id,
                                np.frombuffer(ranges, dtype=np.int64).reshape(-1, 3))
-            sock.send_multipart([client, req, *reply], copy=False)
+            sender.send(client, token, req, reply)
     finally:
         readers.close()
         sock.close()
+        data.close()
         ctx.term()

@@ -10,12 +10,24 @@ from dataflow import wire
 
 
 class RawClient:
-    """A bare DEALER speaking the wire protocol directly (for protocol-level tests)."""
+    """A bare DEALER speaking the wire protocol directly (for protocol-level tests).
+
+    On an INDEX it connects data DEALERs to the readers (as the DataLoader does) and waits for
+    their HEARTBEAT answers; :meth:`recv` returns the next message from any of its sockets.
+    """
 
     def __init__(self, endpoint: str) -> None:
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = self._socket()
         self.sock.connect(endpoint)
+        self.data: list[zmq.Socket] = []
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+
+    @staticmethod
+    def _socket() -> zmq.Socket:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        return sock
 
     def send(self, msg: wire.Message) -> None:
         self.sock.send_multipart(wire.encode(msg), copy=False)
@@ -24,9 +36,25 @@ class RawClient:
         self.sock.send_multipart(frames)
 
     def recv(self, timeout: float = 10.0) -> wire.Message:
-        if not self.sock.poll(int(timeout * 1000)):
+        events = dict(self.poller.poll(int(timeout * 1000)))
+        if not events:
             raise TimeoutError(f"no message within {timeout} s")
-        return wire.decode(self.sock.recv_multipart())
+        msg = wire.decode(next(iter(events)).recv_multipart())
+        if isinstance(msg, wire.Index) and not self.data:
+            self._attach(msg, timeout)
+        return msg
+
+    def _attach(self, index: wire.Index, timeout: float) -> None:
+        for endpoint in index.data:
+            sock = self._socket()
+            sock.setsockopt(zmq.ROUTING_ID, index.session.encode())
+            sock.connect(endpoint)
+            sock.send_multipart(wire.encode(wire.Heartbeat()))
+            if not sock.poll(int(timeout * 1000)):
+                raise TimeoutError(f"reader {endpoint} did not answer HEARTBEAT")
+            assert isinstance(wire.decode(sock.recv_multipart()), wire.Heartbeat)
+            self.data.append(sock)
+            self.poller.register(sock, zmq.POLLIN)
 
     def call(self, msg: wire.Message, timeout: float = 10.0) -> wire.Message:
         self.send(msg)
@@ -38,7 +66,8 @@ class RawClient:
         return dict(reply.counters)
 
     def close(self) -> None:
-        self.sock.close(linger=0)
+        for sock in (self.sock, *self.data):
+            sock.close(linger=0)
 
 
 def pid_alive(pid: int) -> bool:
