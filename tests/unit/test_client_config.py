@@ -70,3 +70,22 @@ def test_host_sink_views_are_typed_and_fresh() -> None:
     assert views["a"].dtype == torch.int64 and views["a"].shape == (3,)
     assert views["b"].dtype == torch.bool and views["b"].shape == (3, 2)
     assert views["c"].dtype == torch.float16
+
+
+def test_host_pool_reuses_a_buffer_only_after_its_batch_is_gone() -> None:
+    specs = (wire.ArraySpec("x", "uint8", (4, 100_000)),)
+    sink = HostSink(pin=False, pool_capacity=2)
+    msg = wire.BatchMsg(1, 4, specs)
+    first = sink.finish(sink.land(msg), msg).tensors["x"]
+    first.fill_(7)
+    second = sink.finish(sink.land(msg), msg).tensors["x"]
+    assert first.data_ptr() != second.data_ptr()
+    assert sink.pool.idle == 0
+    address = first.data_ptr()
+    del first
+    assert sink.pool.idle == 1
+    third = sink.finish(sink.land(msg), msg).tensors["x"]
+    assert third.data_ptr() == address
+    assert sink.pool.idle == 0
+    del second, third
+    assert sink.pool.idle == 2
