@@ -71,7 +71,7 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
         ready = {"event": "ready", "endpoint": frontend.endpoint, "pid": os.getpid(),
                  "workers": config.workers, "shards": len(index.shards), "samples": index.total,
                  "fingerprint": index.fingerprint, "worker_pids": pool.pids,
-                 "data_endpoints": pool.endpoints}
+                 "data_endpoints": pool.endpoints, "runtime_dir": tmp}
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
         log.info("serving on %s with %d worker(s)", frontend.endpoint, config.workers)

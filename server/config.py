@@ -122,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--client-ttl", type=float, default=DEFAULT_CLIENT_TTL, metavar="SECONDS",
                    help="free a client's state once it has been silent this long and its "
-                        "connection is closed; also the ZMTP heartbeat timeout of client "
-                        "connections (default: %(default)s)")
+                        "connection is closed (a killed client's connection closes at once; "
+                        "one on a vanished host after max(this, 10) s of missed ZMTP "
+                        "heartbeats) (default: %(default)s)")
     p.add_argument("--worker-queue", type=int, default=DEFAULT_WORKER_QUEUE, metavar="N",
                    help="tasks queued per worker process (default: %(default)s)")
     p.add_argument("--on-error", default="raise", choices=ON_ERROR,

@@ -47,6 +47,7 @@ MAX_BATCH_SAMPLES = 1 << 22
 DRAIN = 256
 HOUSEKEEPING_S = 0.25
 ZMTP_HEARTBEAT_MS = 1000
+MIN_ZMTP_TIMEOUT_S = 10.0
 
 COUNTERS = ("malformed", "refused", "dropped_sends", "requests", "replies", "bytes_sent",
             "clients_expired", "clients_probed")
@@ -83,7 +84,10 @@ class Frontend:
         self.router.setsockopt(zmq.RCVHWM, 4096)
         self.router.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_FRAME)
         self.router.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
-        self.router.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(config.client_ttl * 1000))
+        # A killed client's connection closes at once; this timeout only catches a vanished
+        # host, so it never drops a live client whose machine is briefly overloaded.
+        self.router.setsockopt(zmq.HEARTBEAT_TIMEOUT,
+                               int(max(config.client_ttl, MIN_ZMTP_TIMEOUT_S) * 1000))
         self.router.bind(config.zmq_bind)
         self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
 

@@ -9,6 +9,7 @@ server's ``--client-ttl``; the server freed the session although the client was 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,5 +122,6 @@ def test_restarted_server_gives_clear_session_lost_error(demo_data) -> None:
         assert bind in str(info.value) and "load_state_dict" in str(info.value)
     finally:
         first.close(grace=5)
+        shutil.rmtree(first.ready["runtime_dir"], ignore_errors=True)
         if second is not None:
             second.close(grace=5)
