@@ -28,7 +28,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -228,17 +228,11 @@ class IOThread(threading.Thread):
         deadline = time.monotonic() + self._timeout
         indexes: dict[str, wire.Index] = {}
         while len(indexes) < len(self._servers):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = [s.endpoint for s in self._servers if s.endpoint not in indexes]
-                raise ServerUnavailable(", ".join(missing),
-                                        f"no answer to HELLO within {self._timeout} s")
-            events = dict(poller.poll(int(min(left * 1000, POLL_MS)) + 1))
-            if self._wake_r in events:
-                os.read(self._wake_r, 4096)
-                self._drain_commands()
-                if self._stopping:
-                    return
+            events = self._poll_until(poller, deadline, lambda: ServerUnavailable(
+                ", ".join(s.endpoint for s in self._servers if s.endpoint not in indexes),
+                f"no answer to HELLO within {self._timeout} s"))
+            if events is None:
+                return
             for s in self._servers:
                 if events.get(s.sock):
                     msg = wire.decode(s.sock.recv_multipart())
@@ -275,17 +269,12 @@ class IOThread(threading.Thread):
         """Wait for every reader's HEARTBEAT answer on its data connection."""
         waiting = {sock: s for s in self._servers for sock in s.data}
         while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted({s.endpoint for s in waiting.values()})
-                raise ServerUnavailable(", ".join(missing), f"{len(waiting)} reader data "
-                                        f"connection(s) not answered within {self._timeout} s")
-            events = dict(poller.poll(int(min(left * 1000, POLL_MS)) + 1))
-            if self._wake_r in events:
-                os.read(self._wake_r, 4096)
-                self._drain_commands()
-                if self._stopping:
-                    return
+            events = self._poll_until(poller, deadline, lambda: ServerUnavailable(
+                ", ".join(sorted({s.endpoint for s in waiting.values()})),
+                f"{len(waiting)} reader data connection(s) not answered within "
+                f"{self._timeout} s"))
+            if events is None:
+                return
             for sock in [k for k in waiting if events.get(k)]:
                 s = waiting.pop(sock)
                 msg = wire.decode(sock.recv_multipart())
@@ -294,6 +283,24 @@ class IOThread(threading.Thread):
                 if not isinstance(msg, wire.Heartbeat):
                     raise ProtocolError(f"{s.endpoint}: expected HEARTBEAT on a data "
                                         f"connection, got {wire.kind_of(msg).name}")
+
+    def _poll_until(self, poller: zmq.Poller, deadline: float,
+                    late: Callable[[], ServerUnavailable]) -> dict | None:
+        """One poll bounded by ``deadline``: the events, or None once asked to stop.
+
+        Raises:
+            ServerUnavailable: ``late()``, when ``deadline`` has passed.
+        """
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise late()
+        events = dict(poller.poll(int(min(left * 1000, POLL_MS)) + 1))
+        if self._wake_r in events:
+            os.read(self._wake_r, 4096)
+            self._drain_commands()
+            if self._stopping:
+                return None
+        return events
 
     def _drain_commands(self) -> None:
         while True:

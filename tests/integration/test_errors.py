@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
 
 import pytest
+import zmq
 from srvtools import pid_alive, repo_env
 
 from client import DataLoader
@@ -87,3 +89,22 @@ def test_no_server_gives_server_unavailable() -> None:
 def test_launch_reports_server_stderr(tmp_path) -> None:
     with pytest.raises(ServerUnavailable, match="nothing-here"):
         launch([str(tmp_path / "nothing-here-*.arrow")], workers=1, timeout=20)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("peer", ["nobody listening", "silent router"])
+def test_unanswered_hello_gives_server_unavailable(peer: str) -> None:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    if peer == "nobody listening":
+        sock.close()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    try:
+        start = time.monotonic()
+        with pytest.raises(ServerUnavailable, match=re.escape(endpoint) + ".*HELLO"):
+            DataLoader(endpoint, batch_size=4, rank=0, world_size=1, timeout=1.5)
+        assert time.monotonic() - start < 10
+    finally:
+        sock.close()
