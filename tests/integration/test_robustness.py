@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 import pytest
+import torch
+import zmq
 from srvtools import rss_bytes
 
 from client import DataLoader
@@ -135,3 +137,36 @@ def test_garbage_frames_leave_server_serving(demo_data, servers, raw_client) -> 
     assert len(rest) + 1 == len(dl) and first["id"].numel() == 16
     stats = attacker.stats()
     assert stats["malformed"] == len(garbage) and stats["refused"] == len(bad_ranges) + 1
+
+
+@pytest.mark.timeout(60)
+def test_garbage_on_reader_data_sockets_leaves_readers_serving(demo_data, servers,
+                                                                 raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], workers=2)
+    ctx = zmq.Context.instance()
+    attackers = []
+    try:
+        for endpoint in server.ready["data_endpoints"]:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, 5000)
+            sock.connect(endpoint)
+            attackers.append(sock)
+            for frames in ([np.random.default_rng(1).bytes(300)],
+                           [_header(wire.Kind.REQUEST, req_id=1, n=1), b"\0" * 24],
+                           [_header(wire.Kind.HEARTBEAT)] + [b"x"] * 50):
+                sock.send_multipart(frames)
+                reply = wire.decode(sock.recv_multipart())
+                assert isinstance(reply, wire.ErrorMsg), frames[0][:40]
+            sock.send(b"\0" * (1 << 20))  # over the size limit: ZeroMQ drops the connection
+        with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1,
+                        timeout=20) as dl:
+            ids = torch.cat([b["id"] for b in dl])
+        assert sorted(ids.tolist()) == list(range(sum(demo.sizes)))
+        stats = raw_client(server.endpoint).stats()
+        assert stats["worker_restarts"] == 0
+        assert stats["worker_pids"] == server.ready["worker_pids"]
+    finally:
+        for sock in attackers:
+            sock.close()
