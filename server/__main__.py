@@ -28,12 +28,16 @@ DATA_HWM_MARGIN = 16
 
 
 class _StopFlag:
-    """Set by SIGTERM/SIGINT; polled by the serving loop."""
+    """Set by SIGTERM/SIGINT, or true once ``parent`` has exited; polled by the serving loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: int | None = None) -> None:
         self.set = False
+        self._parent = parent
 
     def __call__(self) -> bool:
+        if not self.set and self._parent is not None and os.getppid() != self._parent:
+            log.info("parent process %d exited; shutting down", self._parent)
+            self.set = True
         return self.set
 
     def install(self) -> None:
@@ -92,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     logging.basicConfig(level=config.level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s server[%(process)d] %(message)s")
-    stop = _StopFlag()
+    stop = _StopFlag(os.getppid() if config.exit_with_parent else None)
     stop.install()
     try:
         return serve(config, stop)

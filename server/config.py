@@ -40,6 +40,7 @@ class ServerConfig:
             state freed (a silent client with a live connection keeps its session).
         worker_queue: tasks queued per worker (one being read + the rest waiting).
         on_error: reader policy for damaged samples (``raise`` or ``skip``).
+        exit_with_parent: stop when the process that started the server exits.
     """
 
     data: tuple[str, ...]
@@ -52,6 +53,7 @@ class ServerConfig:
     client_ttl: float = DEFAULT_CLIENT_TTL
     worker_queue: int = DEFAULT_WORKER_QUEUE
     on_error: str = "raise"
+    exit_with_parent: bool = False
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -130,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-error", default="raise", choices=ON_ERROR,
                    help="damaged samples: fail the request (raise) or skip them "
                         "(default: %(default)s)")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="stop when the process that started this server exits, even if it "
+                        "was killed (for servers started by a script, a test or the bench)")
     return p
 
 
@@ -143,7 +148,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             workers=default_workers() if ns.workers is None else ns.workers,
             transform=ns.transform, cache_dir=ns.cache_dir, log_level=ns.log_level,
             max_credits=ns.max_credits, client_ttl=ns.client_ttl, worker_queue=ns.worker_queue,
-            on_error=ns.on_error,
+            on_error=ns.on_error, exit_with_parent=ns.exit_with_parent,
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -111,6 +111,9 @@ def launch(
 ) -> ServerHandle:
     """Start ``python -m server`` and wait for its ready line.
 
+    The server stops by itself when this process exits, even when it is killed
+    (``--exit-with-parent``).
+
     Args:
         data: dataset specs (``--data``).
         workers: reader processes (``--workers``); the server's default when None.
@@ -123,7 +126,7 @@ def launch(
         ServerUnavailable: the server exited or was not ready within ``timeout`` seconds; the
             message holds the tail of its stderr.
     """
-    cmd = [sys.executable, "-m", "server", "--data", *data, "--bind", bind]
+    cmd = [sys.executable, "-m", "server", "--data", *data, "--bind", bind, "--exit-with-parent"]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     cmd += list(extra_args)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
 from srvtools import pid_alive
 
 from client import DataLoader
+from server.launch import REPO_ROOT
 
 
 @pytest.mark.timeout(60)
@@ -42,3 +47,34 @@ def test_dead_worker_is_replaced(demo_data, servers, raw_client) -> None:
     assert sorted(ids) == list(range(demo.total))
     stats = probe.stats()
     assert stats["workers"] == 1 and stats["worker_pids"] != server.ready["worker_pids"]
+
+
+_LAUNCHER = textwrap.dedent("""
+    import json, sys
+    from server import launch
+    handle = launch(sys.argv[1:], workers=1, timeout=60)
+    print(json.dumps([handle.pid, *handle.ready["worker_pids"]]), flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.timeout(60)
+def test_launched_server_exits_when_its_launcher_is_killed(demo_data) -> None:
+    demo = demo_data("arrow")
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, *map(str, demo.paths)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT)
+    pids: list[int] = []
+    try:
+        pids = json.loads(launcher.stdout.readline())
+        assert all(pid_alive(p) for p in pids)
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 10
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(pid_alive(p) for p in pids), "server outlived the process that launched it"
+    finally:
+        launcher.kill()
+        for p in pids:
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
