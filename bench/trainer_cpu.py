@@ -10,7 +10,7 @@ processes). The target is a ratio <= 0.25.
 Without CUDA, torch's ``pin_memory=True`` pins nothing (torch warns and skips it) and
 dataflow's ``pin_memory`` is off too.
 
-Usage: python -m bench.trainer_cpu [--batch-size 256] [--epochs 3]
+Usage: python -m bench.trainer_cpu [--batch-size 256] [--epochs 10]
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def measure(epochs: Iterable[Iterable]) -> tuple[float, float, int]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--samples-per-shard", type=int, default=1000)
     args = p.parse_args(argv)
