@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from dataflow.errors import ServerUnavailable
 
@@ -35,12 +36,9 @@ def _stop(proc: subprocess.Popen, grace: float) -> None:
         proc.stdout.close()
 
 
-def _cleanup(proc: subprocess.Popen, log_path: str) -> None:
+def _cleanup(proc: subprocess.Popen, log: IO[bytes]) -> None:
     _stop(proc, CLOSE_GRACE_S)
-    try:
-        os.unlink(log_path)
-    except FileNotFoundError:
-        pass
+    log.close()
 
 
 class ServerHandle:
@@ -54,17 +52,17 @@ class ServerHandle:
         proc: the subprocess.
     """
 
-    def __init__(self, proc: subprocess.Popen, ready: dict, log_path: str) -> None:
+    def __init__(self, proc: subprocess.Popen, ready: dict, log: IO[bytes]) -> None:
         self.proc = proc
         self.ready = ready
         self.endpoint: str = ready["endpoint"]
         self.pid: int = proc.pid
-        self._log_path = log_path
-        self._finalizer = weakref.finalize(self, _cleanup, proc, log_path)
+        self._log = log
+        self._finalizer = weakref.finalize(self, _cleanup, proc, log)
 
     def stderr_tail(self, n: int = STDERR_TAIL) -> str:
         """The last ``n`` characters of the server's log (stderr)."""
-        return _tail(self._log_path, n)
+        return _tail(self._log, n)
 
     def close(self, grace: float = CLOSE_GRACE_S) -> int | None:
         """Stop the server (SIGTERM, then SIGKILL after ``grace`` s); idempotent.
@@ -85,12 +83,11 @@ class ServerHandle:
         self.close()
 
 
-def _tail(path: str, n: int) -> str:
+def _tail(log: IO[bytes], n: int) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - n))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
+        size = os.fstat(log.fileno()).st_size
+        return os.pread(log.fileno(), n, max(0, size - n)).decode("utf-8", "replace")
+    except (OSError, ValueError):
         return ""
 
 
@@ -130,20 +127,20 @@ def launch(
     if workers is not None:
         cmd += ["--workers", str(workers)]
     cmd += list(extra_args)
-    fd, log_path = tempfile.mkstemp(prefix="dataflow-server-", suffix=".log")
-    with os.fdopen(fd, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log_file, env=_env(env),
-                                stdin=subprocess.DEVNULL)
+    # An anonymous file: nothing is left behind, even if this process is killed.
+    log = tempfile.TemporaryFile(prefix="dataflow-server-", suffix=".log")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=_env(env),
+                            stdin=subprocess.DEVNULL)
     try:
         ready = _wait_ready(proc, timeout)
     except BaseException:
-        _cleanup(proc, log_path)
+        _cleanup(proc, log)
         raise
     if isinstance(ready, str):
-        tail = _tail(log_path, STDERR_TAIL)
-        _cleanup(proc, log_path)
+        tail = _tail(log, STDERR_TAIL)
+        _cleanup(proc, log)
         raise ServerUnavailable(bind, f"server {ready}; its stderr ends with:\n{tail}")
-    return ServerHandle(proc, ready, log_path)
+    return ServerHandle(proc, ready, log)
 
 
 def _wait_ready(proc: subprocess.Popen, timeout: float) -> dict | str:

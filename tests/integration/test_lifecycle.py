@@ -14,6 +14,8 @@ import pytest
 from srvtools import pid_alive
 
 from client import DataLoader
+from dataflow.errors import ServerUnavailable
+from server import launch
 from server.launch import REPO_ROOT
 
 
@@ -78,3 +80,10 @@ def test_launched_server_exits_when_its_launcher_is_killed(demo_data) -> None:
         for p in pids:
             if pid_alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_server_that_cannot_start_reports_its_error(tmp_path) -> None:
+    spec = str(tmp_path / "missing-*.tar")
+    with pytest.raises(ServerUnavailable, match=r"(?s)exited with code 1.*matches no shard"):
+        launch([spec], workers=1, timeout=60)
