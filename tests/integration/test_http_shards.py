@@ -1,0 +1,68 @@
+"""Shards served over HTTP (fsspec) by a real loopback web server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from dataflow.demo import DemoSpec, make_demo
+from dataflow.errors import ShardReadError
+from dataflow.index import build_index
+from dataflow.readers import open_shard
+
+
+@pytest.fixture
+def web_root(tmp_path) -> Iterator[tuple[str, str]]:
+    """(directory served, base URL) of an http.server on 127.0.0.1."""
+    root = tmp_path / "www"
+    root.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                             "127.0.0.1", "--directory", str(root)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "http.server did not start"
+                time.sleep(0.05)
+        yield str(root), f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fmt", ["arrow", "tar", "parquet"])
+def test_http_shards_read_like_local_ones(fmt: str, web_root, tmp_path) -> None:
+    root, base = web_root
+    demo = make_demo(root, DemoSpec(fmt=fmt, shards=2, samples_per_shard=20,
+                                    image_shape=(2, 3)), progress=None)
+    urls = [f"{base}/{os.path.basename(p)}" for p in demo.paths]
+    cache = str(tmp_path / "cache")
+    index = build_index(urls, cache_dir=cache)
+    assert index.shards == tuple(urls) and index.sizes == tuple(demo.sizes)
+    for url, path in zip(urls, demo.paths, strict=True):
+        with open_shard(url, cache_dir=cache) as remote, open_shard(str(path)) as local:
+            a, b = remote.read(3, 11), local.read(3, 11)
+            np.testing.assert_array_equal(a["id"], b["id"])
+            np.testing.assert_array_equal(a["image"], b["image"])
+
+
+@pytest.mark.timeout(60)
+def test_missing_http_shard_names_the_url(web_root, tmp_path) -> None:
+    _, base = web_root
+    with pytest.raises(ShardReadError, match="nope.arrow"):
+        open_shard(f"{base}/nope.arrow", cache_dir=str(tmp_path / "cache"))
