@@ -348,7 +348,7 @@ def _array_spec(item: Any) -> ArraySpec:
     if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
         raise ProtocolError(f"BATCH array name must be a non-empty string of at most {MAX_NAME} "
                             f"characters. Found: {name!r}"[:400])
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ProtocolError(f"BATCH array {name!r}: dtype must be one of {sorted(DTYPES)}. "
                             f"Found: {dtype!r}"[:400])
     if (not isinstance(shape, list) or not 1 <= len(shape) <= MAX_NDIM
@@ -424,12 +424,24 @@ def _counters(h: Mapping) -> dict[str, int | list[int]]:
 def decode_header(header: Any) -> Message:
     """Decode and validate a header frame alone.
 
+    Every problem, also one this module did not foresee, is a :class:`ProtocolError`: a
+    receiver never dies of a message.
+
     For INDEX, REQUEST and BATCH the result carries no payload (empty ``index_json``, empty
     ``ranges``, empty ``data``); :func:`frame_sizes` gives the buffer frames that must follow.
 
     Raises:
         ProtocolError: the header is malformed, oversized or of another version.
     """
+    try:
+        return _decode_header(header)
+    except ProtocolError:
+        raise
+    except Exception as e:
+        raise ProtocolError(f"malformed header: {type(e).__name__}: {e}"[:400]) from e
+
+
+def _decode_header(header: Any) -> Message:
     n = _nbytes(header)
     if n > MAX_HEADER_BYTES:
         raise ProtocolError(f"header is {n} bytes; the limit is {MAX_HEADER_BYTES}")
@@ -511,8 +523,18 @@ def decode(frames: Sequence[Any]) -> Message:
     Arrays of a BATCH are fresh writable copies (never aliases of the frames).
 
     Raises:
-        ProtocolError: anything malformed, truncated, oversized or of another version.
+        ProtocolError: anything malformed, truncated, oversized or of another version (also
+            what this module did not foresee: a receiver never dies of a message).
     """
+    try:
+        return _decode(frames)
+    except ProtocolError:
+        raise
+    except Exception as e:
+        raise ProtocolError(f"malformed message: {type(e).__name__}: {e}"[:400]) from e
+
+
+def _decode(frames: Sequence[Any]) -> Message:
     if not frames:
         raise ProtocolError("empty message")
     head = decode_header(frames[0])

@@ -120,6 +120,7 @@ def test_garbage_frames_leave_server_serving(demo_data, servers, raw_client) -> 
             [_header(wire.Kind.HEARTBEAT)] + [b"x"] * 50,
             [_header(wire.Kind.BATCH, req_id=1, size=1, arrays=[["a", "uint8", [1]]],
                      ragged=[]), b"\0"],
+            [_header(wire.Kind.BATCH, req_id=0, size=1, arrays=[["a", [], [1]]], ragged=[])],
             [b""],
         ]
         for frames in garbage:
@@ -155,7 +156,9 @@ def test_garbage_on_reader_data_sockets_leaves_readers_serving(demo_data, server
             attackers.append(sock)
             for frames in ([np.random.default_rng(1).bytes(300)],
                            [_header(wire.Kind.REQUEST, req_id=1, n=1), b"\0" * 24],
-                           [_header(wire.Kind.HEARTBEAT)] + [b"x"] * 50):
+                           [_header(wire.Kind.HEARTBEAT)] + [b"x"] * 50,
+                           [_header(wire.Kind.BATCH, req_id=0, size=1, arrays=[["a", [], [1]]],
+                                    ragged=[])]):
                 sock.send_multipart(frames)
                 reply = wire.decode(sock.recv_multipart())
                 assert isinstance(reply, wire.ErrorMsg), frames[0][:40]

@@ -152,3 +152,43 @@ _ID_HEADER = dict(req_id=1, size=2, arrays=[["id", "int64", [2]]], ragged=[])
 def test_decode_rejects_malformed(frames: list[bytes], match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         wire.decode(frames)
+
+
+_WRONG_VALUES = [None, [], {}, [[]], {"a": 1}, 1.5, -1, 2**70, "x", True, [["a", [], [1]]]]
+
+
+@pytest.mark.parametrize("msg", [
+    wire.Hello(4, "rank 0"),
+    wire.Index(3, 2, "{}", "ab12", ("tcp://127.0.0.1:5001",)),
+    wire.Request(7, ((0, 0, 2),)),
+    wire.batch_to_message(3, {"id": np.arange(2), "t": Ragged(np.zeros(3, np.uint8),
+                                                               np.array([0, 1, 3]), "str")}),
+    wire.ErrorMsg(1, "E", "m"),
+    wire.StatsReply({"a": 1}),
+])
+def test_any_wrong_field_type_is_a_protocol_error(msg: wire.Message) -> None:
+    frames = wire.encode(msg)
+    header = json.loads(frames[0])
+    for key in header:
+        for value in _WRONG_VALUES:
+            bad = json.dumps({**header, key: value}).encode()
+            for body in (frames[1:], []):
+                try:
+                    wire.decode([bad, *body])
+                except ProtocolError:
+                    pass
+            try:
+                wire.decode_header(bad)
+            except ProtocolError:
+                pass
+        for inner in ("arrays", "ragged"):
+            for i, item in enumerate(header.get(inner, [])):
+                for j in range(len(item)):
+                    for value in _WRONG_VALUES:
+                        changed = [list(x) for x in header[inner]]
+                        changed[i][j] = value
+                        bad = json.dumps({**header, inner: changed}).encode()
+                        try:
+                            wire.decode([bad, *frames[1:]])
+                        except ProtocolError:
+                            pass
