@@ -21,7 +21,8 @@ Messages:
 * worker -> frontend: ``[client, req_id, SENT, nbytes]`` just before a reply is handed to
   ZeroMQ (the frontend returns the client's credit), and ``[client, req_id, LOST, why]`` when
   a reply could not be delivered: the client's data connection was missing for
-  ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies were waiting for one.
+  ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies were waiting for it. Replies
+  wait per client: one client gone away never holds up another's.
 * worker -> frontend, once at start: ``[READY, data endpoint]``.
 
 Each worker keeps an LRU of open shard readers. It exits when its parent dies (checked twice a
@@ -149,23 +150,30 @@ class _Parked:
 
 
 class DataSender:
-    """Sends replies on the data socket and notices to the frontend. Not thread-safe."""
+    """Sends replies on the data socket and notices to the frontend. Not thread-safe.
+
+    Attributes:
+        parked: per client data connection (session token), replies that could not be handed
+            to ZeroMQ yet, oldest first; only tokens with parked replies are keys.
+    """
 
     def __init__(self, data: zmq.Socket, control: zmq.Socket) -> None:
         self._data = data
         self._control = control
-        self.parked: deque[_Parked] = deque()
+        self.parked: dict[bytes, deque[_Parked]] = {}
 
     def send(self, client: bytes, token: bytes, req: bytes, frames: list) -> None:
         """Notify the frontend, then hand the reply to ZeroMQ (parked if the client is away)."""
         nbytes = sum(memoryview(f).nbytes for f in frames)
         self._control.send_multipart([client, req, SENT, nbytes.to_bytes(8, "little")])
-        if self.parked or not self._try(token, frames):
-            self.parked.append(_Parked(client, token, req, frames,
-                                       time.monotonic() + UNREACHABLE_S))
-            while len(self.parked) > MAX_PARKED:
-                self._lost(self.parked.popleft(), f"more than {MAX_PARKED} replies were waiting "
-                                                   "for clients' data connections")
+        waiting = self.parked.get(token)
+        if waiting is None and self._try(token, frames):
+            return
+        waiting = self.parked.setdefault(token, deque())
+        waiting.append(_Parked(client, token, req, frames, time.monotonic() + UNREACHABLE_S))
+        while len(waiting) > MAX_PARKED:
+            self._lost(waiting.popleft(), f"more than {MAX_PARKED} replies were waiting for "
+                                          "the client's data connection")
 
     def _try(self, token: bytes, frames: list) -> bool:
         try:
@@ -179,18 +187,21 @@ class DataSender:
             raise
 
     def retry(self) -> None:
-        """Retry parked replies in order; give up on those past their deadline."""
+        """Retry each client's parked replies in order; give up on those past their deadline."""
         now = time.monotonic()
-        while self.parked:
-            p = self.parked[0]
-            if self._try(p.token, p.frames):
-                self.parked.popleft()
-            elif now > p.deadline:
-                self.parked.popleft()
-                self._lost(p, f"the client's data connection to this reader was missing for "
-                              f"{UNREACHABLE_S} s")
-            else:
-                return
+        for token, waiting in list(self.parked.items()):
+            while waiting:
+                p = waiting[0]
+                if self._try(token, p.frames):
+                    waiting.popleft()
+                elif now > p.deadline:
+                    waiting.popleft()
+                    self._lost(p, f"the client's data connection to this reader was missing "
+                                  f"for {UNREACHABLE_S} s")
+                else:
+                    break
+            if not waiting:
+                del self.parked[token]
 
     def _lost(self, p: _Parked, why: str) -> None:
         log.warning("reply to request %d dropped: %s", int.from_bytes(p.req, "little"), why)

@@ -173,3 +173,26 @@ def test_garbage_on_reader_data_sockets_leaves_readers_serving(demo_data, server
     finally:
         for sock in attackers:
             sock.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_departed_client_does_not_hold_up_others_at_a_reader(demo_data, servers,
+                                                                raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], workers=1)
+    with DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, timeout=20) as dl:
+        it = iter(dl)
+        next(it)
+        gone = raw_client(server.endpoint)
+        gone.call(wire.Hello(4, "gone"))
+        for req_id in range(4):
+            gone.send(wire.Request(req_id, ((0, 0, demo.sizes[0]),)))
+        for sock in gone.data:
+            sock.close()
+        start = time.monotonic()
+        rest = sum(1 for _ in it)
+        elapsed = time.monotonic() - start
+    assert rest == len(dl) - 1
+    # A reader keeps a gone client's replies for 5 s (UNREACHABLE_S) before giving up; other
+    # clients' batches must not wait behind them.
+    assert elapsed < 3.0, f"the epoch took {elapsed:.1f} s"
