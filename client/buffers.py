@@ -140,9 +140,12 @@ class HostPool:
         return torch.from_numpy(np.asarray(_Lease(self, buf, nbytes)))
 
     def give_back(self, buf: np.ndarray) -> None:
+        # Allocate before taking the lock: an allocation can start a garbage collection whose
+        # finalizers (another batch's lease) call give_back on this same thread.
+        fresh: list[np.ndarray] = []
         with self._lock:
             if self._count < self._capacity:
-                self._idle.setdefault(len(buf), []).append(buf)
+                self._idle.setdefault(len(buf), fresh).append(buf)
                 self._count += 1
 
     @property

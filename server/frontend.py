@@ -47,6 +47,7 @@ MAX_BATCH_SAMPLES = 1 << 22
 DRAIN = 256
 HOUSEKEEPING_S = 0.25
 ZMTP_HEARTBEAT_MS = 1000
+CREDIT_SLACK = 2
 MIN_ZMTP_TIMEOUT_S = 10.0
 
 COUNTERS = ("malformed", "refused", "dropped_sends", "requests", "replies", "bytes_sent",
@@ -361,7 +362,9 @@ class Frontend:
             # A reader notifies us just before it hands a reply to ZeroMQ, so the notice is
             # normally here before the client can react to the reply: read waiting notices.
             self._drain(self.backend, self._on_worker)
-        if problem is None and s.outstanding >= s.credits:
+        if problem is None and s.outstanding >= CREDIT_SLACK * s.credits:
+            # Notices and replies travel on different connections, so a client that keeps to
+            # its credits can still look over them for a moment; only well beyond is refused.
             problem = (f"credit exceeded: {s.outstanding} request(s) outstanding and "
                        f"{s.credits} credit(s) granted")
         if problem is None and msg.req_id in s.active:

@@ -58,11 +58,12 @@ def test_stalled_client_does_not_grow_server_memory(demo_data, servers, raw_clie
     assert sorted(r.req_id for r in replies if isinstance(r, wire.BatchMsg)) == [0, 1, 2, 3]
     greedy = raw_client(server.endpoint)
     assert greedy.call(wire.Hello(1, "greedy")).credits == 1
-    greedy.send(wire.Request(1, whole_shard))
-    greedy.send(wire.Request(2, whole_shard))
-    replies = {r.req_id: r for r in (greedy.recv(), greedy.recv())}
-    assert isinstance(replies[1], wire.BatchMsg)
-    assert isinstance(replies[2], wire.ErrorMsg) and "credit" in replies[2].message
+    for req_id in (1, 2, 3):
+        greedy.send(wire.Request(req_id, whole_shard))
+    replies = {r.req_id: r for r in (greedy.recv(), greedy.recv(), greedy.recv())}
+    # Up to twice the credits are tolerated (notices of sent replies may lag); beyond, refused.
+    assert isinstance(replies[1], wire.BatchMsg) and isinstance(replies[2], wire.BatchMsg)
+    assert isinstance(replies[3], wire.ErrorMsg) and "credit" in replies[3].message
 
 
 _KILLED_CLIENT = textwrap.dedent("""
