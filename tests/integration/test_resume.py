@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from client import DataLoader
@@ -69,3 +71,16 @@ def test_load_state_dict_validates(demo_data, servers) -> None:
                 dl.load_state_dict({**state, field: value})
         with pytest.raises(DataflowError, match="`batches_yielded`"):
             dl.load_state_dict({**state, "batches_yielded": len(dl) + 1})
+
+
+@pytest.mark.timeout(60)
+def test_many_abandoned_iterators_do_not_overflow_the_loader(demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths])
+    with DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, prefetch=2,
+                    timeout=20) as dl:
+        for _ in range(8):
+            iter(dl)
+            time.sleep(0.3)
+        ids = sorted(i for batch in dl for i in batch["id"].tolist())
+    assert ids == list(range(demo.total))
