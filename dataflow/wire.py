@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -421,6 +421,16 @@ def _counters(h: Mapping) -> dict[str, int | list[int]]:
     return c
 
 
+def _guarded(parse: Callable[[Any], Message], data: Any) -> Message:
+    """``parse(data)``, with any error it did not foresee turned into a ProtocolError."""
+    try:
+        return parse(data)
+    except ProtocolError:
+        raise
+    except Exception as e:
+        raise ProtocolError(f"malformed message: {type(e).__name__}: {e}"[:400]) from e
+
+
 def decode_header(header: Any) -> Message:
     """Decode and validate a header frame alone.
 
@@ -433,12 +443,7 @@ def decode_header(header: Any) -> Message:
     Raises:
         ProtocolError: the header is malformed, oversized or of another version.
     """
-    try:
-        return _decode_header(header)
-    except ProtocolError:
-        raise
-    except Exception as e:
-        raise ProtocolError(f"malformed header: {type(e).__name__}: {e}"[:400]) from e
+    return _guarded(_decode_header, header)
 
 
 def _decode_header(header: Any) -> Message:
@@ -526,12 +531,7 @@ def decode(frames: Sequence[Any]) -> Message:
         ProtocolError: anything malformed, truncated, oversized or of another version (also
             what this module did not foresee: a receiver never dies of a message).
     """
-    try:
-        return _decode(frames)
-    except ProtocolError:
-        raise
-    except Exception as e:
-        raise ProtocolError(f"malformed message: {type(e).__name__}: {e}"[:400]) from e
+    return _guarded(_decode, frames)
 
 
 def _decode(frames: Sequence[Any]) -> Message:
