@@ -12,11 +12,11 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	$(BIN)/python -m pip install -q -e ".[client,bench,dev]"
 	touch $@
 
 demo: setup
-	$(BIN)/python -m bench demo --out bench-out
+	$(BIN)/python -m dataflow.bench demo --out bench-out
 
 test: setup
 	$(BIN)/python -m pytest tests -q -p no:cacheprovider
@@ -25,4 +25,4 @@ lint: setup
 	$(BIN)/ruff check dataflow server client bench tests
 
 clean:
-	rm -rf $(VENV) demo-data bench-out
+	rm -rf $(VENV) bench-out build *.egg-info

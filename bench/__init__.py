@@ -1,10 +1,10 @@
 """dataflow's bench: GPU-idle time of a training loop fed by dataflow, torch's DataLoader and peers.
 
-Run ``python -m bench demo`` first; ``python -m bench --help`` lists the modes. This package
-file stays light (no torch import) so the other benchmarks in ``bench/`` start fast; the
-measured loop is :func:`bench.loop.measure`.
+Run ``python -m dataflow.bench demo`` first; ``python -m dataflow.bench --help`` lists the
+modes. This package file stays light (no torch import) so the other benchmarks in ``bench/``
+start fast; the measured loop is :func:`dataflow.bench.loop.measure`.
 """
 
-from bench.config import BenchConfig
+from dataflow.bench.config import BenchConfig
 
 __all__ = ["BenchConfig"]

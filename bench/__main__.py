@@ -1,4 +1,4 @@
-"""Command line: ``python -m bench demo|run|sweep`` (console script ``dataflow-bench``)."""
+"""Command line: ``python -m dataflow.bench demo|run|sweep`` (console script ``dataflow-bench``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from bench.config import LOADERS, STEP_MODES, BenchConfig
-from bench.data import ensure_demo
-from bench.session import run_config
-from bench.sweep import AXES, run_sweep
+from dataflow.bench.config import LOADERS, STEP_MODES, BenchConfig
+from dataflow.bench.data import ensure_demo
+from dataflow.bench.session import run_config
+from dataflow.bench.sweep import AXES, run_sweep
+
 from dataflow.demo import FORMATS
 from dataflow.errors import DataflowError
 
@@ -100,9 +101,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m bench`` argument parser."""
+    """The ``python -m dataflow.bench`` argument parser."""
     p = argparse.ArgumentParser(
-        prog="python -m bench",
+        prog="python -m dataflow.bench",
         description=(
             "Measure GPU-idle time: a training loop with a step of controlled cost consumes "
             "batches from each loader in turn (dataflow, torch's DataLoader, installed peers) "
@@ -159,7 +160,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m bench`` / ``dataflow-bench``; returns the exit code.
+    """Entry point of ``python -m dataflow.bench`` / ``dataflow-bench``; returns the exit code.
 
     SIGTERM exits through the loaders' ``close()``, so the servers the bench started stop too.
 
@@ -177,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.markdown:
-        from bench.report import format_table
+        from dataflow.bench.report import format_table
 
         print("\n" + format_table(result.outcome, cfg.loaders, markdown=True))
     return 1 if result.outcome.failed else 0

@@ -8,11 +8,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dataflow.columns import Schema
+from dataflow.batch import Schema
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import SpecError
-from dataflow.index import build_index
 from dataflow.readers import detect_format
+from dataflow.scan import build_index
 from dataflow.sources import is_local, local_path, open_file
 
 _READ_CHUNK = 8 << 20

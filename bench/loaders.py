@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import torch
-
-from bench.config import BenchConfig
-from bench.data import BenchData
-from bench.procs import descendants
-from bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.data import BenchData
+from dataflow.bench.procs import descendants
+from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
 
 Batch = dict[str, object]
 
@@ -55,8 +54,8 @@ class DataflowRun:
     name = "dataflow"
 
     def __init__(self, cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> None:
-        from client import DataLoader
-        from server.launch import launch
+        from dataflow.client import DataLoader
+        from dataflow.server.launch import launch
 
         self._handles = []
         self._loader = None

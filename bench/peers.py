@@ -23,13 +23,13 @@ from functools import partial
 
 import numpy as np
 import torch
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.data import BenchData
+from dataflow.bench.loaders import ReiterableRun
+from dataflow.bench.procs import descendants, non_loopback_listeners
 from torch.utils.data import default_collate
 
-from bench.config import BenchConfig
-from bench.data import BenchData
-from bench.loaders import ReiterableRun
-from bench.procs import descendants, non_loopback_listeners
-from dataflow.columns import Ragged
+from dataflow.batch import Ragged
 from dataflow.errors import DataflowError
 from dataflow.readers import open_shard
 

@@ -1,6 +1,6 @@
 """Reader throughput: the data plane's shard readers beside each format's own reader.
 
-Run: ``python -m bench.readers [--samples N] [--batch-size 256] [--repeats 3]``.
+Run: ``python -m dataflow.bench.readers [--samples N] [--batch-size 256] [--repeats 3]``.
 
 Writes demo data (id, label, 3x64x64 uint8 image, text) in every format into a temporary
 directory, warms the page cache, then times, in one run:
@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataflow.columns import Batch, Ragged, batch_len
+from dataflow.batch import Batch, Ragged, batch_len
 from dataflow.demo import ROWS_PER_CHUNK, DemoSpec, make_demo
 from dataflow.readers import open_shard
 
@@ -181,7 +181,7 @@ def table(rows: list[tuple[Result, Result | None]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.readers", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.readers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=20_000, help="samples per format (20000)")
     p.add_argument("--batch-size", type=int, default=256, help="samples per read (256)")

@@ -11,10 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-
-from bench.config import BenchConfig
-from bench.data import BenchData
-from bench.runner import BenchOutcome, median_figures
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.data import BenchData
+from dataflow.bench.runner import BenchOutcome, median_figures
 
 BASELINE = "torch"
 COLUMNS: tuple[tuple[str, str, str], ...] = (

@@ -11,15 +11,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
-from bench.config import BenchConfig
-from bench.data import BenchData
-from bench.loaders import DataflowRun, LoaderRun, TorchRun
-from bench.loop import Measurement, measure
-from bench.peers import PEERS, unavailable_reason
-from bench.procs import cpu_delta, cpu_snapshot, peak_rss_bytes, reset_peak_rss, total_peak_rss
-from bench.steps import Step
-from bench.transfer import CopyToDevice, identity
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.data import BenchData
+from dataflow.bench.loaders import DataflowRun, LoaderRun, TorchRun
+from dataflow.bench.loop import Measurement, measure
+from dataflow.bench.peers import PEERS, unavailable_reason
+from dataflow.bench.procs import (
+    cpu_delta,
+    cpu_snapshot,
+    peak_rss_bytes,
+    reset_peak_rss,
+    total_peak_rss,
+)
+from dataflow.bench.steps import Step
+from dataflow.bench.transfer import CopyToDevice, identity
 
 PROCESS_EXIT_WAIT_S = 10.0
 MIB = 2**20

@@ -7,12 +7,12 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from bench.config import BenchConfig
-from bench.data import BenchData, load, warm_page_cache
-from bench.plot import MISSING, plot_run
-from bench.report import format_table, machine_info, to_json, write_json
-from bench.runner import BenchOutcome, Progress, run_all
-from bench.steps import make_step
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.data import BenchData, load, warm_page_cache
+from dataflow.bench.plot import MISSING, plot_run
+from dataflow.bench.report import format_table, machine_info, to_json, write_json
+from dataflow.bench.runner import BenchOutcome, Progress, run_all
+from dataflow.bench.steps import make_step
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from bench.config import BenchConfig
-from bench.plot import MISSING, plot_sweep
-from bench.report import write_json
-from bench.runner import Progress
-from bench.session import run_config
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.plot import MISSING, plot_sweep
+from dataflow.bench.report import write_json
+from dataflow.bench.runner import Progress
+from dataflow.bench.session import run_config
+
 from dataflow.errors import ConfigError
 
 AXES = ("step-ms", "servers")

@@ -22,7 +22,8 @@ import torch
 import webdataset as wds
 from torch.utils.data import Dataset, default_collate
 
-from dataflow.columns import FieldSpec, Ragged, Schema, from_arrow
+from dataflow.batch import FieldSpec, Ragged, Schema
+from dataflow.convert import from_arrow
 from dataflow.errors import ShardReadError
 from dataflow.sources import local_path
 

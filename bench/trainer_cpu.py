@@ -10,7 +10,7 @@ processes). The target is a ratio <= 0.25.
 Without CUDA, torch's ``pin_memory=True`` pins nothing (torch warns and skips it) and
 dataflow's ``pin_memory`` is off too.
 
-Usage: python -m bench.trainer_cpu [--batch-size 256] [--epochs 10]
+Usage: python -m dataflow.bench.trainer_cpu [--batch-size 256] [--epochs 10]
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import warnings
 from collections.abc import Iterable
 
 import torch
+from dataflow.bench.torch_datasets import ArrowMapDataset
+from dataflow.client import DataLoader
+from dataflow.server import launch
 
-from bench.torch_datasets import ArrowMapDataset
-from client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
-from dataflow.index import build_index
-from server import launch
+from dataflow.scan import build_index
 
 
 def _cpu() -> float:
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
 
     base = rows[0][1] / rows[0][3]
-    print(f"command: python -m bench.trainer_cpu {' '.join(argv or sys.argv[1:])}".rstrip())
+    args = " ".join(argv or sys.argv[1:])
+    print(f"command: python -m dataflow.bench.trainer_cpu {args}".rstrip())
     print(f"{demo.total} samples in {args.shards} Arrow shards, batch {args.batch_size}, "
           f"{args.epochs} timed epochs after warm-up, CUDA available: "
           f"{torch.cuda.is_available()}")

@@ -7,7 +7,7 @@ server's front process only routes requests and credits),
 then measures raw pyzmq PUSH/PULL (zero-copy send, zero-copy receive) of 4 MiB messages between
 two processes on the same machine. Prints a table; the target ratio is >= 0.70.
 
-Usage: python -m bench.transport [--mib-per-batch 4] [--gib 2] [--workers 1 2]
+Usage: python -m dataflow.bench.transport [--mib-per-batch 4] [--gib 2] [--workers 1 2]
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import zmq
-
-from client import DataLoader
-from server import launch
-from server.launch import REPO_ROOT
+from dataflow.client import DataLoader
+from dataflow.server import launch
 
 SAMPLE_BYTES = 64 * 1024
 
@@ -123,9 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         raw2 = raw_zmq(n_raw, size)
         rows.append(("raw pyzmq PUSH/PULL (again)", "-", raw2, n_raw - 1))
     base = (raw + raw2) / 2
-    print(f"command: python -m bench.transport {' '.join(argv or sys.argv[1:])}".rstrip())
-    print(f"message/batch size {size / 2**20:.0f} MiB, loopback tcp, {os.cpu_count()} CPUs, "
-          f"repo {REPO_ROOT}")
+    print(f"command: python -m dataflow.bench.transport {' '.join(argv or sys.argv[1:])}".rstrip())
+    print(f"message/batch size {size / 2**20:.0f} MiB, loopback tcp, {os.cpu_count()} CPUs")
     print()
     print("| path | server workers | GB/s | messages | ratio to raw (mean of both raw runs) |")
     print("| --- | --- | --- | --- | --- |")

@@ -1,6 +1,6 @@
 """Trainer-side client of the dataflow loader servers: a drop-in :class:`DataLoader`."""
 
-from client.config import LoaderConfig
-from client.loader import DataLoader
+from dataflow.client.config import LoaderConfig
+from dataflow.client.loader import DataLoader
 
 __all__ = ["DataLoader", "LoaderConfig"]

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
+from dataflow.client.buffers import HostSink, Landing, Ready
 
-from client.buffers import HostSink, Landing, Ready
 from dataflow import wire
 from dataflow.errors import DataflowError, ProtocolError, RemoteError, ServerUnavailable
 from dataflow.plan import Range

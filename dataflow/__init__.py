@@ -3,16 +3,21 @@
 This package never imports torch.
 """
 
-from dataflow.columns import Batch, Column, FieldSpec, Ragged, Schema
+from dataflow.batch import Batch, Column, FieldSpec, Ragged, Schema
 from dataflow.errors import (
     ConfigError,
     DataflowError,
+    DatasetMismatchError,
+    InternalError,
+    LoaderClosedError,
     ProtocolError,
     RemoteError,
     SchemaMismatchError,
+    ServerStartError,
     ServerUnavailable,
     ShardReadError,
     SpecError,
+    StateMismatchError,
 )
 from dataflow.plan import EpochSize, Range, epoch_size, global_plan, plan, split_batches
 
@@ -21,17 +26,22 @@ __all__ = [
     "Column",
     "ConfigError",
     "DataflowError",
+    "DatasetMismatchError",
     "EpochSize",
     "FieldSpec",
+    "InternalError",
+    "LoaderClosedError",
     "ProtocolError",
     "Ragged",
     "Range",
     "RemoteError",
     "Schema",
     "SchemaMismatchError",
+    "ServerStartError",
     "ServerUnavailable",
     "ShardReadError",
     "SpecError",
+    "StateMismatchError",
     "epoch_size",
     "global_plan",
     "plan",

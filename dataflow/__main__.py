@@ -7,12 +7,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-from dataflow.columns import batch_len, batch_nbytes
+from dataflow.batch import batch_len, batch_nbytes
 from dataflow.demo import ARROW_KINDS, FORMATS, DemoSpec, describe, make_demo, parse_shape
 from dataflow.errors import ConfigError, DataflowError
-from dataflow.index import build_index
 from dataflow.readers import open_shard
 from dataflow.readers.base import ON_ERROR
+from dataflow.scan import build_index
 
 
 def _parser() -> argparse.ArgumentParser:

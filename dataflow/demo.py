@@ -28,6 +28,7 @@ from typing import TextIO
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from dataflow.errors import ConfigError
 
@@ -177,28 +178,6 @@ def _write_tar(path: str, s: dict[str, np.ndarray]) -> None:
             })
 
 
-class ProgressBar:
-    """A one-line text progress bar redrawn in place (``\\r``) on a text stream."""
-
-    def __init__(self, total: int, label: str, stream: TextIO | None, width: int = 30) -> None:
-        self.total = max(total, 1)
-        self.label = label
-        self.stream = stream
-        self.width = width
-        self.done = 0
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        if self.stream is None:
-            return
-        filled = self.width * self.done // self.total
-        bar = "#" * filled + "-" * (self.width - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total}")
-        if self.done >= self.total:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
 def make_demo(out: str, spec: DemoSpec, *, progress: TextIO | None = sys.stderr) -> DemoResult:
     """Write a demo dataset into directory ``out`` (created if missing).
 
@@ -208,11 +187,13 @@ def make_demo(out: str, spec: DemoSpec, *, progress: TextIO | None = sys.stderr)
     Args:
         out: output directory.
         spec: what to write.
-        progress: stream for a progress bar, or ``None`` for silence.
+        progress: stream for a progress bar (tqdm, shown only when the stream is a
+            terminal), or ``None`` for silence.
     """
     os.makedirs(out, exist_ok=True)
     sizes = shard_sizes(spec)
-    bar = ProgressBar(len(sizes), f"writing {spec.fmt} shards", progress)
+    bar = tqdm(total=len(sizes), desc=f"writing {spec.fmt} shards", unit="shard", file=progress,
+               disable=True if progress is None else None)
     paths = []
     first = 0
     for shard, n in enumerate(sizes):
@@ -227,6 +208,7 @@ def make_demo(out: str, spec: DemoSpec, *, progress: TextIO | None = sys.stderr)
         paths.append(path)
         first += n
         bar.update()
+    bar.close()
     return DemoResult(tuple(paths), tuple(sizes))
 
 

@@ -59,6 +59,26 @@ class ProtocolError(DataflowError):
     """A wire message is malformed, truncated, oversized or of another protocol version."""
 
 
+class ServerStartError(DataflowError):
+    """A loader server (or one of its reader processes) could not start."""
+
+
+class StateMismatchError(DataflowError):
+    """A ``state_dict`` does not fit this loader (another configuration, a bad field)."""
+
+
+class DatasetMismatchError(DataflowError):
+    """Servers serve different datasets, or a state was saved on another dataset."""
+
+
+class LoaderClosedError(DataflowError):
+    """The DataLoader was closed (or failed) and cannot be used any more."""
+
+
+class InternalError(DataflowError):
+    """An impossible state was reached: a bug in dataflow, never a condition to handle."""
+
+
 class ServerUnavailable(DataflowError):
     """A loader server did not answer within the timeout."""
 

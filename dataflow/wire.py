@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from dataflow.columns import RAGGED_KINDS, Batch, Ragged, batch_len
+from dataflow.batch import RAGGED_KINDS, Batch, Ragged, batch_len
 from dataflow.errors import ProtocolError
 
 MAGIC = "dataflow"
@@ -617,7 +617,7 @@ def batch_to_message(req_id: int, batch: Batch) -> BatchMsg:
 
 
 def message_to_batch(msg: BatchMsg) -> Batch:
-    """The :data:`~dataflow.columns.Batch` carried by a decoded BATCH message."""
+    """The :data:`~dataflow.batch.Batch` carried by a decoded BATCH message."""
     arrays = dict(zip((s.name for s in msg.arrays), msg.data, strict=True))
     kinds = dict(msg.ragged)
     out: Batch = {}

@@ -1,9 +1,9 @@
-"""The dataflow loader server: ``python -m server`` / ``dataflow-server``, and ``launch()``.
+"""The loader server: ``python -m dataflow.server`` / ``dataflow-server``, and ``launch()``.
 
 This package never imports torch.
 """
 
-from server.config import ServerConfig
-from server.launch import ServerHandle, launch
+from dataflow.server.config import ServerConfig
+from dataflow.server.launch import ServerHandle, launch
 
 __all__ = ["ServerConfig", "ServerHandle", "launch"]

@@ -1,4 +1,4 @@
-"""``python -m server`` / ``dataflow-server``: run one loader server until SIGTERM/SIGINT."""
+"""``python -m dataflow.server`` / ``dataflow-server``: one loader server until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import tempfile
 from collections.abc import Sequence
 
 import zmq
+from dataflow.server.config import ServerConfig, parse_args
+from dataflow.server.frontend import Frontend
+from dataflow.server.pool import WorkerPool
+from dataflow.server.transform import load_transform
+from dataflow.server.worker import WorkerSpec
 
 from dataflow.errors import DataflowError
-from dataflow.index import build_index
-from server.config import ServerConfig, parse_args
-from server.frontend import Frontend
-from server.pool import WorkerPool
-from server.transform import load_transform
-from server.worker import WorkerSpec
+from dataflow.scan import build_index
 
 log = logging.getLogger("dataflow.server")
 

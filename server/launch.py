@@ -12,13 +12,15 @@ import tempfile
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 from dataflow.errors import ServerUnavailable
 
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+# `python -m dataflow.server` with the caller's working directory left off sys.path (as
+# `python -P` does on 3.11+): a `dataflow/` or `dataflow.py` beside the caller is never run.
+SERVER_BOOTSTRAP = ("import sys; del sys.path[0]; from dataflow.server.__main__ import main; "
+                    "sys.exit(main(sys.argv[1:]))")
 CLOSE_GRACE_S = 10.0
 STDERR_TAIL = 4000
 
@@ -42,7 +44,7 @@ def _cleanup(proc: subprocess.Popen, log: IO[bytes]) -> None:
 
 
 class ServerHandle:
-    """A running ``python -m server`` subprocess.
+    """A running ``python -m dataflow.server`` subprocess.
 
     Attributes:
         endpoint: the endpoint clients connect to (real port, never 0).
@@ -91,12 +93,6 @@ def _tail(log: IO[bytes], n: int) -> str:
         return ""
 
 
-def _env(env: Mapping[str, str] | None) -> dict[str, str]:
-    out = dict(os.environ if env is None else {**os.environ, **env})
-    out["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, out.get("PYTHONPATH")) if p)
-    return out
-
-
 def launch(
     data: Sequence[str],
     *,
@@ -106,7 +102,10 @@ def launch(
     timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
 ) -> ServerHandle:
-    """Start ``python -m server`` and wait for its ready line.
+    """Start ``python -m dataflow.server`` and wait for its ready line.
+
+    The server is the installed ``dataflow.server``, whatever the caller's working directory
+    holds: the working directory is not on the child's ``sys.path``.
 
     The server stops by itself when this process exits, even when it is killed
     (``--exit-with-parent``).
@@ -117,20 +116,21 @@ def launch(
         bind: endpoint to bind (port 0: a free port).
         extra_args: more command-line flags.
         timeout: seconds to wait for the ready line.
-        env: extra environment variables; the repository is prepended to PYTHONPATH.
+        env: extra environment variables.
 
     Raises:
         ServerUnavailable: the server exited or was not ready within ``timeout`` seconds; the
             message holds the tail of its stderr.
     """
-    cmd = [sys.executable, "-m", "server", "--data", *data, "--bind", bind, "--exit-with-parent"]
+    cmd = [sys.executable, "-c", SERVER_BOOTSTRAP, "--data", *data, "--bind", bind,
+           "--exit-with-parent"]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     cmd += list(extra_args)
     # An anonymous file: nothing is left behind, even if this process is killed.
     log = tempfile.TemporaryFile(prefix="dataflow-server-", suffix=".log")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=_env(env),
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
+                            env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
     try:
         ready = _wait_ready(proc, timeout)
     except BaseException:

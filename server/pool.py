@@ -10,7 +10,7 @@ import multiprocessing as mp
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from server.worker import WorkerSpec, run_worker
+from dataflow.server.worker import WorkerSpec, run_worker
 
 log = logging.getLogger("dataflow.server.pool")
 

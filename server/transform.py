@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from dataflow.columns import Batch
+from dataflow.batch import Batch
 from dataflow.errors import ConfigError
 
 Transform = Callable[[Batch], Batch]

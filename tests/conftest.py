@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from dataflow.columns import Ragged
+from dataflow.batch import Ragged
 
 
 def _rows_equal(a: dict, b: dict) -> None:

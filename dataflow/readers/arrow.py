@@ -14,7 +14,8 @@ from abc import abstractmethod
 
 import pyarrow as pa
 
-from dataflow.columns import Batch, Schema, schema_of_arrow
+from dataflow.batch import Batch, Schema
+from dataflow.convert import schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import ShardReader, overlapping
 from dataflow.readers.cache import local_copy

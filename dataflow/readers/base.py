@@ -10,7 +10,8 @@ from types import TracebackType
 import numpy as np
 import pyarrow as pa
 
-from dataflow.columns import Batch, Ragged, Schema, from_arrow
+from dataflow.batch import Batch, Ragged, Schema
+from dataflow.convert import from_arrow
 from dataflow.errors import ConfigError, DataflowError, ShardReadError
 
 ON_ERROR = ("raise", "skip")

@@ -22,7 +22,8 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataflow.columns import Batch, FieldSpec, Schema, field_spec
+from dataflow.batch import Batch, FieldSpec, Schema
+from dataflow.convert import field_spec
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import ShardReader
 from dataflow.sources import is_local, local_path, open_file
@@ -32,7 +33,7 @@ READ_AHEAD_ROWS = 1024
 
 
 def shaped_field_spec(field: pa.Field) -> FieldSpec:
-    """:func:`dataflow.columns.field_spec`, honouring the ``dataflow.shape`` field metadata.
+    """:func:`dataflow.convert.field_spec`, honouring the ``dataflow.shape`` field metadata.
 
     Raises:
         DataflowError: the metadata is not a JSON list of ints matching the field's size.

@@ -4,7 +4,7 @@ On open, the reader loads the shard's member index (see :mod:`dataflow.readers.t
 or builds and caches it: beside the shard as ``<shard>.dfidx`` when that directory is
 writable, else in ``cache_dir``. It then memory-maps the tar and collates any sample range
 with vectorized gathers: ``.npy`` fields become one ``(n, *shape)`` array, integer fields come
-from the index itself, text and bytes fields become :class:`~dataflow.columns.Ragged` columns.
+from the index itself, text and bytes fields become :class:`~dataflow.batch.Ragged` columns.
 
 A tar that cannot be memory-mapped in place (gzipped, or remote) is first decompressed or
 downloaded once into ``cache_dir`` as an uncompressed copy, kept next to a record of the
@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from dataflow.columns import Batch, Column, Ragged
+from dataflow.batch import Batch, Column, Ragged
 from dataflow.errors import ShardReadError
 from dataflow.readers.base import ShardReader
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic

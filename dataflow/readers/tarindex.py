@@ -24,7 +24,7 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
-from dataflow.columns import FieldSpec, Schema, schema_from_json, schema_to_json
+from dataflow.batch import FieldSpec, Schema, schema_from_json, schema_to_json
 from dataflow.errors import ShardReadError
 from dataflow.readers.tarwalk import Member, walk
 

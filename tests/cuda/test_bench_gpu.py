@@ -6,10 +6,9 @@ import time
 
 import pytest
 import torch
-
-from bench.loop import measure
-from bench.steps import GpuStep
-from bench.transfer import CopyToDevice
+from dataflow.bench.loop import measure
+from dataflow.bench.steps import GpuStep
+from dataflow.bench.transfer import CopyToDevice
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

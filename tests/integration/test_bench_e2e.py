@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from bench.data import ensure_demo, load
-from bench.procs import descendants
-from bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
+from dataflow.bench.data import ensure_demo, load
+from dataflow.bench.procs import descendants
+from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 SHARDS, PER_SHARD = 4, 100
@@ -60,7 +59,8 @@ def test_demo_data_is_cached(tmp_path):
 def test_bench_runs_dataflow_and_torch_end_to_end(tmp_path):
     out = tmp_path / "out"
     steps, batch = 20, 16
-    cmd = [sys.executable, "-m", "bench", "run", "--format", "tar", "--shards", str(SHARDS),
+    cmd = [sys.executable, "-m", "dataflow.bench", "run", "--format", "tar",
+           "--shards", str(SHARDS),
            "--samples-per-shard", str(PER_SHARD), "--loaders", "dataflow,torch,streaming",
            "--batch-size", str(batch), "--steps", str(steps), "--warmup", "2", "--repeats", "1",
            "--step-ms", "2", "--out", str(out), "--tag", "e2e", "--markdown"]
@@ -107,7 +107,7 @@ def _tar_with_hard_links(out: Path, samples: int) -> Path:
 def test_a_loader_raising_any_exception_is_reported_failed(tmp_path):
     data = _tar_with_hard_links(tmp_path, 40)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "bench", "run", str(data), "--loaders", "dataflow,torch",
+    cmd = [sys.executable, "-m", "dataflow.bench", "run", str(data), "--loaders", "dataflow,torch",
            "--batch-size", "8", "--steps", "5", "--warmup", "1", "--repeats", "1",
            "--step-ms", "0", "--servers", "1", "--out", str(out), "--tag", "fail"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=80)
@@ -125,7 +125,7 @@ def _servers_below(pid: int) -> list[int]:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"server" in cmdline[1:3]:
+        if any(b"dataflow.server" in part for part in cmdline[1:3]):
             found.append(child)
     return found
 
@@ -133,7 +133,7 @@ def _servers_below(pid: int) -> list[int]:
 @pytest.mark.timeout(90)
 def test_sigterm_stops_the_servers_the_bench_started(tmp_path):
     data = ensure_demo(str(tmp_path / "demo"), fmt="tar", shards=2, samples_per_shard=50)
-    cmd = [sys.executable, "-m", "bench", "run", data, "--loaders", "dataflow",
+    cmd = [sys.executable, "-m", "dataflow.bench", "run", data, "--loaders", "dataflow",
            "--batch-size", "8", "--steps", "100000", "--warmup", "1", "--repeats", "1",
            "--step-ms", "5", "--servers", "1", "--out", str(tmp_path / "out")]
     bench = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,

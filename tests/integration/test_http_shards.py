@@ -14,8 +14,8 @@ import pytest
 
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardReadError
-from dataflow.index import build_index
 from dataflow.readers import open_shard
+from dataflow.scan import build_index
 
 
 @pytest.fixture

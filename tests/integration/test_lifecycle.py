@@ -11,12 +11,11 @@ import textwrap
 import time
 
 import pytest
+from dataflow.client import DataLoader
+from dataflow.server import launch
 from srvtools import pid_alive
 
-from client import DataLoader
 from dataflow.errors import ServerUnavailable
-from server import launch
-from server.launch import REPO_ROOT
 
 
 @pytest.mark.timeout(60)
@@ -53,7 +52,7 @@ def test_dead_worker_is_replaced(demo_data, servers, raw_client) -> None:
 
 _LAUNCHER = textwrap.dedent("""
     import json, sys
-    from server import launch
+    from dataflow.server import launch
     handle = launch(sys.argv[1:], workers=1, timeout=60)
     print(json.dumps([handle.pid, *handle.ready["worker_pids"]]), flush=True)
     sys.stdin.read()
@@ -61,10 +60,10 @@ _LAUNCHER = textwrap.dedent("""
 
 
 @pytest.mark.timeout(60)
-def test_launched_server_exits_when_its_launcher_is_killed(demo_data) -> None:
+def test_launched_server_exits_when_its_launcher_is_killed(tmp_path, demo_data) -> None:
     demo = demo_data("arrow")
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, *map(str, demo.paths)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
     pids: list[int] = []
     try:
         pids = json.loads(launcher.stdout.readline())

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from dataflow.client import DataLoader
 from srvtools import rss_bytes
 
-from client import DataLoader
 from dataflow import wire
-from server.launch import REPO_ROOT
 
 
 def _wait_for(pred, timeout: float, what: str) -> None:
@@ -68,7 +67,7 @@ def test_stalled_client_does_not_grow_server_memory(demo_data, servers, raw_clie
 
 _KILLED_CLIENT = textwrap.dedent("""
     import sys
-    from client import DataLoader
+    from dataflow.client import DataLoader
     with DataLoader(sys.argv[1], batch_size=4, rank=0, world_size=1, prefetch=8) as dl:
         for i, _ in enumerate(dl):
             if i == 2:
@@ -78,11 +77,11 @@ _KILLED_CLIENT = textwrap.dedent("""
 
 
 @pytest.mark.timeout(60)
-def test_killed_client_state_is_freed(demo_data, servers, raw_client) -> None:
+def test_killed_client_state_is_freed(tmp_path, demo_data, servers, raw_client) -> None:
     demo = demo_data("arrow")
     server = servers([str(p) for p in demo.paths], extra_args=["--client-ttl", "1.5"])
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT, server.endpoint],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
     try:
         assert proc.stdout.readline().strip() == b"streaming"
         probe = raw_client(server.endpoint)

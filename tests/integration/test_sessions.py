@@ -18,17 +18,16 @@ import textwrap
 import time
 
 import pytest
+from dataflow.client import DataLoader
+from dataflow.server import launch
 
-from client import DataLoader
 from dataflow.errors import ServerUnavailable
-from server import launch
-from server.launch import REPO_ROOT
 
 TTL = "1"
 
 _BLOCKED_IO_THREAD = textwrap.dedent("""
     import gc, subprocess, sys, threading, time
-    from client import DataLoader
+    from dataflow.client import DataLoader
 
     class JoinsChildInFinalizer:
         '''Cyclic garbage whose finalizer waits for a real child process, like torch's
@@ -66,12 +65,12 @@ _BLOCKED_IO_THREAD = textwrap.dedent("""
 
 
 @pytest.mark.timeout(60)
-def test_session_survives_io_thread_blocked_by_foreign_finalizer(demo_data, servers,
+def test_session_survives_io_thread_blocked_by_foreign_finalizer(tmp_path, demo_data, servers,
                                                                  raw_client) -> None:
     demo = demo_data("arrow")
     server = servers([str(p) for p in demo.paths], extra_args=["--client-ttl", TTL])
     done = subprocess.run([sys.executable, "-c", _BLOCKED_IO_THREAD, server.endpoint, "3"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=50)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "finalizer ran on dataflow-client-io" in done.stdout, done.stdout
     assert f"ids {demo.total} {demo.total}" in done.stdout, done.stdout

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from dataflow.bench.__main__ import build_parser, config_from_args, main
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.sweep import point_config
 
-from bench.__main__ import build_parser, config_from_args, main
-from bench.config import BenchConfig
-from bench.sweep import point_config
 from dataflow.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,10 +80,10 @@ def test_cli_bad_data_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.timeout(60)
 def test_help_works_from_the_command_line():
-    done = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "dataflow.bench", "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "usage: python -m bench" in done.stdout
+    assert "usage: python -m dataflow.bench" in done.stdout
     assert "GPU-idle" in done.stdout
 
 

@@ -10,12 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-
-from bench.config import BenchConfig
-from bench.data import BenchData
-from bench.loop import Measurement
-from bench.plot import plot_run, plot_sweep
-from bench.procs import (
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.data import BenchData
+from dataflow.bench.loop import Measurement
+from dataflow.bench.plot import plot_run, plot_sweep
+from dataflow.bench.procs import (
     _is_loopback,
     cpu_delta,
     cpu_seconds,
@@ -25,8 +24,8 @@ from bench.procs import (
     peak_rss_bytes,
     total_peak_rss,
 )
-from bench.report import format_table, machine_info, summary_rows, to_json, write_json
-from bench.runner import BenchOutcome, RunResult, median_figures
+from dataflow.bench.report import format_table, machine_info, summary_rows, to_json, write_json
+from dataflow.bench.runner import BenchOutcome, RunResult, median_figures
 
 STEPS = 10
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dataflow.client.buffers import ALIGN, HostSink, layout, typed_views
+from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
 
-from client.buffers import ALIGN, HostSink, layout, typed_views
-from client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
 from dataflow import wire
 from dataflow.errors import ConfigError
 

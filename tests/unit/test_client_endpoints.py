@@ -1,8 +1,7 @@
 """Reader data endpoints advertised with a wildcard host are reached at the server's host."""
 
 import pytest
-
-from client.transport import reachable
+from dataflow.client.transport import reachable
 
 
 @pytest.mark.parametrize(

@@ -6,17 +6,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dataflow.columns import (
+from dataflow.batch import (
     FieldSpec,
     Ragged,
     batch_len,
     concat,
-    from_arrow,
     schema_from_json,
-    schema_of_arrow,
     schema_to_json,
     slice_batch,
 )
+from dataflow.convert import from_arrow, schema_of_arrow
 from dataflow.errors import DataflowError
 
 

@@ -12,8 +12,8 @@ import pytest
 from dataflow.__main__ import main
 from dataflow.demo import DemoSpec, make_demo, shard_sizes
 from dataflow.errors import ConfigError
-from dataflow.index import build_index
 from dataflow.readers import open_shard
+from dataflow.scan import build_index
 
 
 def _digest(directory: str) -> str:
@@ -64,11 +64,19 @@ def test_same_spec_same_bytes(tmp_path, fmt: str) -> None:
     assert _digest(str(tmp_path / "a")) == _digest(str(tmp_path / "b"))
 
 
-def test_progress_bar_is_written(tmp_path) -> None:
-    out = io.StringIO()
-    make_demo(str(tmp_path), DemoSpec(shards=3, samples_per_shard=4, image_shape=(1,)),
-              progress=out)
-    assert out.getvalue().endswith("3/3\n") and "\r" in out.getvalue()
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path) -> None:
+    spec = DemoSpec(shards=3, samples_per_shard=4, image_shape=(1,))
+    tty = _Terminal()
+    make_demo(str(tmp_path / "a"), spec, progress=tty)
+    assert "3/3" in tty.getvalue() and "\r" in tty.getvalue()
+    piped = io.StringIO()
+    make_demo(str(tmp_path / "b"), spec, progress=piped)
+    assert piped.getvalue() == ""
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
@@ -86,7 +94,7 @@ def test_cli_make_demo_and_read(tmp_path, capsys) -> None:
     assert main(["make-demo", out, "--format", "tar", "--shards", "3", "--samples-per-shard",
                  "10", "--even", "--image-shape", "2,2", "--seed", "4"]) == 0
     captured = capsys.readouterr()
-    assert "3 shard(s), 30 samples" in captured.out and "3/3" in captured.err
+    assert "3 shard(s), 30 samples" in captured.out and "\r" not in captured.err
     assert main(["read", out, "--batch-size", "7", "--cache-dir", str(tmp_path / "c")]) == 0
     assert "read: 30 samples" in capsys.readouterr().out
     assert main(["read", str(tmp_path / "nothing*")]) == 1

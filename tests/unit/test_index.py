@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dataflow.columns import FieldSpec
+from dataflow.batch import FieldSpec
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ConfigError, SchemaMismatchError, ShardReadError, SpecError
-from dataflow.index import DatasetIndex, build_index
+from dataflow.index import DatasetIndex
+from dataflow.scan import build_index
 
 
 def _arrow(path: str, **cols) -> str:

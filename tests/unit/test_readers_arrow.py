@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dataflow.columns import FieldSpec
+from dataflow.batch import FieldSpec
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardReadError
 from dataflow.readers import ArrowFileReader, ArrowStreamReader, open_shard

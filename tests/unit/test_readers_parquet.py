@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataflow.columns import FieldSpec
+from dataflow.batch import FieldSpec
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardReadError
 from dataflow.readers import ParquetReader, open_shard

@@ -15,7 +15,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from dataflow.columns import FieldSpec
+from dataflow.batch import FieldSpec
 from dataflow.demo import DemoSpec, demo_samples, make_demo
 from dataflow.errors import ShardReadError
 from dataflow.readers import TarReader, open_shard

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dataflow import wire
-from dataflow.columns import Ragged
+from dataflow.batch import Ragged
 from dataflow.errors import ProtocolError
 
 

@@ -1,0 +1,58 @@
+"""Build a :class:`~dataflow.index.DatasetIndex` by opening every shard of a dataset."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from dataflow.batch import Schema
+from dataflow.errors import ConfigError
+from dataflow.index import DatasetIndex, check_schemas
+from dataflow.readers import open_shard
+from dataflow.readers.base import check_on_error
+from dataflow.sources import resolve
+
+log = logging.getLogger(__name__)
+
+MAX_OPEN_WORKERS = 8
+
+
+def _count(url: str, cache_dir: str | None, on_error: str) -> tuple[int, Schema, int]:
+    with open_shard(url, cache_dir=cache_dir, on_error=on_error) as r:
+        return len(r), r.schema, r.skipped
+
+
+def build_index(
+    specs: str | Sequence[str],
+    *,
+    cache_dir: str | None = None,
+    on_error: str = "raise",
+    max_workers: int = MAX_OPEN_WORKERS,
+) -> DatasetIndex:
+    """Resolve specs, open every shard (in a bounded thread pool), count and check schemas.
+
+    Args:
+        specs: dataset spec(s), see :func:`dataflow.sources.resolve`.
+        cache_dir: passed to :func:`dataflow.readers.open_shard`.
+        on_error: passed to :func:`dataflow.readers.open_shard`; skipped samples are logged.
+        max_workers: most shards opened at once.
+
+    Raises:
+        SpecError: a spec matches nothing.
+        ShardReadError: a shard cannot be read.
+        SchemaMismatchError: two shards disagree on a field.
+        ConfigError: ``on_error`` or ``max_workers`` is invalid.
+    """
+    check_on_error(on_error)
+    if max_workers < 1:
+        raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
+    shards = resolve(specs)
+    with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
+        results = list(pool.map(lambda u: _count(u, cache_dir, on_error), shards))
+    skipped = sum(r[2] for r in results)
+    if skipped:
+        log.warning("%d bad sample(s) skipped across %d shard(s)", skipped, len(shards))
+    sizes = tuple(r[0] for r in results)
+    schema = check_schemas(shards, [r[1] for r in results], sizes)
+    return DatasetIndex(tuple(shards), sizes, schema)
