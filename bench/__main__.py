@@ -12,7 +12,6 @@ from dataflow.bench.config import LOADERS, STEP_MODES, BenchConfig
 from dataflow.bench.data import ensure_demo
 from dataflow.bench.session import run_config
 from dataflow.bench.sweep import AXES, run_sweep
-
 from dataflow.demo import FORMATS
 from dataflow.errors import DataflowError
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import torch
+
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.procs import descendants

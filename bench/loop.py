@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from dataflow.bench.steps import Step
 
+from dataflow.bench.steps import Step
 from dataflow.errors import DataflowError
 
 Batch = Mapping[str, object]

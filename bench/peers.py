@@ -23,13 +23,13 @@ from functools import partial
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
+
+from dataflow.batch import Ragged
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.loaders import ReiterableRun
 from dataflow.bench.procs import descendants, non_loopback_listeners
-from torch.utils.data import default_collate
-
-from dataflow.batch import Ragged
 from dataflow.errors import DataflowError
 from dataflow.readers import open_shard
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.runner import BenchOutcome, median_figures

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.loaders import DataflowRun, LoaderRun, TorchRun

@@ -21,7 +21,6 @@ from dataflow.bench.plot import MISSING, plot_sweep
 from dataflow.bench.report import write_json
 from dataflow.bench.runner import Progress
 from dataflow.bench.session import run_config
-
 from dataflow.errors import ConfigError
 
 AXES = ("step-ms", "servers")

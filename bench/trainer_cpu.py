@@ -24,12 +24,12 @@ import warnings
 from collections.abc import Iterable
 
 import torch
+
 from dataflow.bench.torch_datasets import ArrowMapDataset
 from dataflow.client import DataLoader
-from dataflow.server import launch
-
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.scan import build_index
+from dataflow.server import launch
 
 
 def _cpu() -> float:

@@ -22,6 +22,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import zmq
+
 from dataflow.client import DataLoader
 from dataflow.server import launch
 

@@ -10,10 +10,10 @@ from types import TracebackType
 from typing import Any
 
 import torch
+
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
 from dataflow.client.transport import IOThread, Item
-
 from dataflow.errors import DataflowError
 from dataflow.index import DatasetIndex
 from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, epoch_size, plan, split_batches

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
-from dataflow.client.buffers import HostSink, Landing, Ready
 
 from dataflow import wire
+from dataflow.client.buffers import HostSink, Landing, Ready
 from dataflow.errors import DataflowError, ProtocolError, RemoteError, ServerUnavailable
 from dataflow.plan import Range
 

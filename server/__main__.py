@@ -12,14 +12,14 @@ import tempfile
 from collections.abc import Sequence
 
 import zmq
+
+from dataflow.errors import DataflowError
+from dataflow.scan import build_index
 from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import Frontend
 from dataflow.server.pool import WorkerPool
 from dataflow.server.transform import load_transform
 from dataflow.server.worker import WorkerSpec
-
-from dataflow.errors import DataflowError
-from dataflow.scan import build_index
 
 log = logging.getLogger("dataflow.server")
 

@@ -29,15 +29,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import zmq
+
+from dataflow import wire
+from dataflow.errors import ProtocolError
+from dataflow.index import DatasetIndex
 from dataflow.server.config import ServerConfig
 from dataflow.server.framing import recv_bounded
 from dataflow.server.pool import Task, WorkerPool
 from dataflow.server.sessions import Session, Sessions
 from dataflow.server.worker import READY, SENT
-
-from dataflow import wire
-from dataflow.errors import ProtocolError
-from dataflow.index import DatasetIndex
 
 log = logging.getLogger("dataflow.server")
 

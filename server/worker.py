@@ -41,13 +41,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import zmq
-from dataflow.server.framing import recv_bounded
-from dataflow.server.transform import Transform, apply_transform, load_transform
 
 from dataflow import wire
 from dataflow.batch import Batch, concat
 from dataflow.errors import DataflowError, ProtocolError
 from dataflow.readers import ShardReader, open_shard
+from dataflow.server.framing import recv_bounded
+from dataflow.server.transform import Transform, apply_transform, load_transform
 
 READY = b"READY"
 SENT = b"SENT"

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+
 from dataflow.bench.loop import measure
 from dataflow.bench.steps import GpuStep
 from dataflow.bench.transfer import CopyToDevice

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dataflow.client import DataLoader
-from dataflow.server import launch
 
+from dataflow.client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
+from dataflow.server import launch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

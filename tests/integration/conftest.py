@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from dataflow.server import ServerHandle, launch
 from srvtools import RawClient
 
 from dataflow.demo import DemoResult, DemoSpec, make_demo
+from dataflow.server import ServerHandle, launch
 
 SMALL_IMAGE = (3, 8, 8)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dataflow.bench.data import ensure_demo, load
 from dataflow.bench.procs import descendants
 from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline

@@ -6,8 +6,8 @@ import threading
 from collections import Counter
 
 import pytest
-from dataflow.client import DataLoader
 
+from dataflow.client import DataLoader
 from dataflow.plan import epoch_size
 
 WORLD = 3

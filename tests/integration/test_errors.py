@@ -10,11 +10,11 @@ import time
 
 import pytest
 import zmq
-from dataflow.client import DataLoader
-from dataflow.server import launch
 from srvtools import pid_alive, repo_env
 
+from dataflow.client import DataLoader
 from dataflow.errors import RemoteError, ServerUnavailable
+from dataflow.server import launch
 
 TRANSFORM = '''
 def fail_on_big_id(batch):

@@ -11,11 +11,11 @@ import textwrap
 import time
 
 import pytest
-from dataflow.client import DataLoader
-from dataflow.server import launch
 from srvtools import pid_alive
 
+from dataflow.client import DataLoader
 from dataflow.errors import ServerUnavailable
+from dataflow.server import launch
 
 
 @pytest.mark.timeout(60)

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from dataflow.server import launch
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from dataflow.client import DataLoader
 
+from dataflow.client import DataLoader
 from dataflow.errors import DataflowError
 
 KW = dict(batch_size=8, rank=1, world_size=2, seed=3, timeout=20)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from dataflow.client import DataLoader
 from srvtools import rss_bytes
 
 from dataflow import wire
+from dataflow.client import DataLoader
 
 
 def _wait_for(pred, timeout: float, what: str) -> None:

@@ -18,10 +18,10 @@ import textwrap
 import time
 
 import pytest
-from dataflow.client import DataLoader
-from dataflow.server import launch
 
+from dataflow.client import DataLoader
 from dataflow.errors import ServerUnavailable
+from dataflow.server import launch
 
 TTL = "1"
 

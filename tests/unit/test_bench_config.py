@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from dataflow.bench.__main__ import build_parser, config_from_args, main
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.sweep import point_config
-
 from dataflow.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,10 +8,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 import torch
+
 from dataflow.bench.loop import batch_size_of, gpu_split, measure
 from dataflow.bench.steps import CpuStep, SleepStep, make_step, resolve_mode
 from dataflow.bench.transfer import identity
-
 from dataflow.errors import ConfigError, DataflowError
 
 BATCH = 8

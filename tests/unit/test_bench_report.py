@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.loop import Measurement

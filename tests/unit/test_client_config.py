@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dataflow.client.buffers import ALIGN, HostSink, layout, typed_views
-from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
 
 from dataflow import wire
+from dataflow.client.buffers import ALIGN, HostSink, layout, typed_views
+from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
 from dataflow.errors import ConfigError
 
 

@@ -1,6 +1,7 @@
 """Reader data endpoints advertised with a wildcard host are reached at the server's host."""
 
 import pytest
+
 from dataflow.client.transport import reachable
 
 
