@@ -2,27 +2,36 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# torch first, pinned, so that no install step pulls another (CUDA) build from the registry.
-TORCH_SPEC ?= torch==2.13.0
+# The torch pin, in one place: torch is installed first from it, and every later install runs
+# under it (PIP_CONSTRAINT), so resolving the extras cannot pull another (CUDA) build.
+# Another torch: make CONSTRAINTS=path/to/constraints.txt
+CONSTRAINTS ?= .ci/constraints.txt
+LINT_PATHS := dataflow server client bench tests .ci
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint ruff typecheck clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[client,bench,dev]"
+	PIP_CONSTRAINT="$(abspath $(CONSTRAINTS))" $(BIN)/python -m pip install -q torch
+	PIP_CONSTRAINT="$(abspath $(CONSTRAINTS))" $(BIN)/python -m pip install -q -e ".[client,bench,dev]"
 	touch $@
 
 demo: setup
 	$(BIN)/python -m dataflow.bench demo --out bench-out
 
-test: setup
+test: lint
 	$(BIN)/python -m pytest tests -q -p no:cacheprovider
 
-lint: setup
-	$(BIN)/ruff check dataflow server client bench tests
+lint: ruff typecheck
+
+ruff: setup
+	$(BIN)/ruff check $(LINT_PATHS)
+
+# mypy over the package as installed (server/ as dataflow.server, ...): see .ci/typecheck.py.
+typecheck: setup
+	$(BIN)/python .ci/typecheck.py
 
 clean:
 	rm -rf $(VENV) bench-out build *.egg-info

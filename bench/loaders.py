@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Generator, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+from torch.utils.data import Dataset
 
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.procs import descendants
 from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
+from dataflow.errors import LoaderClosedError
 
-Batch = dict[str, object]
+if TYPE_CHECKING:
+    from dataflow.client import DataLoader
+    from dataflow.server import ServerHandle
+
+Batch = Mapping[str, object]
 
 
 class LoaderRun(Protocol):
@@ -58,8 +64,8 @@ class DataflowRun:
         from dataflow.client import DataLoader
         from dataflow.server.launch import launch
 
-        self._handles = []
-        self._loader = None
+        self._handles: list[ServerHandle] = []
+        self._loader: DataLoader | None = None
         try:
             if cfg.endpoints:
                 endpoints = list(cfg.endpoints)
@@ -82,10 +88,17 @@ class DataflowRun:
             raise
 
     def batches(self) -> Iterator[Batch]:
+        loader = self._loader
+        if loader is None:
+            raise LoaderClosedError("the dataflow bench loader is closed")
+        return self._epochs(loader)
+
+    @staticmethod
+    def _epochs(loader: DataLoader) -> Iterator[Batch]:
         epoch = 0
         while True:
-            self._loader.set_epoch(epoch)
-            yield from self._loader
+            loader.set_epoch(epoch)
+            yield from loader
             epoch += 1
 
     def pids(self) -> list[int]:
@@ -111,16 +124,19 @@ class ReiterableRun:
 
     def __init__(self) -> None:
         self._before = set(descendants([os.getpid()]))
-        self._epochs: Iterator[Batch] | None = None
-        self._loader: object = None
+        self._epochs: Generator[Batch, None, None] | None = None
+        self._loader: Iterable[Batch] | None = None
 
     def batches(self) -> Iterator[Batch]:
-        self._epochs = self._run_epochs()
+        if self._loader is None:
+            raise LoaderClosedError(f"the {self.name} bench loader is closed")
+        self._epochs = self._run_epochs(self._loader)
         return self._epochs
 
-    def _run_epochs(self) -> Iterator[Batch]:
+    @staticmethod
+    def _run_epochs(loader: Iterable[Batch]) -> Generator[Batch, None, None]:
         while True:
-            yield from self._loader
+            yield from loader
 
     def pids(self) -> list[int]:
         return [p for p in descendants([os.getpid()]) if p not in self._before]
@@ -147,20 +163,24 @@ class TorchRun(ReiterableRun):
     def __init__(self, cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> None:
         super().__init__()
         prefetch_factor = max(1, math.ceil(cfg.prefetch / cfg.workers))
-        common = dict(num_workers=cfg.workers, pin_memory=pin_memory, persistent_workers=True,
-                      prefetch_factor=prefetch_factor, timeout=cfg.timeout_s)
+        dataset: Dataset
+        batch_size: int | None
+        shuffle: bool | None
+        generator: torch.Generator | None
         if data.fmt in ("tar", "tar.gz"):
-            pipeline = webdataset_pipeline(data.shards, data.schema, batch_size=cfg.batch_size,
-                                           shuffle=cfg.shuffle, seed=cfg.seed)
-            self._loader = torch.utils.data.DataLoader(pipeline, batch_size=None, **common)
+            dataset = webdataset_pipeline(data.shards, data.schema, batch_size=cfg.batch_size,
+                                          shuffle=cfg.shuffle, seed=cfg.seed)
+            batch_size, shuffle, generator = None, None, None
             kind = "webdataset pipeline"
         else:
             dataset = ArrowMapDataset(data.shards, data.sizes, data.schema, data.fmt)
+            batch_size, shuffle = cfg.batch_size, cfg.shuffle
             generator = torch.Generator().manual_seed(cfg.seed)
-            self._loader = torch.utils.data.DataLoader(
-                dataset, batch_size=cfg.batch_size, shuffle=cfg.shuffle, generator=generator,
-                **common,
-            )
             kind = "map-style Arrow dataset"
+        self._loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+            num_workers=cfg.workers, pin_memory=pin_memory, persistent_workers=True,
+            prefetch_factor=prefetch_factor, timeout=cfg.timeout_s,
+        )
         self.description = (f"DataLoader({kind}, num_workers={cfg.workers}, "
                             f"prefetch_factor={prefetch_factor}, pin_memory={pin_memory})")

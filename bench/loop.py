@@ -38,6 +38,7 @@ from dataflow.errors import DataflowError
 
 Batch = Mapping[str, object]
 ToDevice = Callable[[Batch], Batch]
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,10 @@ def batch_size_of(batch: Batch) -> int:
         DataflowError: the batch has no field with a length.
     """
     if "id" in batch and hasattr(batch["id"], "__len__"):
-        return len(batch["id"])  # type: ignore[arg-type]
+        return len(batch["id"])
     for value in batch.values():
         if hasattr(value, "__len__"):
-            return len(value)  # type: ignore[arg-type]
+            return len(value)
     raise DataflowError(f"batch has no field with a length; fields: {sorted(batch)}")
 
 
@@ -127,6 +128,10 @@ def gpu_split(
     return wait / 1e3, transfer / 1e3, step / 1e3, wall / 1e3
 
 
+def _timed_event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
+
+
 class _Clocks:
     """Host-side per-step records of one run."""
 
@@ -148,6 +153,8 @@ def measure(
     inflight: int = 2,
     on_step: Callable[[int, int], None] | None = None,
     on_window: Callable[[str], None] | None = None,
+    clock: Clock = time.perf_counter,
+    cpu_clock: Clock = time.process_time,
 ) -> Measurement:
     """Run ``warmup + steps`` training steps on batches from ``batches`` and account for time.
 
@@ -162,6 +169,8 @@ def measure(
         on_step: called as ``on_step(i, total)`` after each step (progress display).
         on_window: called with ``"start"`` and ``"end"`` at the edges of the measured window
             (the caller snapshots loader-process counters there).
+        clock: host wall clock, seconds (tests inject a fake one to get exact figures).
+        cpu_clock: the trainer process's CPU clock, seconds.
 
     Returns:
         The :class:`Measurement` of the measured steps.
@@ -176,9 +185,9 @@ def measure(
     clocks = _Clocks(total)
     events: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event]] = []
     if gpu:
-        reference = torch.cuda.Event(enable_timing=True)
+        reference = _timed_event()
         reference.record()
-    created = time.perf_counter()
+    created = clock()
     it = iter(batches)
     ttfb = cpu0 = t_start = 0.0
     for i in range(total):
@@ -186,11 +195,11 @@ def measure(
             # Snapshots first: their host time must not show as GPU idle in the first step.
             if on_window is not None:
                 on_window("start")
-            cpu0 = time.process_time()
+            cpu0 = cpu_clock()
             if gpu:
                 torch.cuda.synchronize()
-            t_start = time.perf_counter()
-        t0 = time.perf_counter()
+            t_start = clock()
+        t0 = clock()
         try:
             batch = next(it)
         except StopIteration:
@@ -198,7 +207,7 @@ def measure(
                 f"the loader ended after {i} batches; the bench needs {total} "
                 f"(warmup {warmup} + steps {steps})"
             ) from None
-        t1 = time.perf_counter()
+        t1 = clock()
         if i == 0:
             ttfb = t1 - created
         clocks.host_wait[i] = t1 - t0
@@ -208,7 +217,7 @@ def measure(
             if ids is not None:
                 clocks.ids.append(ids)
         if gpu:
-            marks = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3))
+            marks = (_timed_event(), _timed_event(), _timed_event())
             marks[0].record()
             on_device = to_device(batch)
             marks[1].record()
@@ -218,18 +227,18 @@ def measure(
             if i >= inflight:
                 events[i - inflight][2].synchronize()
         else:
-            t_copy = time.perf_counter()
+            t_copy = clock()
             on_device = to_device(batch)
-            t2 = time.perf_counter()
+            t2 = clock()
             step(on_device)
             clocks.transfer[i] = t2 - t_copy
-            clocks.step[i] = time.perf_counter() - t2
+            clocks.step[i] = clock() - t2
         if on_step is not None:
             on_step(i + 1, total)
     if gpu:
         torch.cuda.synchronize()
-    wall = time.perf_counter() - t_start
-    trainer_cpu = time.process_time() - cpu0
+    wall = clock() - t_start
+    trainer_cpu = cpu_clock() - cpu0
     if on_window is not None:
         on_window("end")
     measured = slice(warmup, None)

@@ -17,9 +17,10 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol, TypedDict
 
 import numpy as np
 import torch
@@ -28,12 +29,11 @@ from torch.utils.data import default_collate
 from dataflow.batch import Ragged
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
-from dataflow.bench.loaders import ReiterableRun
+from dataflow.bench.loaders import Batch, LoaderRun, ReiterableRun
 from dataflow.bench.procs import descendants, non_loopback_listeners
 from dataflow.errors import DataflowError
 from dataflow.readers import open_shard
 
-Batch = dict[str, object]
 _DONE_MARKER = "bench-converted.json"
 
 
@@ -71,20 +71,28 @@ def _cached(cfg: BenchConfig, data: BenchData, peer: str,
     return {"path": path, "seconds": seconds, "cached": False}
 
 
-def _collate_host(samples: list[dict[str, object]]) -> Batch:
+def _collate_host(samples: list[dict[str, object]]) -> dict[str, object]:
     return default_collate(samples)
 
 
-def _loader_kwargs(cfg: BenchConfig, pin_memory: bool) -> dict[str, object]:
-    return dict(batch_size=cfg.batch_size, num_workers=cfg.workers, pin_memory=pin_memory,
-                persistent_workers=True, prefetch_factor=max(1, math.ceil(cfg.prefetch /
-                                                                          cfg.workers)))
+class _LoaderKwargs(TypedDict):
+    batch_size: int
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int
+
+
+def _loader_kwargs(cfg: BenchConfig, pin_memory: bool) -> _LoaderKwargs:
+    return _LoaderKwargs(batch_size=cfg.batch_size, num_workers=cfg.workers,
+                         pin_memory=pin_memory, persistent_workers=True,
+                         prefetch_factor=max(1, math.ceil(cfg.prefetch / cfg.workers)))
 
 
 class _TorchLoaderPeer(ReiterableRun):
     """A peer whose loader is a torch-style DataLoader over its own dataset class."""
 
-    def __init__(self, name: str, loader: object, description: str) -> None:
+    def __init__(self, name: str, loader: Iterable[Batch], description: str) -> None:
         super().__init__()
         self.name = name
         self.description = description
@@ -194,8 +202,8 @@ def _ray_prepare(cfg: BenchConfig, data: BenchData) -> dict[str, object]:
     return _cached(cfg, data, "ray", convert)
 
 
-def _ray_collate(cfg_pin: bool, batch: dict[str, np.ndarray]) -> Batch:
-    out: Batch = {}
+def _ray_collate(cfg_pin: bool, batch: dict[str, np.ndarray]) -> dict[str, object]:
+    out: dict[str, object] = {}
     for name, values in batch.items():
         if values.dtype == object:
             out[name] = list(values)
@@ -253,6 +261,13 @@ class RayRun:
         self._ray = None
 
 
+class OpenPeer(Protocol):
+    """Opens a peer's loader over its converted data."""
+
+    def __call__(self, cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> LoaderRun:
+        """The opened loader (``prepare`` has run or runs first, cached)."""
+
+
 @dataclass(frozen=True)
 class Peer:
     """A peer loader.
@@ -267,7 +282,7 @@ class Peer:
     module: str
     install: str
     prepare: Callable[[BenchConfig, BenchData], dict[str, object]]
-    open: Callable[..., object]
+    open: OpenPeer
 
 
 PEERS: dict[str, Peer] = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 MISSING = "matplotlib is not installed; skipping the PNG (pip install 'dataflow[plot]')"
 
@@ -19,12 +20,12 @@ def _pyplot():
     return plt
 
 
-def _median_run(loader: Mapping[str, object]) -> Mapping[str, object]:
+def _median_run(loader: Mapping[str, Any]) -> Mapping[str, Any]:
     runs = sorted(loader["runs"], key=lambda r: r["figures"]["samples_per_s"])
     return runs[len(runs) // 2]
 
 
-def plot_run(doc: Mapping[str, object], path: str) -> str | None:
+def plot_run(doc: Mapping[str, Any], path: str) -> str | None:
     """Per-step wait over time for each loader, and bars of GPU-idle fraction and samples/s.
 
     Args:

@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -195,14 +196,14 @@ def main(argv: list[str] | None = None) -> None:
         bs, rep = args.batch_size, args.repeats
         rows: list[tuple[Result, Result | None]] = []
         for name, stream in [("arrow-file", False), ("arrow-stream", True)]:
+            paths = data[name]
             base = best_of(rep, f"pyarrow read_all ({name})",
-                           lambda s=stream, n=name: pyarrow_ipc(data[n], s, False))
+                           partial(pyarrow_ipc, paths, stream, False))
             flat = best_of(rep, f"pyarrow read_all + combine_chunks ({name})",
-                           lambda s=stream, n=name: pyarrow_ipc(data[n], s, True))
-            ours = best_of(rep, f"dataflow {name}", lambda n=name: dataflow_read(data[n], bs,
-                                                                                cache))
+                           partial(pyarrow_ipc, paths, stream, True))
+            ours = best_of(rep, f"dataflow {name}", partial(dataflow_read, paths, bs, cache))
             aligned = best_of(rep, f"dataflow {name}, reads of {ROWS_PER_CHUNK} (zero-copy)",
-                              lambda n=name: dataflow_read(data[n], ROWS_PER_CHUNK, cache))
+                              partial(dataflow_read, paths, ROWS_PER_CHUNK, cache))
             rows += [(base, None), (flat, None), (ours, base), (ours, flat), (aligned, base)]
         base = best_of(rep, "pq.read_table (parquet)", lambda: pyarrow_parquet(data["parquet"]))
         ours = best_of(rep, "dataflow parquet", lambda: dataflow_read(data["parquet"], bs, cache))

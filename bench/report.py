@@ -7,7 +7,8 @@ import datetime
 import json
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +16,9 @@ import torch
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.runner import BenchOutcome, median_figures
+
+# A JSON object as json.dump takes it and json.load gives it back: values are not typed further.
+JsonDoc = dict[str, Any]
 
 BASELINE = "torch"
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -75,7 +79,8 @@ def summary_rows(outcome: BenchOutcome, order: Sequence[str]) -> list[list[str]]
         if name not in medians:
             continue
         f = medians[name]
-        ratio = f"{f['samples_per_s'] / base:.2f}x" if base else "n/a"
+        rate = f["samples_per_s"]
+        ratio = f"{rate / base:.2f}x" if base and rate is not None else "n/a"
         cells = [_cell(f[key], fmt) for key, _, fmt in COLUMNS]
         rows.append([name, *cells[:2], ratio, *cells[2:]])
     return rows
@@ -114,7 +119,7 @@ def _floats(a: np.ndarray, scale: float = 1.0) -> list[float]:
 
 
 def to_json(cfg: BenchConfig, data: BenchData, outcome: BenchOutcome, *, step: str,
-            page_cache: str, machine: dict[str, object]) -> dict[str, object]:
+            page_cache: str, machine: dict[str, object]) -> JsonDoc:
     """Everything about one configuration: settings, machine, medians and per-step figures.
 
     Per-step arrays are in milliseconds (``wait_ms``, ``transfer_ms``, ``step_ms``,
@@ -157,7 +162,7 @@ def to_json(cfg: BenchConfig, data: BenchData, outcome: BenchOutcome, *, step: s
     }
 
 
-def write_json(path: str, doc: dict[str, object]) -> None:
+def write_json(path: str, doc: Mapping[str, object]) -> None:
     """Write ``doc`` as indented JSON, creating the directory."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:

@@ -109,7 +109,7 @@ def median_figures(runs: list[RunResult]) -> dict[str, float | None]:
     per_run = [r.figures() for r in runs]
     out: dict[str, float | None] = {}
     for key in per_run[0]:
-        values = [f[key] for f in per_run if f[key] is not None]
+        values = [v for v in (f[key] for f in per_run) if v is not None]
         out[key] = float(np.median(values)) if values else None
     return out
 

@@ -10,7 +10,7 @@ from typing import TextIO
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData, load, warm_page_cache
 from dataflow.bench.plot import MISSING, plot_run
-from dataflow.bench.report import format_table, machine_info, to_json, write_json
+from dataflow.bench.report import JsonDoc, format_table, machine_info, to_json, write_json
 from dataflow.bench.runner import BenchOutcome, Progress, run_all
 from dataflow.bench.steps import make_step
 
@@ -26,7 +26,7 @@ class SessionResult:
         png_path: where the plot went (None without matplotlib or when not plotted).
     """
 
-    doc: dict[str, object]
+    doc: JsonDoc
     outcome: BenchOutcome
     json_path: str
     png_path: str | None

@@ -18,7 +18,7 @@ from typing import TextIO
 
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.plot import MISSING, plot_sweep
-from dataflow.bench.report import write_json
+from dataflow.bench.report import JsonDoc, write_json
 from dataflow.bench.runner import Progress
 from dataflow.bench.session import run_config
 from dataflow.errors import ConfigError
@@ -38,7 +38,7 @@ def point_config(base: BenchConfig, axis: str, value: float) -> BenchConfig:
 
 
 def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str = "sweep",
-              out: TextIO = sys.stdout, progress: Progress | None = None) -> dict[str, object]:
+              out: TextIO = sys.stdout, progress: Progress | None = None) -> JsonDoc:
     """Run ``base`` at each value of ``axis``; write ``<tag>.json`` and ``<tag>.png``.
 
     Returns:
@@ -64,8 +64,8 @@ def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str
             rate[name].append(None if failed or median is None else median["samples_per_s"])
         points.append({"value": value, "json": result.json_path,
                        "failed": result.outcome.failed})
-    doc = {"axis": axis, "values": list(values), "gpu_idle": idle, "samples_per_s": rate,
-           "points": points}
+    doc: JsonDoc = {"axis": axis, "values": list(values), "gpu_idle": idle,
+                    "samples_per_s": rate, "points": points}
     json_path = os.path.join(base.out_dir, f"{tag}.json")
     write_json(json_path, doc)
     label = "step time, ms" if axis == "step-ms" else "dataflow servers (= CPU budget / per-server)"

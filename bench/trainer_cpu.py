@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
 
     base = rows[0][1] / rows[0][3]
-    args = " ".join(argv or sys.argv[1:])
-    print(f"command: python -m dataflow.bench.trainer_cpu {args}".rstrip())
+    command = " ".join(argv or sys.argv[1:])
+    print(f"command: python -m dataflow.bench.trainer_cpu {command}".rstrip())
     print(f"{demo.total} samples in {args.shards} Arrow shards, batch {args.batch_size}, "
           f"{args.epochs} timed epochs after warm-up, CUDA available: "
           f"{torch.cuda.is_available()}")

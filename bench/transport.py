@@ -64,9 +64,11 @@ def raw_zmq(n: int, size: int) -> float:
     """Bytes/s of ``n`` raw PUSH/PULL messages of ``size`` bytes from a second process."""
     proc = subprocess.Popen([sys.executable, "-c", _PUSHER, str(n), str(size)],
                             stdout=subprocess.PIPE)
+    assert proc.stdout is not None  # stdout=PIPE
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = ctx.socket(zmq.PULL)
     try:
         port = int(proc.stdout.readline())
-        sock = zmq.Context.instance().socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVTIMEO, 30_000)
         sock.connect(f"tcp://127.0.0.1:{port}")
@@ -75,9 +77,9 @@ def raw_zmq(n: int, size: int) -> float:
         for _ in range(n - 1):
             sock.recv(copy=False)
         elapsed = time.perf_counter() - start
-        sock.close()
         return (n - 1) * size / elapsed
     finally:
+        sock.close(linger=0)
         proc.wait(30)
 
 

@@ -1,8 +1,8 @@
 """Where received batches land: host buffers, the pinned ring and host-to-device copies.
 
-A BATCH's arrays are received back to back (each aligned to :data:`ALIGN` bytes) into one
-uint8 buffer with ``recv_into``; the yielded tensors are typed views of that buffer (CPU) or of
-its device copy (CUDA).
+A BATCH's arrays are received into one uint8 buffer laid out by
+:class:`dataflow.wire.BatchLayout` (the layout the wire's decoder uses too) with ``recv_into``;
+the yielded tensors are typed views of that buffer (CPU) or of its device copy (CUDA).
 
 * :class:`HostSink` (device None or CPU): every batch gets a buffer of its own, so a batch the
   user keeps never aliases memory that is reused later. Pinned buffers come from torch's
@@ -30,7 +30,6 @@ import torch
 
 from dataflow import wire
 
-ALIGN = 64
 RING_SLOTS = 3
 POOL_ROUND = 64 * 1024
 
@@ -40,16 +39,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "uint32": torch.uint32, "uint64": torch.uint64, "float16": torch.float16,
     "float32": torch.float32, "float64": torch.float64,
 }
-
-
-def layout(arrays: Sequence[wire.ArraySpec]) -> tuple[list[int], int]:
-    """Byte offset of each array in one receive buffer, and the buffer's size in bytes."""
-    offsets = []
-    pos = 0
-    for spec in arrays:
-        offsets.append(pos)
-        pos += -(-spec.nbytes // ALIGN) * ALIGN
-    return offsets, pos
 
 
 def typed_views(buf: torch.Tensor, arrays: Sequence[wire.ArraySpec],
@@ -75,7 +64,7 @@ class Landing:
 
     host: torch.Tensor
     array: np.ndarray
-    offsets: list[int]
+    offsets: Sequence[int]
     slot: int = -1
 
 
@@ -166,13 +155,12 @@ class HostSink:
         self._pin = pin
         self.pool = HostPool(pool_capacity)
 
-    def land(self, msg: wire.BatchMsg) -> Landing:
-        offsets, total = layout(msg.arrays)
+    def land(self, layout: wire.BatchLayout) -> Landing:
         if self._pin:
-            host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+            host = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=True)
         else:
-            host = self.pool.take(total)
-        return Landing(host, host.numpy(), offsets)
+            host = self.pool.take(layout.nbytes)
+        return Landing(host, host.numpy(), layout.offsets)
 
     def finish(self, landing: Landing, msg: wire.BatchMsg) -> Ready:
         return Ready(typed_views(landing.host, msg.arrays, landing.offsets))
@@ -191,8 +179,8 @@ class CudaSink:
         self._events: list[torch.cuda.Event | None] = [None] * slots
         self._next = 0
 
-    def land(self, msg: wire.BatchMsg) -> Landing:
-        offsets, total = layout(msg.arrays)
+    def land(self, layout: wire.BatchLayout) -> Landing:
+        total = layout.nbytes
         i = self._next
         self._next = (i + 1) % len(self._slots)
         event = self._events[i]
@@ -200,10 +188,10 @@ class CudaSink:
             event.synchronize()
         slot = self._slots[i]
         if slot is None or slot.numel() < total:
-            slot = self._slots[i] = torch.empty(max(total, ALIGN), dtype=torch.uint8,
+            slot = self._slots[i] = torch.empty(max(total, wire.ALIGN), dtype=torch.uint8,
                                                 pin_memory=True)
         host = slot[:total]
-        return Landing(host, host.numpy(), offsets, i)
+        return Landing(host, host.numpy(), layout.offsets, i)
 
     def finish(self, landing: Landing, msg: wire.BatchMsg) -> Ready:
         with torch.cuda.stream(self._stream):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dataflow.errors import ConfigError
-from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
+from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WINDOW
+from dataflow.shuffle import shuffle_mode
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -46,24 +46,27 @@ def _int(name: str, value: object, minimum: int) -> None:
 class LoaderConfig:
     """Validated settings of one DataLoader (see :class:`client.DataLoader` for meanings).
 
-    ``device`` is normalized: None for CPU tensors, else a CUDA device string.
+    ``device`` is normalized: None for CPU tensors, else a CUDA device string; ``shuffle`` is
+    normalized to a mode name (True is ``"sample"``, False is ``"none"``).
     """
 
     endpoints: tuple[str, ...]
     batch_size: int
     rank: int
     world_size: int
-    shuffle: bool = True
+    shuffle: str | bool = "sample"
     seed: int = 0
     drop_last: bool = False
     device: str | None = None
     pin_memory: bool = True
     prefetch: int = 4
     timeout: float = 60.0
+    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
     block_size: int = DEFAULT_BLOCK_SIZE
     window: int = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))
         if not self.endpoints or not all(isinstance(e, str) and "://" in e
                                          for e in self.endpoints):
             raise ConfigError("`servers` must be one or more endpoints like "
@@ -78,6 +81,7 @@ class LoaderConfig:
                               f"Found: {self.rank}")
         _int("seed", self.seed, 0)
         _int("prefetch", self.prefetch, 1)
+        _int("shuffle_window", self.shuffle_window, 1)
         _int("block_size", self.block_size, 1)
         _int("window", self.window, 1)
         if not self.timeout > 0:
@@ -89,8 +93,19 @@ class LoaderConfig:
             raise ConfigError(f"`device` is {self.device!r} but CUDA is not available")
 
 
-def normalize_servers(servers: str | Sequence[str]) -> tuple[str, ...]:
-    return (servers,) if isinstance(servers, str) else tuple(servers)
+def normalize_servers(servers: object) -> tuple[str, ...]:
+    """``servers`` as a tuple of endpoint strings, checked without iterating anything else.
+
+    Raises:
+        ConfigError: ``servers`` is not an endpoint string or a list/tuple of them (a torch
+            ``Dataset`` passed where the endpoints go is refused at once, never iterated).
+    """
+    if isinstance(servers, str):
+        return (servers,)
+    if isinstance(servers, (list, tuple)) and all(isinstance(s, str) for s in servers):
+        return tuple(servers)
+    raise ConfigError("`servers` must be an endpoint like tcp://host:port or a list of them. "
+                      f"Found: {type(servers).__name__} {repr(servers)[:80]}")
 
 
 def normalize_device(device: str | torch.device | None) -> str | None:

@@ -2,35 +2,51 @@
 
 from __future__ import annotations
 
+import operator
 import os
-import queue
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, SupportsIndex
 
 import torch
 
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
-from dataflow.client.transport import IOThread, Item
-from dataflow.errors import DataflowError
+from dataflow.client.cursor import EpochCursor
+from dataflow.client.handoff import StartEpoch
+from dataflow.client.iothread import IOThread
+from dataflow.client.state import PLAN_FIELDS, make_state, read_state
+from dataflow.errors import (
+    ConfigError,
+    DatasetMismatchError,
+    InternalError,
+    LoaderClosedError,
+    StaleIteratorError,
+)
 from dataflow.index import DatasetIndex
-from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, epoch_size, plan, split_batches
+from dataflow.plan import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_SHUFFLE_WINDOW,
+    DEFAULT_WINDOW,
+    Batches,
+    EpochSize,
+    consumed,
+    epoch_size,
+    rank_batches,
+)
 
 GET_POLL_S = 0.5
-STATE_FIELDS = ("seed", "world_size", "rank", "batch_size", "shuffle", "drop_last",
-                "block_size", "window")
 
 
 class DataLoader:
     """Batches of a dataset served by dataflow loader servers, for one trainer rank.
 
-    Each epoch's order is a deterministic function of (dataset index, world size, rank, epoch,
-    seed) computed with :mod:`dataflow.plan`, so ranks agree without talking. Every rank yields
-    ``len(loader)`` batches per epoch; over all ranks every sample appears exactly once per
-    epoch, plus ``EpochSize.repeated`` repeats when ``drop_last=False`` pads the last batches
-    (minus ``EpochSize.dropped`` samples when ``drop_last=True``).
+    Each epoch's order is a deterministic function of (dataset index, epoch, seed, shuffle
+    settings), computed with :mod:`dataflow.plan`, so ranks agree without talking. Every rank
+    yields ``len(loader)`` batches per epoch; over all ranks every sample appears exactly once
+    per epoch, plus ``EpochSize.repeated`` repeats when ``drop_last=False`` pads the last
+    batches (minus ``EpochSize.dropped`` samples when ``drop_last=True``).
 
     Batches are ``dict[str, torch.Tensor]``:
 
@@ -44,11 +60,15 @@ class DataLoader:
     CUDA is available and ``pin_memory``. With a CUDA ``device`` the host-to-device copies run
     on a dedicated stream, and the current stream waits for them before the batch is returned.
 
-    Iterating continues the current epoch where the previous iterator stopped; once an epoch
-    is complete, the next iterator starts the next epoch (unless :meth:`set_epoch` was called).
-    ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch. One iterator is active
-    at a time: starting a new one invalidates the previous. After an error is raised the loader
-    can only be closed.
+    Iteration (see :mod:`dataflow.client.cursor`): every pass (``for batch in loader``) is one
+    full pass over the current epoch, whatever earlier passes did (a peek or a ``break``
+    consumes nothing); a pass that ran to its end makes the next pass start the next epoch;
+    :meth:`set_epoch` chooses the epoch. ``state_dict()`` / ``load_state_dict()`` resume
+    exactly, on any rank and any world size: after ``load_state_dict`` the next pass yields
+    the rest of the saved epoch (spread over this job's ranks; a state taken after an epoch's
+    last batch resumes at the next epoch), and ``set_epoch`` with the saved epoch keeps that
+    position. One iterator is active at a time: starting a new one invalidates the previous.
+    After an error is raised the loader can only be closed.
 
     Args:
         servers: one endpoint (``tcp://host:port``) or a list; batches are spread over them.
@@ -56,7 +76,9 @@ class DataLoader:
         rank: this trainer's rank; default from torch.distributed, else ``RANK``, else 0.
         world_size: number of ranks; default from torch.distributed, else ``WORLD_SIZE``,
             else 1.
-        shuffle: shuffle shards and blocks of samples each epoch.
+        shuffle: ``"sample"`` (or True, the default: mixes like a full random shuffle within
+            windows of ``shuffle_window`` samples), ``"block"`` (cheaper, poor mixing: blocks
+            of ``block_size`` samples shuffled within ``window`` shards) or ``"none"``/False.
         seed: non-negative seed shared by all ranks.
         drop_last: drop the remainder instead of padding ranks with repeated samples.
         device: None / "cpu" for CPU tensors, or a CUDA device.
@@ -64,13 +86,14 @@ class DataLoader:
         prefetch: requests kept outstanding per server.
         timeout: seconds without progress from a server (or without an answer to HELLO)
             before :class:`~dataflow.errors.ServerUnavailable` is raised.
-        block_size: samples per shuffled block (see :func:`dataflow.plan.plan`).
-        window: shards whose blocks are shuffled together.
+        shuffle_window: samples shuffled together by the ``"sample"`` shuffle.
+        block_size: samples per block of the ``"block"`` shuffle.
+        window: shards whose blocks the ``"block"`` shuffle mixes.
 
     Raises:
         ConfigError: an argument is invalid.
         ServerUnavailable: a server did not answer HELLO within ``timeout``.
-        DataflowError: the servers serve different datasets.
+        DatasetMismatchError: the servers serve different datasets.
     """
 
     def __init__(
@@ -80,22 +103,24 @@ class DataLoader:
         batch_size: int,
         rank: int | None = None,
         world_size: int | None = None,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         seed: int = 0,
         drop_last: bool = False,
         device: str | torch.device | None = None,
         pin_memory: bool = True,
         prefetch: int = 4,
         timeout: float = 60.0,
+        shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
         block_size: int = DEFAULT_BLOCK_SIZE,
         window: int = DEFAULT_WINDOW,
     ) -> None:
+        endpoints = normalize_servers(servers)
         rank, world_size = dist_env(rank, world_size)
         self.config = LoaderConfig(
-            endpoints=normalize_servers(servers), batch_size=batch_size, rank=rank,
-            world_size=world_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-            device=normalize_device(device), pin_memory=pin_memory, prefetch=prefetch,
-            timeout=timeout, block_size=block_size, window=window,
+            endpoints=endpoints, batch_size=batch_size, rank=rank, world_size=world_size,
+            shuffle=shuffle, seed=seed, drop_last=drop_last, device=normalize_device(device),
+            pin_memory=pin_memory, prefetch=prefetch, timeout=timeout,
+            shuffle_window=shuffle_window, block_size=block_size, window=window,
         )
         cfg = self.config
         if cfg.device is not None:
@@ -106,29 +131,22 @@ class DataLoader:
                             f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}")
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
-        self._epoch = 0
-        self._yielded = 0
         self._gen = 0
         try:
             self.index = self._handshake()
         except BaseException:
             self.close()
             raise
-        self.epoch_size = epoch_size(self.index.total, world_size=cfg.world_size,
-                                     batch_size=cfg.batch_size, drop_last=cfg.drop_last)
+        self._cursor = EpochCursor(self.index.total)
+        self.epoch_size = self._size(0)
 
     def _handshake(self) -> DatasetIndex:
-        item = self._get()
-        indexes = item.indexes
-        fingerprints = {}
-        parsed = []
-        for endpoint, msg in zip(self.config.endpoints, indexes, strict=True):
-            idx = DatasetIndex.from_json(msg.index_json)
-            fingerprints[endpoint] = idx.fingerprint
-            parsed.append(idx)
-        if len(set(fingerprints.values())) > 1:
-            raise DataflowError("servers serve different datasets (fingerprints "
-                                + ", ".join(f"{e}: {f}" for e, f in fingerprints.items()) + ")")
+        indexes = self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
+        parsed = [DatasetIndex.from_json(msg.index_json) for msg in indexes]
+        prints = {e: idx.fingerprint for e, idx in zip(self.config.endpoints, parsed, strict=True)}
+        if len(set(prints.values())) > 1:
+            raise DatasetMismatchError("servers serve different datasets (fingerprints "
+                                       + ", ".join(f"{e}: {f}" for e, f in prints.items()) + ")")
         return parsed[0]
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -148,101 +166,104 @@ class DataLoader:
     # -- epochs ---------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches per epoch (identical on every rank)."""
+        """Batches per epoch (identical on every rank); a resumed pass yields the rest only."""
         return self.epoch_size.batches_per_rank
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        """The epoch of the current pass (or of the next one, once set)."""
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iterator start epoch ``epoch`` from its first batch."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise DataflowError(f"`epoch` must be an integer >= 0. Found: {epoch!r}")
-        self._epoch = epoch
-        self._yielded = 0
-        self._gen += 1
+        """Make the next pass cover ``epoch`` (a resumed position in ``epoch`` is kept).
 
-    def plan_batches(self, epoch: int) -> list[list[tuple[int, int, int]]]:
-        """This rank's batches of ``epoch`` as lists of ``(shard, start, stop)`` ranges."""
+        Raises:
+            ConfigError: ``epoch`` is not an integer >= 0 (numpy/torch integers are accepted).
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, SupportsIndex):
+            raise ConfigError(f"`epoch` must be an integer >= 0. Found: {epoch!r}")
+        value = operator.index(epoch)
+        if value < 0:
+            raise ConfigError(f"`epoch` must be an integer >= 0. Found: {value}")
+        self._gen += 1
+        self._cursor.set_epoch(value)
+
+    def _size(self, start: int) -> EpochSize:
         cfg = self.config
-        ranges = plan(self.index.sizes, world_size=cfg.world_size, rank=cfg.rank, epoch=epoch,
-                      seed=cfg.seed, batch_size=cfg.batch_size, shuffle=cfg.shuffle,
-                      drop_last=cfg.drop_last, block_size=cfg.block_size, window=cfg.window)
-        return split_batches(ranges, cfg.batch_size)
+        return epoch_size(self.index.total, world_size=cfg.world_size, batch_size=cfg.batch_size,
+                          drop_last=cfg.drop_last, start=start)
+
+    def plan_batches(self, epoch: int, start: int = 0) -> Batches:
+        """This rank's batches of ``epoch`` after ``start`` consumed samples of its order."""
+        cfg = self.config
+        return rank_batches(self.index.sizes, world_size=cfg.world_size, rank=cfg.rank,
+                            epoch=epoch, seed=cfg.seed, batch_size=cfg.batch_size,
+                            drop_last=cfg.drop_last, start=start, shuffle=cfg.shuffle,
+                            shuffle_window=cfg.shuffle_window, block_size=cfg.block_size,
+                            window=cfg.window)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if not self._finalizer.alive:
-            raise DataflowError("DataLoader is closed")
-        if len(self) > 0 and self._yielded >= len(self):
-            self._epoch += 1
-            self._yielded = 0
+            raise LoaderClosedError("this DataLoader is closed")
+        if self._io.handoff.failed:
+            raise LoaderClosedError("this DataLoader failed earlier (the error was raised "
+                                    "then); open a new one and load_state_dict() to resume")
         self._gen += 1
-        batches = self.plan_batches(self._epoch)
-        if len(batches) != len(self):
-            raise DataflowError(f"plan has {len(batches)} batches; expected {len(self)}")
-        self._io.taken = 0
-        self._io.command("epoch", self._gen, batches[self._yielded :], self._yielded)
-        return self._iterate(self._gen)
+        span = self._cursor.begin()
+        batches = self.plan_batches(span.epoch, span.start)
+        expected = self._size(span.start).batches_per_rank
+        if len(batches) != expected:
+            raise InternalError(f"plan has {len(batches)} batches; expected {expected}")
+        if not batches:
+            self._cursor.end()
+        self._io.handoff.start(StartEpoch(self._gen, batches, 0))
+        return self._iterate(self._gen, len(batches))
 
-    def _iterate(self, gen: int) -> Iterator[dict[str, torch.Tensor]]:
-        while self._yielded < len(self):
+    def _iterate(self, gen: int, n: int) -> Iterator[dict[str, torch.Tensor]]:
+        for i in range(n):
             if gen != self._gen:
-                raise DataflowError("this iterator was invalidated: a newer iterator was "
-                                    "started, set_epoch/load_state_dict was called, or the "
-                                    "loader was closed")
-            item = self._get()
-            if item.gen != gen:
-                continue
-            self._io.taken += 1
-            self._io.wake()
-            if item.index != self._yielded or item.ready is None:
-                raise DataflowError(f"internal: got batch {item.index}, expected "
-                                    f"{self._yielded}")
-            self._yielded += 1
-            yield hand_over(item.ready)
+                raise StaleIteratorError("this iterator was invalidated: a newer iterator was "
+                                         "started, set_epoch/load_state_dict was called, or "
+                                         "the loader was closed")
+            index, ready = self._io.handoff.take(gen, GET_POLL_S, self._io.is_alive)
+            if index != i:
+                raise InternalError(f"got batch {index}, expected {i}")
+            self._cursor.yielded(last=i == n - 1)
+            yield hand_over(ready)
 
-    def _get(self) -> Item:
-        """Next item from the I/O thread; re-raises errors it reports."""
-        while True:
-            try:
-                item = self._io.out.get(timeout=GET_POLL_S)
-            except queue.Empty:
-                if not self._io.is_alive():
-                    raise DataflowError("the DataLoader's I/O thread has stopped") from None
-                continue
-            if item.error is not None:
-                raise item.error from item.error.__cause__
-            return item
+    def stats(self) -> dict[str, int]:
+        """Counters of the hand-off from the I/O thread: ``delivered`` batches, ``discarded``
+        batches of abandoned iterators, batches ``waiting`` for the consumer."""
+        return self._io.handoff.stats()
 
     # -- resume ---------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """Resume state: a few scalars (epoch, batches yielded in it, plan inputs)."""
+    def _plan_inputs(self) -> dict[str, Any]:
         cfg = self.config
-        return {"epoch": self._epoch, "batches_yielded": self._yielded,
-                "fingerprint": self.index.fingerprint,
-                **{name: getattr(cfg, name) for name in STATE_FIELDS}}
+        return {name: getattr(cfg, name) for name in PLAN_FIELDS}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resume state: a few scalars (see :mod:`dataflow.client.state`), valid on any rank
+        and any world size."""
+        cfg = self.config
+        epoch, start, batches = self._cursor.position
+        done = consumed(start, world_size=cfg.world_size, batch_size=cfg.batch_size,
+                        batches_yielded=batches, total=self.index.total,
+                        drop_last=cfg.drop_last)
+        return make_state(epoch=epoch, consumed=done, total=self.index.total,
+                          fingerprint=self.index.fingerprint, plan=self._plan_inputs(),
+                          world_size=cfg.world_size, rank=cfg.rank)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``: the next iterator yields exactly the batches not yet yielded.
+        """Continue from ``state`` (saved by any rank of a job of any size): the next pass
+        yields this rank's share of exactly the samples of the saved epoch not yet consumed.
 
         Raises:
-            DataflowError: ``state`` is from another dataset or configuration (names the field).
+            DatasetMismatchError: ``state`` was saved on another dataset.
+            StateMismatchError: ``state`` is malformed, of another version, or from another
+                configuration (names the field).
         """
-        expected = self.state_dict()
-        for name in ("fingerprint", *STATE_FIELDS):
-            if name not in state:
-                raise DataflowError(f"state_dict is missing `{name}`")
-            if state[name] != expected[name]:
-                raise DataflowError(f"state_dict `{name}` is {state[name]!r} but this loader "
-                                    f"has {expected[name]!r}")
-        epoch, done = state.get("epoch"), state.get("batches_yielded")
-        if not isinstance(epoch, int) or epoch < 0:
-            raise DataflowError(f"state_dict `epoch` must be an integer >= 0. Found: {epoch!r}")
-        if not isinstance(done, int) or not 0 <= done <= len(self):
-            raise DataflowError(f"state_dict `batches_yielded` must be in [0, {len(self)}]. "
-                                f"Found: {done!r}")
-        self._epoch = epoch
-        self._yielded = done
+        epoch, done = read_state(state, total=self.index.total,
+                                 fingerprint=self.index.fingerprint, plan=self._plan_inputs())
         self._gen += 1
+        self._cursor.load(epoch, done)

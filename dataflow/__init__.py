@@ -17,12 +17,25 @@ from dataflow.errors import (
     ServerUnavailable,
     ShardReadError,
     SpecError,
+    StaleIteratorError,
     StateMismatchError,
 )
-from dataflow.plan import EpochSize, Range, epoch_size, global_plan, plan, split_batches
+from dataflow.plan import (
+    Batches,
+    EpochSize,
+    Range,
+    consumed,
+    epoch_order,
+    epoch_size,
+    global_plan,
+    plan,
+    rank_batches,
+    split_batches,
+)
 
 __all__ = [
     "Batch",
+    "Batches",
     "Column",
     "ConfigError",
     "DataflowError",
@@ -41,9 +54,13 @@ __all__ = [
     "ServerUnavailable",
     "ShardReadError",
     "SpecError",
+    "StaleIteratorError",
     "StateMismatchError",
+    "consumed",
+    "epoch_order",
     "epoch_size",
     "global_plan",
     "plan",
+    "rank_batches",
     "split_batches",
 ]

@@ -118,15 +118,21 @@ def concat(batches: Sequence[Mapping[str, Column]]) -> Batch:
     if len(batches) == 1:
         return dict(batches[0])
     out: Batch = {}
-    for name, first in batches[0].items():
+    for name in batches[0]:
         cols = [b[name] for b in batches]
-        if isinstance(first, Ragged):
-            starts = np.cumsum([0] + [len(c.values) for c in cols[:-1]], dtype=np.int64)
-            shifted = [c.offsets[1:] + s for c, s in zip(cols, starts, strict=True)]
-            offsets = np.concatenate([cols[0].offsets[:1], *shifted])
-            out[name] = Ragged(np.concatenate([c.values for c in cols]), offsets, first.kind)
+        ragged = [c for c in cols if isinstance(c, Ragged)]
+        fixed = [c for c in cols if not isinstance(c, Ragged)]
+        if ragged and fixed:
+            raise DataflowError(f"concat: field {name!r} is ragged in {len(ragged)} batches and "
+                                f"fixed-size in {len(fixed)}")
+        if ragged:
+            starts = np.cumsum([0] + [len(c.values) for c in ragged[:-1]], dtype=np.int64)
+            shifted = [c.offsets[1:] + s for c, s in zip(ragged, starts, strict=True)]
+            offsets = np.concatenate([ragged[0].offsets[:1], *shifted])
+            out[name] = Ragged(np.concatenate([c.values for c in ragged]), offsets,
+                               ragged[0].kind)
         else:
-            out[name] = np.concatenate(cols)
+            out[name] = np.concatenate(fixed)
     return out
 
 

@@ -32,16 +32,19 @@ def field_spec(field: pa.Field) -> FieldSpec:
     while pa.types.is_fixed_size_list(inner):
         shape.append(inner.list_size)
         inner = inner.value_type
-    if shape and _primitive_dtype(inner) is not None:
-        return FieldSpec(field.name, _primitive_dtype(inner).name, tuple(shape))
+    inner_dt = _primitive_dtype(inner)
+    if shape and inner_dt is not None:
+        return FieldSpec(field.name, inner_dt.name, tuple(shape))
     if pa.types.is_fixed_size_binary(t):
         return FieldSpec(field.name, "uint8", (t.byte_width,))
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return FieldSpec(field.name, "uint8", ragged="bytes")
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return FieldSpec(field.name, "uint8", ragged="str")
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _primitive_dtype(t.value_type):
-        return FieldSpec(field.name, _primitive_dtype(t.value_type).name, ragged="list")
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        item_dt = _primitive_dtype(t.value_type)
+        if item_dt is not None:
+            return FieldSpec(field.name, item_dt.name, ragged="list")
     raise DataflowError(f"field {field.name!r}: unsupported Arrow type {t}")
 
 

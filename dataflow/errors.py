@@ -75,6 +75,10 @@ class LoaderClosedError(DataflowError):
     """The DataLoader was closed (or failed) and cannot be used any more."""
 
 
+class StaleIteratorError(DataflowError):
+    """An iterator was used after a newer one started (or after set_epoch/load_state_dict)."""
+
+
 class InternalError(DataflowError):
     """An impossible state was reached: a bug in dataflow, never a condition to handle."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,27 +17,35 @@ from dataflow.errors import ConfigError, SchemaMismatchError
 
 @dataclass(frozen=True)
 class DatasetIndex:
-    """Shards of one dataset with their sample counts and shared schema.
+    """Shards of one dataset with their sample counts, identities and shared schema.
 
     Attributes:
         shards: shard URLs/paths in dataset order.
         sizes: samples per shard, same order.
         schema: the fields every shard has.
+        identities: per shard, what its file system says of its content, same order: byte
+            size and mtime (local files) or ETag/modification stamp (object stores), as
+            :func:`dataflow.readers.cache.identity` gives it.
     """
 
     shards: tuple[str, ...]
     sizes: tuple[int, ...]
     schema: Schema
+    identities: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if len(self.shards) != len(self.sizes):
-            raise ConfigError(
-                f"`sizes` must have one entry per shard ({len(self.shards)}). "
-                f"Found: {len(self.sizes)}"
-            )
+        for name, items in (("sizes", self.sizes), ("identities", self.identities)):
+            if len(items) != len(self.shards):
+                raise ConfigError(
+                    f"`{name}` must have one entry per shard ({len(self.shards)}). "
+                    f"Found: {len(items)}"
+                )
         bad = [s for s in self.sizes if not isinstance(s, int) or s < 0]
         if bad:
             raise ConfigError(f"`sizes` must be non-negative ints. Found: {bad[0]!r}")
+        odd = [i for i in self.identities if not isinstance(i, str)]
+        if odd:
+            raise ConfigError(f"`identities` must be strings. Found: {odd[0]!r}")
 
     @property
     def total(self) -> int:
@@ -44,10 +53,26 @@ class DatasetIndex:
         return sum(self.sizes)
 
     @property
+    def root(self) -> str:
+        """The dataset root: the longest common prefix of the shards that ends with ``/``
+        (``""`` when they share none)."""
+        prefix = os.path.commonprefix(list(self.shards))
+        return prefix[: prefix.rfind("/") + 1]
+
+    @property
     def fingerprint(self) -> str:
-        """16 hex digits of SHA-256 over the shards, sizes and schema."""
+        """16 hex digits of SHA-256 over the dataset's content identity.
+
+        Hashed per shard: its name relative to :attr:`root`, its sample count and its
+        identity; then the schema. Where the dataset lives does not count: the same files
+        copied elsewhere with their mtimes (``shutil.copy2``, ``cp -p``, ``rsync -t``) give the
+        same fingerprint, while a shard rewritten in place gives a new one even with the same
+        sample count. Computed from the index alone, so a client gets the server's value.
+        """
+        root = len(self.root)
         text = json.dumps(
-            {"shards": list(self.shards), "sizes": list(self.sizes),
+            {"shards": [[url[root:], size, ident] for url, size, ident
+                        in zip(self.shards, self.sizes, self.identities, strict=True)],
              "schema": [f.to_json() for f in self.schema]},
             sort_keys=True,
         )
@@ -55,7 +80,8 @@ class DatasetIndex:
 
     def to_json(self) -> str:
         return json.dumps({"shards": list(self.shards), "sizes": list(self.sizes),
-                           "schema": [f.to_json() for f in self.schema]})
+                           "schema": [f.to_json() for f in self.schema],
+                           "identities": list(self.identities)})
 
     @classmethod
     def from_json(cls, text: str) -> DatasetIndex:
@@ -70,6 +96,7 @@ class DatasetIndex:
                 tuple(str(s) for s in obj["shards"]),
                 tuple(obj["sizes"]),
                 tuple(FieldSpec.from_json(f) for f in obj["schema"]),
+                tuple(obj["identities"]),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"not a dataset index: {e}") from e
@@ -96,7 +123,8 @@ def check_schemas(shards: Sequence[str], schemas: Sequence[Schema],
                   sizes: Sequence[int]) -> Schema:
     """The schema all shards share (field order of the first shard that has one).
 
-    An empty shard without fields (a tar with no member) agrees with any schema.
+    An empty shard without fields (a zero-byte tar, or a tar with no member) agrees with any
+    schema.
 
     Raises:
         SchemaMismatchError: naming the reference shard, the first disagreeing one, and the

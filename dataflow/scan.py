@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 from dataflow.batch import Schema
 from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard
 from dataflow.readers.base import check_on_error
+from dataflow.readers.cache import identity
 from dataflow.sources import resolve
 
 log = logging.getLogger(__name__)
@@ -18,9 +20,19 @@ log = logging.getLogger(__name__)
 MAX_OPEN_WORKERS = 8
 
 
-def _count(url: str, cache_dir: str | None, on_error: str) -> tuple[int, Schema, int]:
+class _Shard(NamedTuple):
+    samples: int
+    schema: Schema
+    skipped: int
+    identity: str
+
+
+def _count(url: str, cache_dir: str | None, on_error: str) -> _Shard:
+    """Open one shard; its identity is taken first, so a shard rewritten while it is counted
+    shows a stale identity (a fingerprint that later mismatches), never a new one."""
+    ident = identity(url)
     with open_shard(url, cache_dir=cache_dir, on_error=on_error) as r:
-        return len(r), r.schema, r.skipped
+        return _Shard(len(r), r.schema, r.skipped, ident)
 
 
 def build_index(
@@ -31,6 +43,10 @@ def build_index(
     max_workers: int = MAX_OPEN_WORKERS,
 ) -> DatasetIndex:
     """Resolve specs, open every shard (in a bounded thread pool), count and check schemas.
+
+    Empty shards of every format count as zero samples: Arrow and Parquet files with no rows,
+    tars with no member and zero-byte ``.tar`` files (see
+    :func:`dataflow.readers.detect_format`).
 
     Args:
         specs: dataset spec(s), see :func:`dataflow.sources.resolve`.
@@ -50,9 +66,9 @@ def build_index(
     shards = resolve(specs)
     with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
         results = list(pool.map(lambda u: _count(u, cache_dir, on_error), shards))
-    skipped = sum(r[2] for r in results)
+    skipped = sum(r.skipped for r in results)
     if skipped:
         log.warning("%d bad sample(s) skipped across %d shard(s)", skipped, len(shards))
-    sizes = tuple(r[0] for r in results)
-    schema = check_schemas(shards, [r[1] for r in results], sizes)
-    return DatasetIndex(tuple(shards), sizes, schema)
+    sizes = tuple(r.samples for r in results)
+    schema = check_schemas(shards, [r.schema for r in results], sizes)
+    return DatasetIndex(tuple(shards), sizes, schema, tuple(r.identity for r in results))

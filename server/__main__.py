@@ -17,6 +17,7 @@ from dataflow.errors import DataflowError
 from dataflow.scan import build_index
 from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import Frontend
+from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.server.pool import WorkerPool
 from dataflow.server.transform import load_transform
 from dataflow.server.worker import WorkerSpec
@@ -58,9 +59,9 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
              index.total, index.fingerprint)
     tmp = tempfile.mkdtemp(prefix="dataflow-server-")
     backend = f"ipc://{tmp}/backend"
-    pool = WorkerPool(WorkerSpec(backend, config.max_credits + DATA_HWM_MARGIN, index.shards,
-                                 config.cache_dir, config.transform, config.on_error,
-                                 os.getpid(), config.level),
+    data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
+    pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
+                                 config.transform, config.on_error, os.getpid(), config.level),
                       config.workers, config.worker_queue,
                       [config.data_bind(slot) for slot in range(config.workers)])
     ctx = None
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop.install()
     try:
         return serve(config, stop)
-    except (DataflowError, RuntimeError, OSError, zmq.ZMQError) as e:
+    except (DataflowError, OSError, zmq.ZMQError) as e:
         log.error("%s: %s", type(e).__name__, e)
         return 1
 

@@ -35,7 +35,8 @@ class ServerConfig:
         transform: optional ``module:function`` applied to every batch in the workers.
         cache_dir: local cache directory for remote shards and tar indexes.
         log_level: logging level name.
-        max_credits: most requests one client may keep outstanding.
+        max_credits: most credits granted to one client; a client may keep up to twice its
+            credits outstanding (see :mod:`dataflow.server.ledger`).
         client_ttl: seconds of silence after which a client whose connection is closed has its
             state freed (a silent client with a live connection keeps its session).
         worker_queue: tasks queued per worker (one being read + the rest waiting).
@@ -120,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                    help="logging level (default: %(default)s)")
     p.add_argument("--max-credits", type=int, default=DEFAULT_MAX_CREDITS, metavar="N",
-                   help="most requests one client may keep outstanding; bounds server memory "
-                        "(default: %(default)s)")
+                   help="most credits granted to one client (it may keep up to twice as many "
+                        "requests outstanding); bounds server memory (default: %(default)s)")
     p.add_argument("--client-ttl", type=float, default=DEFAULT_CLIENT_TTL, metavar="SECONDS",
                    help="free a client's state once it has been silent this long and its "
                         "connection is closed (a killed client's connection closes at once; "

@@ -1,8 +1,48 @@
-"""Receiving bounded multipart messages from untrusted peers without blocking."""
+"""Non-blocking socket helpers shared by the frontend and the readers.
+
+Receiving bounded multipart messages from untrusted peers, and sending to a ``ROUTER`` with
+``ROUTER_MANDATORY`` without ever blocking.
+"""
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
 import zmq
+
+
+class SendResult(Enum):
+    """Outcome of :func:`try_send`.
+
+    Attributes:
+        OK: the message was handed to ZeroMQ.
+        FULL: the peer's send queue is full (``EAGAIN``); try again later.
+        GONE: no connection to the peer (``EHOSTUNREACH``).
+    """
+
+    OK = "ok"
+    FULL = "full"
+    GONE = "gone"
+
+
+def try_send(sock: zmq.Socket, peer: bytes, frames: Sequence[Any]) -> SendResult:
+    """Send ``frames`` to ``peer`` through the ROUTER ``sock`` without blocking (zero-copy).
+
+    Raises:
+        zmq.ZMQError: any error other than a full queue or an unreachable peer.
+    """
+    try:
+        sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK, copy=False)
+        return SendResult.OK
+    except zmq.Again:
+        return SendResult.FULL
+    except zmq.ZMQError as e:
+        if e.errno == errno.EHOSTUNREACH:
+            return SendResult.GONE
+        raise
 
 
 def recv_bounded(sock: zmq.Socket, max_frames: int) -> tuple[list[zmq.Frame], int]:

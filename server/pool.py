@@ -10,7 +10,9 @@ import multiprocessing as mp
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from dataflow.errors import ServerStartError
 from dataflow.server.worker import WorkerSpec, run_worker
+from dataflow.wire.internal import Task
 
 log = logging.getLogger("dataflow.server.pool")
 
@@ -18,18 +20,10 @@ MAX_RESTARTS = 100
 JOIN_TIMEOUT = 3.0
 
 
-@dataclass(frozen=True)
-class Task:
-    """A request handed to a worker: who asked, the request id and its int64 ranges bytes."""
-
-    client: bytes
-    req_id: int
-    ranges: bytes
-
-
 @dataclass
 class Worker:
-    """One worker process and the tasks it holds (at most ``worker_queue``)."""
+    """One worker process and the tasks it holds (at most ``worker_queue``), by
+    ``(session token, req_id)``."""
 
     identity: bytes
     process: mp.process.BaseProcess
@@ -119,7 +113,7 @@ class WorkerPool:
             ``(worker, exitcode)`` of each dead worker; its ``tasks`` were lost.
 
         Raises:
-            RuntimeError: more than ``MAX_RESTARTS`` replacements were needed.
+            ServerStartError: more than ``MAX_RESTARTS`` replacements were needed.
         """
         dead = [w for w in self._workers.values() if not w.process.is_alive()]
         out = []
@@ -131,7 +125,7 @@ class WorkerPool:
             if respawn:
                 self.restarts += 1
                 if self.restarts > MAX_RESTARTS:
-                    raise RuntimeError(f"workers died {self.restarts} times; giving up")
+                    raise ServerStartError(f"workers died {self.restarts} times; giving up")
                 self._spawn(w.slot)
         return out
 

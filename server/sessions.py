@@ -1,4 +1,6 @@
-"""Per-client state of a loader server and fair round-robin over clients.
+"""Per-client state of a loader server: sessions and the replies parked for them.
+
+Credits are not here: :mod:`dataflow.server.ledger` owns them, keyed by the session token.
 
 Thread invariant: used only by the frontend's thread.
 """
@@ -9,92 +11,102 @@ import secrets
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 
-@dataclass
+@dataclass(frozen=True)
+class ParkedReply:
+    """A message for a client that its full send queue refused; retried in order.
+
+    Attributes:
+        req_id: the request it answers (-1 for none).
+        frames: the encoded message.
+        nbytes: bytes of ``frames``.
+        settles: handing it to ZeroMQ returns the request's credit (False when the credit came
+            back already, e.g. an Undeliverable ERROR after the reader's SENT notice).
+    """
+
+    req_id: int
+    frames: tuple[Any, ...]
+    nbytes: int
+    settles: bool
+
+
+@dataclass(eq=False)
 class Session:
     """One connected client.
 
     Attributes:
-        identity: the client's ZeroMQ routing id.
-        token: session token (32 ASCII hex bytes), the routing id of the client's data
-            connections to the readers.
-        credits: requests it may keep outstanding.
+        identity: the client's ZeroMQ routing id at the frontend.
         name: its self-description (for logs).
-        last_seen: ``time.monotonic()`` of its last message.
-        queued: accepted requests waiting for a worker: ``(req_id, ranges bytes)``.
-        outstanding: accepted requests whose reply has not been handed to ZeroMQ yet.
-        active: ids of the outstanding requests.
-        pending: ``(req_id, frames, nbytes, credit)`` replies refused by the client's full send
-            queue, retried later.
-        pending_bytes: bytes held in ``pending``.
+        credits: credits granted.
+        last_seen: time of its last message (the caller's clock, seconds).
+        token: session token (32 ASCII hex bytes): the routing id of the client's data
+            connections to the readers, and the key of its credit account.
+        parked: replies refused by the client's full send queue, oldest first.
+        parked_bytes: bytes held in ``parked``.
     """
 
     identity: bytes
-    credits: int
     name: str
+    credits: int
     last_seen: float
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
-    queued: deque[tuple[int, bytes]] = field(default_factory=deque)
-    outstanding: int = 0
-    active: set[int] = field(default_factory=set)
-    pending: deque[tuple[int, list, int, bool]] = field(default_factory=deque)
-    pending_bytes: int = 0
+    parked: deque[ParkedReply] = field(default_factory=deque)
+    parked_bytes: int = 0
+
+    def park(self, reply: ParkedReply) -> None:
+        self.parked.append(reply)
+        self.parked_bytes += reply.nbytes
+
+    def unpark(self) -> ParkedReply:
+        """Remove and return the oldest parked reply (it was handed to ZeroMQ)."""
+        reply = self.parked.popleft()
+        self.parked_bytes -= reply.nbytes
+        return reply
 
 
 class Sessions:
-    """All sessions plus the round-robin order of those with queued requests."""
+    """All sessions, by routing id and by token."""
 
     def __init__(self) -> None:
-        self._by_id: dict[bytes, Session] = {}
-        self._turns: deque[bytes] = deque()
+        self._by_identity: dict[bytes, Session] = {}
+        self._by_token: dict[bytes, Session] = {}
 
     def __len__(self) -> int:
-        return len(self._by_id)
+        return len(self._by_identity)
 
     def __iter__(self) -> Iterator[Session]:
         """A snapshot of the sessions (safe to close sessions while iterating)."""
-        return iter(list(self._by_id.values()))
+        return iter(list(self._by_identity.values()))
 
     def get(self, identity: bytes) -> Session | None:
-        return self._by_id.get(identity)
+        return self._by_identity.get(identity)
 
-    def open(self, identity: bytes, credits: int, name: str, now: float) -> Session:
-        """Create the session of ``identity`` or update its credits."""
-        s = self._by_id.get(identity)
+    def by_token(self, token: bytes) -> Session | None:
+        return self._by_token.get(token)
+
+    def open(self, identity: bytes, name: str, credits: int, now: float) -> Session:
+        """The session of ``identity``: a new one, or the open one with name and credits set.
+
+        A HELLO on a connection that has a session keeps that session (and its token).
+        """
+        s = self._by_identity.get(identity)
         if s is None:
-            s = self._by_id[identity] = Session(identity, credits, name, now)
-        s.credits, s.name, s.last_seen = credits, name, now
+            s = Session(identity, name, credits, now)
+            self._by_identity[identity] = s
+            self._by_token[s.token] = s
+        s.name, s.credits, s.last_seen = name, credits, now
         return s
 
-    def close(self, identity: bytes) -> Session | None:
-        """Forget ``identity``; returns its session (its queued work is dropped)."""
-        return self._by_id.pop(identity, None)
+    def close(self, s: Session) -> None:
+        """Forget ``s`` (no-op if it is closed already)."""
+        if self._by_identity.get(s.identity) is s:
+            del self._by_identity[s.identity]
+            del self._by_token[s.token]
 
-    def enqueue(self, s: Session, req_id: int, ranges: bytes) -> None:
-        if not s.queued:
-            self._turns.append(s.identity)
-        s.queued.append((req_id, ranges))
-        s.outstanding += 1
+    def parked(self) -> int:
+        return sum(len(s.parked) for s in self._by_identity.values())
 
-    def next_request(self) -> tuple[Session, int, bytes] | None:
-        """The next request to dispatch, one per client in turn."""
-        while self._turns:
-            identity = self._turns.popleft()
-            s = self._by_id.get(identity)
-            if s is None or not s.queued:
-                continue
-            req_id, ranges = s.queued.popleft()
-            if s.queued:
-                self._turns.append(identity)
-            return s, req_id, ranges
-        return None
-
-    def queued(self) -> int:
-        return sum(len(s.queued) for s in self._by_id.values())
-
-    def pending_bytes(self) -> int:
-        return sum(s.pending_bytes for s in self._by_id.values())
-
-    def pending_sends(self) -> int:
-        return sum(len(s.pending) for s in self._by_id.values())
+    def parked_bytes(self) -> int:
+        return sum(s.parked_bytes for s in self._by_identity.values())

@@ -11,19 +11,17 @@ A worker is a process started with the ``spawn`` method. It has two sockets:
 
 Messages:
 
-* frontend -> worker: ``[client, token, req_id, ranges]``: ``client`` is the client's routing
-  id at the frontend, ``token`` its session token, ``req_id`` 8 little-endian bytes, ``ranges``
-  the int64 ``(n, 3)`` (shard, start, stop) triples of one REQUEST.
-* worker -> client (data socket): an encoded BATCH or ERROR message (:mod:`dataflow.wire`).
+* frontend <-> worker: :mod:`dataflow.wire.internal`: a TASK (session token, req_id, ranges)
+  in; READY once at start, SENT just before a reply is handed to ZeroMQ (the frontend returns
+  the client's credit) and LOST when a reply could not be delivered (the client's data
+  connection was missing for ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies
+  were waiting for it) out. Replies wait per client: one client gone away never holds up
+  another's.
+* worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED whose
+  message starts with the exception's class name (:mod:`dataflow.wire`).
 * client -> worker (data socket): HEARTBEAT, answered with a HEARTBEAT (the client waits for
   it before sending REQUESTs, so the first reply never finds the connection missing).
   Anything else is answered with an ERROR and otherwise ignored.
-* worker -> frontend: ``[client, req_id, SENT, nbytes]`` just before a reply is handed to
-  ZeroMQ (the frontend returns the client's credit), and ``[client, req_id, LOST, why]`` when
-  a reply could not be delivered: the client's data connection was missing for
-  ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies were waiting for it. Replies
-  wait per client: one client gone away never holds up another's.
-* worker -> frontend, once at start: ``[READY, data endpoint]``.
 
 Each worker keeps an LRU of open shard readers. It exits when its parent dies (checked twice a
 second) or on SIGTERM; SIGINT is ignored (the parent decides).
@@ -31,7 +29,6 @@ second) or on SIGTERM; SIGINT is ignored (the parent decides).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
@@ -43,15 +40,13 @@ import numpy as np
 import zmq
 
 from dataflow import wire
-from dataflow.batch import Batch, concat
-from dataflow.errors import DataflowError, ProtocolError
-from dataflow.readers import ShardReader, open_shard
-from dataflow.server.framing import recv_bounded
+from dataflow.errors import InternalError, ProtocolError
+from dataflow.readers import ShardReader, open_shard, read_ranges
+from dataflow.server.framing import SendResult, recv_bounded, try_send
 from dataflow.server.transform import Transform, apply_transform, load_transform
+from dataflow.wire import ErrorKind
+from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, encode_internal
 
-READY = b"READY"
-SENT = b"SENT"
-LOST = b"LOST"
 MAX_OPEN_SHARDS = 32
 PARENT_CHECK_MS = 500
 RETRY_MS = 20
@@ -113,40 +108,28 @@ class ReaderCache:
             self._open.popitem()[1].close()
 
 
-def read_ranges(readers: ReaderCache, ranges: np.ndarray) -> Batch:
-    """Read ``(shard, start, stop)`` rows of ``ranges`` (int64, (n, 3)) into one batch."""
-    parts = []
-    for shard, start, stop in ranges.tolist():
-        reader = readers.get(shard)
-        try:
-            parts.append(reader.read(start, stop))
-        except DataflowError:
-            raise
-        except Exception as e:
-            raise DataflowError(f"{reader.url}: reading samples [{start}, {stop}) failed: "
-                                f"{type(e).__name__}: {e}") from e
-    return concat(parts)
-
-
 def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
                req_id: int, ranges: np.ndarray) -> list[wire.Buffer]:
     """Encoded reply (BATCH or ERROR) to one task; never raises for bad data."""
     try:
-        batch = read_ranges(readers, ranges)
+        batch = read_ranges(readers.get, ranges)
         if transform is not None:
             batch = apply_transform(transform, spec.transform or "", batch)
         return wire.encode(wire.batch_to_message(req_id, batch))
     except Exception as e:
         log.warning("request %d failed: %s: %s", req_id, type(e).__name__, e)
-        return wire.encode(wire.ErrorMsg(req_id, type(e).__name__, str(e)))
+        return wire.encode(wire.ErrorMsg(req_id, ErrorKind.READ_FAILED,
+                                         f"{type(e).__name__}: {e}"))
 
 
+@dataclass(frozen=True)
 class _Parked:
-    """A reply whose client's data connection was missing; retried until its deadline."""
+    """A reply whose client's data connection was missing; retried until ``deadline``."""
 
-    def __init__(self, client: bytes, token: bytes, req: bytes, frames: list, deadline: float):
-        self.client, self.token, self.req, self.frames = client, token, req, frames
-        self.deadline = deadline
+    token: bytes
+    req_id: int
+    frames: list
+    deadline: float
 
 
 class DataSender:
@@ -162,29 +145,18 @@ class DataSender:
         self._control = control
         self.parked: dict[bytes, deque[_Parked]] = {}
 
-    def send(self, client: bytes, token: bytes, req: bytes, frames: list) -> None:
+    def send(self, token: bytes, req_id: int, frames: list) -> None:
         """Notify the frontend, then hand the reply to ZeroMQ (parked if the client is away)."""
         nbytes = sum(memoryview(f).nbytes for f in frames)
-        self._control.send_multipart([client, req, SENT, nbytes.to_bytes(8, "little")])
+        self._control.send_multipart(encode_internal(Sent(token, req_id, nbytes)))
         waiting = self.parked.get(token)
-        if waiting is None and self._try(token, frames):
+        if waiting is None and try_send(self._data, token, frames) is SendResult.OK:
             return
         waiting = self.parked.setdefault(token, deque())
-        waiting.append(_Parked(client, token, req, frames, time.monotonic() + UNREACHABLE_S))
+        waiting.append(_Parked(token, req_id, frames, time.monotonic() + UNREACHABLE_S))
         while len(waiting) > MAX_PARKED:
             self._lost(waiting.popleft(), f"more than {MAX_PARKED} replies were waiting for "
                                           "the client's data connection")
-
-    def _try(self, token: bytes, frames: list) -> bool:
-        try:
-            self._data.send_multipart([token, *frames], flags=zmq.NOBLOCK, copy=False)
-            return True
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as e:
-            if e.errno == errno.EHOSTUNREACH:
-                return False
-            raise
 
     def retry(self) -> None:
         """Retry each client's parked replies in order; give up on those past their deadline."""
@@ -192,7 +164,7 @@ class DataSender:
         for token, waiting in list(self.parked.items()):
             while waiting:
                 p = waiting[0]
-                if self._try(token, p.frames):
+                if try_send(self._data, token, p.frames) is SendResult.OK:
                     waiting.popleft()
                 elif now > p.deadline:
                     waiting.popleft()
@@ -204,8 +176,8 @@ class DataSender:
                 del self.parked[token]
 
     def _lost(self, p: _Parked, why: str) -> None:
-        log.warning("reply to request %d dropped: %s", int.from_bytes(p.req, "little"), why)
-        self._control.send_multipart([p.client, p.req, LOST, why.encode()])
+        log.warning("reply to request %d dropped: %s", p.req_id, why)
+        self._control.send_multipart(encode_internal(Lost(p.token, p.req_id, why)))
 
 
 def answer_data(sock: zmq.Socket) -> None:
@@ -222,11 +194,8 @@ def answer_data(sock: zmq.Socket) -> None:
         reply = wire.encode(wire.Heartbeat())
     except ProtocolError as e:
         log.warning("malformed message on the data socket from %s: %s", peer.hex(), e)
-        reply = wire.encode(wire.ErrorMsg(-1, "ProtocolError", str(e)))
-    try:
-        sock.send_multipart([peer, *reply], flags=zmq.NOBLOCK)
-    except zmq.ZMQError:
-        pass
+        reply = wire.encode(wire.ErrorMsg(-1, ErrorKind.PROTOCOL, str(e)))
+    try_send(sock, peer, reply)  # a peer that is gone or not reading loses its answer
 
 
 def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
@@ -258,7 +227,7 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
     poller.register(data, zmq.POLLIN)
     try:
         data.bind(data_bind)
-        sock.send_multipart([READY, data.getsockopt(zmq.LAST_ENDPOINT)])
+        sock.send_multipart(encode_internal(Ready(data.getsockopt_string(zmq.LAST_ENDPOINT))))
         while True:
             events = dict(poller.poll(RETRY_MS if sender.parked else PARENT_CHECK_MS))
             if sender.parked:
@@ -270,11 +239,11 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
                     log.info("parent %d is gone; exiting", spec.parent_pid)
                     return
                 continue
-            client, token, req, ranges = sock.recv_multipart()
-            req_id = int.from_bytes(req, "little")
-            reply = serve_task(readers, transform, spec, req_id,
-                               np.frombuffer(ranges, dtype=np.int64).reshape(-1, 3))
-            sender.send(client, token, req, reply)
+            task = decode_internal(sock.recv_multipart())
+            if not isinstance(task, Task):
+                raise InternalError(f"the frontend sent a {type(task).__name__}")
+            reply = serve_task(readers, transform, spec, task.req_id, task.ranges)
+            sender.send(task.token, task.req_id, reply)
     finally:
         readers.close()
         sock.close()

@@ -1,13 +1,73 @@
-"""Fixtures shared across test layers."""
+"""Fixtures shared across test layers, and ZeroMQ hygiene for every test.
+
+ZeroMQ discipline (as pyzmq's own test suite keeps it): every socket a test opens in this
+process on the global context (``zmq.Context.instance()``, the one context per process) is
+closed by the end of the test, else the test fails; at the end of the session that context
+must terminate within ``TERM_TIMEOUT_S``, else the session fails. A socket left open, or closed
+with a linger on unsent messages, makes ``term()`` hang: in a real process, at exit.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+import threading
+import weakref
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+import zmq
 
 from dataflow.batch import Ragged
+
+TERM_TIMEOUT_S = 10.0
+
+
+def _global_context() -> zmq.Context | None:
+    """The process's live ``zmq.Context.instance()``, without creating one."""
+    ctx = zmq.Context._instance
+    return None if ctx is None or ctx.closed else ctx
+
+
+def _open_sockets(ctx: zmq.Context | None) -> list[zmq.Socket]:
+    """Sockets of ``ctx`` still open (pyzmq tracks a context's sockets in a WeakSet)."""
+    return [] if ctx is None else [s for s in list(ctx._sockets) if not s.closed]
+
+
+@pytest.fixture(autouse=True)
+def zmq_sockets_closed() -> Iterator[None]:
+    """Fail the test if a ZeroMQ socket it opened on the global context is still open.
+
+    Garbage is collected first, so only sockets something still references count. Leaked
+    sockets are left alone (a thread may still be using them, and a ZeroMQ socket must not be
+    closed under its user); later tests do not count them again, and the session-end check
+    then reports that the context cannot terminate.
+    """
+    before = weakref.WeakSet(_open_sockets(_global_context()))
+    yield
+    gc.collect()
+    leaked = [s for s in _open_sockets(_global_context()) if s not in before]
+    if leaked:
+        pytest.fail(f"{len(leaked)} ZeroMQ socket(s) opened by this test still open at its "
+                    f"end: {', '.join(map(repr, leaked))}; close every socket (linger=0) in "
+                    "the test or its fixture", pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def zmq_context_terminates() -> Iterator[None]:
+    """At session end, terminate the global context within ``TERM_TIMEOUT_S`` or fail."""
+    yield
+    ctx = _global_context()
+    if ctx is None:
+        return
+    done = threading.Thread(target=ctx.term, name="zmq-term", daemon=True)
+    done.start()
+    done.join(TERM_TIMEOUT_S)
+    if done.is_alive():
+        zmq.Context._instance = None
+        pytest.fail(f"zmq.Context.instance().term() did not return within {TERM_TIMEOUT_S} s: "
+                    f"{len(_open_sockets(ctx))} socket(s) still open, or closed with a linger "
+                    "on unsent messages", pytrace=False)
 
 
 def _rows_equal(a: dict, b: dict) -> None:

@@ -1,7 +1,7 @@
 """Shard readers: one module per format, chosen by the shard's magic bytes.
 
 ``open_shard(url)`` returns a :class:`ShardReader` giving random access to a shard's samples
-as columnar batches.
+as columnar batches; :func:`read_ranges` reads the ranges of one request across shards.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataflow.errors import ShardReadError
 from dataflow.readers.arrow import ArrowFileReader, ArrowStreamReader
 from dataflow.readers.base import ShardReader, check_on_error
 from dataflow.readers.cache import default_cache_dir
+from dataflow.readers.multi import read_ranges
 from dataflow.readers.parquet import ParquetReader
 from dataflow.readers.tar import TarReader
 from dataflow.sources import open_file
@@ -25,33 +26,47 @@ __all__ = [
     "TarReader",
     "detect_format",
     "open_shard",
+    "read_ranges",
 ]
 
 FORMATS = ("arrow-file", "arrow-stream", "parquet", "tar", "tar.gz")
-_MAGIC_BYTES = 512
+_TAR_BLOCK = 512
+_MAGIC_BYTES = _TAR_BLOCK
 
 
 def detect_format(url: str, head: bytes, size: int) -> str:
-    """The format of a shard from its first bytes (not its name).
+    """The format of a shard from its first bytes (not its name), or for an empty file from
+    its name.
+
+    A file of whole 512-byte blocks whose first block is all zeros is an empty tar (just its
+    end-of-archive blocks, as ``tarfile`` and webdataset write one). A zero-byte file has no
+    bytes to sniff: named ``*.tar`` it is an empty tar, as GNU tar reads it; any other
+    zero-byte file is refused, since an Arrow or Parquet file always holds at least its schema
+    and a gzip stream its header, so zero bytes there mean a failed write.
 
     Args:
-        url: the shard, for the error message.
-        head: the shard's first bytes (at least 262 for tar detection).
+        url: the shard, for the error message and a zero-byte file's extension.
+        head: the shard's first bytes (at least 262 for tar detection, 512 for an empty tar).
         size: the shard's size in bytes.
 
     Returns:
         One of :data:`FORMATS`.
 
     Raises:
-        ShardReadError: no known magic at offset 0.
+        ShardReadError: no known magic at offset 0, or a zero-byte file not named ``*.tar``.
     """
+    if size == 0:
+        if url.lower().endswith(".tar"):
+            return "tar"
+        raise ShardReadError(url, "empty file (zero bytes): only a zero-byte .tar is a valid "
+                             "(empty) shard", offset=0)
     if head.startswith(b"ARROW1"):
         return "arrow-file"
     if head.startswith(b"PAR1"):
         return "parquet"
     if head.startswith(b"\x1f\x8b"):
         return "tar.gz"
-    if head[257:262] == b"ustar":
+    if head[257:262] == b"ustar" or _empty_tar(head, size):
         return "tar"
     if head.startswith(b"\xff\xff\xff\xff"):
         return "arrow-stream"
@@ -60,6 +75,11 @@ def detect_format(url: str, head: bytes, size: int) -> str:
         if 0 < length <= size - 4 and 0 < root < length:
             return "arrow-stream"
     raise ShardReadError(url, f"unknown shard format (first bytes {head[:8]!r})", offset=0)
+
+
+def _empty_tar(head: bytes, size: int) -> bool:
+    """Whether a file starts with an all-zero block and is made of whole tar blocks."""
+    return len(head) >= _TAR_BLOCK and not any(head[:_TAR_BLOCK]) and size % _TAR_BLOCK == 0
 
 
 def open_shard(

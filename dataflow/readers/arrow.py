@@ -4,7 +4,8 @@ Shards are memory-mapped (a remote shard is first downloaded once into ``cache_d
 remote tar), so record batches are zero-copy views of the page cache. The list of record
 batches is built on open (for a stream, by reading it once; for a file, from its footer) and
 :meth:`read` slices them: a range inside one record batch is zero-copy, a range spanning
-several is concatenated (one copy).
+several is concatenated (one copy). :meth:`read_many` converts each touched record batch once
+(zero-copy views, kept until close) and gathers the rows of every range with numpy (one copy).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from __future__ import annotations
 import itertools
 from abc import abstractmethod
 
+import numpy as np
 import pyarrow as pa
 
 from dataflow.batch import Batch, Schema
 from dataflow.convert import schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
-from dataflow.readers.base import ShardReader, overlapping
+from dataflow.readers.base import ShardReader, overlapping, range_rows
 from dataflow.readers.cache import local_copy
+from dataflow.readers.gather import take_rows
 from dataflow.sources import is_local, local_path
 
 
@@ -40,6 +43,7 @@ class _ArrowReader(ShardReader):
             raise
         self._lengths = [b.num_rows for b in self._batches]
         self._bounds = [0, *itertools.accumulate(self._lengths)]
+        self._views: dict[int, Batch] = {}
 
     @abstractmethod
     def _load(self, source: pa.MemoryMappedFile) -> tuple[pa.Schema, list[pa.RecordBatch]]:
@@ -63,9 +67,21 @@ class _ArrowReader(ShardReader):
         table = parts[0] if len(parts) == 1 else pa.Table.from_batches(parts)
         return self._from_arrow(table, start)
 
+    def _read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
+        bounds = np.array(self._bounds, dtype=np.int64)
+        return take_rows(self.schema, self._view, bounds, range_rows(starts, stops))
+
+    def _view(self, i: int) -> Batch:
+        """Record batch ``i`` as a batch of views of the map, converted once."""
+        view = self._views.get(i)
+        if view is None:
+            view = self._views[i] = self._from_arrow(self._batches[i], self._bounds[i])
+        return view
+
     def close(self) -> None:
         self.closed = True
         self._batches = []
+        self._views = {}
         self._source.close()
 
 

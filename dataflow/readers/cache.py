@@ -65,8 +65,10 @@ def cache_name(url: str, suffix: str) -> str:
     return f"{digest}-{base}{suffix}"
 
 
-def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:
+def write_atomic(path: str, write: Callable[[IO[bytes]], object]) -> None:
     """Write a file through ``write(f)`` to a temporary name, then rename it to ``path``.
+
+    Whatever ``write`` returns (e.g. a byte count) is ignored.
 
     The file is made readable by everyone (mode 0644), like the shards it is derived from.
 

@@ -4,7 +4,10 @@ The footer gives the sample count and every row group's length, so :meth:`read` 
 the row groups overlapping the requested range, plus (with small row groups) the following
 ones up to ``READ_AHEAD_ROWS`` rows, decoded together so pyarrow spreads them over its
 threads. The last decoded span is kept, because ranges usually arrive in order: a read that
-starts inside it reuses its rows and decodes only what lies beyond.
+starts inside it reuses its rows and decodes only what lies beyond. :meth:`read_many` takes
+its rows from that span when they all lie in it, else decodes every row group the ranges
+touch (only those) together, once. A sample-level shuffle touches most row groups of a shard
+for a few rows each, so there decoding dominates: Parquet suits it less than Arrow or tar.
 
 Parquet has no tensor type: a fixed-size list field whose Arrow field metadata carries
 ``b"dataflow.shape"`` (a JSON list, e.g. ``b"[3,64,64]"``) is read as that shape.
@@ -17,15 +20,18 @@ import dataclasses
 import itertools
 import json
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataflow.batch import Batch, FieldSpec, Schema
 from dataflow.convert import field_spec
 from dataflow.errors import DataflowError, ShardReadError
-from dataflow.readers.base import ShardReader
+from dataflow.readers.base import ShardReader, range_rows
+from dataflow.readers.gather import take_rows
 from dataflow.sources import is_local, local_path, open_file
 
 SHAPE_KEY = b"dataflow.shape"
@@ -84,11 +90,12 @@ class ParquetReader(ShardReader):
     def __len__(self) -> int:
         return self._bounds[-1]
 
-    def _decode(self, first: int, last: int) -> pa.Table:
-        """Row groups ``first..last`` (inclusive), decoded together (in parallel)."""
+    def _decode(self, groups: Sequence[int]) -> pa.Table:
+        """Row groups ``groups`` (ascending), decoded together (in parallel)."""
         try:
-            return self._file.read_row_groups(range(first, last + 1))
+            return self._file.read_row_groups(groups)
         except (OSError, pa.ArrowInvalid) as e:
+            first, last = groups[0], groups[-1]
             raise ShardReadError(
                 self.url, f"row groups {first}..{last} are damaged: {e}", index=self._bounds[first]
             ) from e
@@ -109,13 +116,44 @@ class ParquetReader(ShardReader):
             bounds[last + 1] < stop or bounds[last + 1] - row0 < READ_AHEAD_ROWS
         ):
             last += 1
-        new = self._decode(first, last)
+        new = self._decode(range(first, last + 1))
         table = new if kept is None else pa.concat_tables([kept, new])
         self._span = _Span(row0, bounds[last + 1], table)
         return table.slice(start - row0, stop - start)
 
     def _read(self, start: int, stop: int) -> Batch:
         return self._from_arrow(self._rows(start, stop), start)
+
+    def _read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
+        rows = range_rows(starts, stops)
+        span = self._span
+        if span is not None and span.start <= rows.min() and rows.max() < span.stop:
+            table, origins = span.table, np.arange(span.start, span.stop, dtype=np.int64)
+        else:
+            table, origins = self._decode_touched(rows)
+        chunks = table.to_batches()
+        bounds = np.array([0, *itertools.accumulate(c.num_rows for c in chunks)], dtype=np.int64)
+
+        def chunk(i: int) -> Batch:
+            return self._from_arrow(chunks[i], int(origins[bounds[i]]))
+
+        return take_rows(self.schema, chunk, bounds, np.searchsorted(origins, rows))
+
+    def _decode_touched(self, rows: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """Every row group holding one of ``rows``, decoded together; kept as the span when
+        they are consecutive and, like a span :meth:`read` keeps, hold at most
+        ``READ_AHEAD_ROWS`` rows beyond the ``len(rows)`` asked for.
+
+        Returns:
+            The table and, per table row, its row in the shard (int64, ascending).
+        """
+        bounds = np.array(self._bounds, dtype=np.int64)
+        groups = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
+        table = self._decode(groups.tolist())
+        first, last = int(groups[0]), int(groups[-1])
+        if last - first + 1 == len(groups) and table.num_rows <= len(rows) + READ_AHEAD_ROWS:
+            self._span = _Span(self._bounds[first], self._bounds[last + 1], table)
+        return table, range_rows(bounds[groups], bounds[groups + 1])
 
     def close(self) -> None:
         self.closed = True

@@ -9,6 +9,9 @@ from the index itself, text and bytes fields become :class:`~dataflow.batch.Ragg
 A tar that cannot be memory-mapped in place (gzipped, or remote) is first decompressed or
 downloaded once into ``cache_dir`` as an uncompressed copy, kept next to a record of the
 shard's identity and replaced when the shard changes; that copy is then memory-mapped.
+
+A zero-byte tar, like a tar holding only its end-of-archive blocks, is a shard of zero
+samples and no fields.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 
 from dataflow.batch import Batch, Column, Ragged
 from dataflow.errors import ShardReadError
-from dataflow.readers.base import ShardReader
+from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
 from dataflow.readers.tarindex import TarIndex, build_index, gather_fixed
 from dataflow.sources import INDEX_SUFFIX, is_local, local_path
@@ -66,8 +69,6 @@ class TarReader(ShardReader):
 
     def __init__(self, url: str, *, cache_dir: str, on_error: str, gzipped: bool) -> None:
         self.url = url
-        self._mm: mmap.mmap | None = None
-        self._buf: np.ndarray | None = None
         ident = identity(url)
         if gzipped or not is_local(url):
             path = local_copy(url, cache_dir, gunzip=gzipped)
@@ -75,16 +76,18 @@ class TarReader(ShardReader):
             path = local_path(url)
         try:
             with open(path, "rb") as f:
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                empty = os.fstat(f.fileno()).st_size == 0
+                self._mm = None if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as e:
             raise ShardReadError(url, f"cannot map tar: {e}", offset=0) from e
-        self._buf = np.frombuffer(self._mm, dtype=np.uint8)
+        data: bytes | mmap.mmap = b"" if self._mm is None else self._mm
+        self._buf = np.frombuffer(data, dtype=np.uint8)
         paths = _index_paths(url, cache_dir)
         self.index_path, index = self._find_index(paths, ident, on_error)
         self.index_built = index is None
         if index is None:
             try:
-                index = build_index(url, self._mm, ident, on_error)
+                index = build_index(url, data, ident, on_error)
             except BaseException:
                 self.close()
                 raise
@@ -103,7 +106,7 @@ class TarReader(ShardReader):
                 index is not None
                 and index.identity == ident
                 and (on_error == "skip" or index.skipped == 0)
-                and index.fits(len(self._mm))
+                and index.fits(len(self._buf))
             ):
                 return path, index
         return None, None
@@ -112,17 +115,24 @@ class TarReader(ShardReader):
         return len(self._index)
 
     def _read(self, start: int, stop: int) -> Batch:
+        return self._gather(slice(start, stop))
+
+    def _read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
+        return self._gather(range_rows(starts, stops))
+
+    def _gather(self, rows: slice | np.ndarray) -> Batch:
+        """Every field of ``rows`` (a slice, or int64 sample indices of shape ``(n,)``)."""
         ix = self._index
         out: Batch = {}
         for j, (spec, codec) in enumerate(zip(self.schema, ix.codecs, strict=True)):
-            offs = ix.offsets[start:stop, j]
+            offs = ix.offsets[rows, j]
             if codec == "int":
-                out[spec.name] = ix.ints[start:stop, j].copy()
+                out[spec.name] = ix.ints[rows, j].copy()
             elif codec.startswith("npy:"):
                 out[spec.name] = self._npy(np.dtype(codec[4:]), spec.shape, offs,
                                            int(ix.sizes[0, j]))
             else:
-                out[spec.name] = self._ragged(offs, ix.sizes[start:stop, j], codec)
+                out[spec.name] = self._ragged(offs, ix.sizes[rows, j], codec)
         return out
 
     def _npy(self, dtype: np.dtype, shape: tuple[int, ...], offs: np.ndarray,
@@ -131,6 +141,7 @@ class TarReader(ShardReader):
         return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
 
     def _ragged(self, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Column:
+        """One copy of every row's bytes, back to back (one ``np.concatenate`` of views)."""
         bounds = np.zeros(len(offs) + 1, dtype=np.int64)
         np.cumsum(sizes, out=bounds[1:])
         buf = self._buf
@@ -141,7 +152,7 @@ class TarReader(ShardReader):
 
     def close(self) -> None:
         self.closed = True
-        self._buf = None
+        self._buf = np.empty(0, dtype=np.uint8)
         mm, self._mm = self._mm, None
         if mm is not None:
             try:

@@ -135,30 +135,26 @@ class TarIndex:
 
 
 def gather_fixed(buf: np.ndarray, offsets: np.ndarray, size: int) -> np.ndarray:
-    """Copy ``size`` bytes at each of ``offsets`` out of ``buf``.
+    """Copy ``size`` bytes at each of ``offsets`` out of ``buf``, in one numpy pass.
 
     Args:
         buf: uint8 array of shape ``(nbytes,)`` (typically a memory map of the tar).
-        offsets: int64 array of shape ``(n,)``.
+        offsets: int64 array of shape ``(n,)``, in any order; every
+            ``offsets[i] + size <= nbytes``.
         size: bytes per row.
 
     Returns:
-        A new uint8 array of shape ``(n, size)``. Equally spaced offsets (the usual case:
-        samples of equal size) are gathered with one strided copy.
+        A new uint8 array of shape ``(n, size)``: row ``i`` is ``buf[offsets[i]:][:size]``.
+        The rows are taken by fancy indexing a read-only view of ``buf`` that has one
+        ``size``-byte row starting at every byte between the lowest and the highest offset.
     """
-    n = len(offsets)
-    if n > 1:
-        steps = np.diff(offsets)
-        step = int(steps[0])
-        if step > 0 and bool((steps == step).all()):
-            view = np.lib.stride_tricks.as_strided(
-                buf[int(offsets[0]) :], shape=(n, size), strides=(step, 1), writeable=False
-            )
-            return view.copy()
-    out = np.empty((n, size), dtype=np.uint8)
-    for i, o in enumerate(offsets.tolist()):
-        out[i] = buf[o : o + size]
-    return out
+    if len(offsets) == 0:
+        return np.empty((0, size), dtype=np.uint8)
+    lo = int(offsets.min())
+    view = np.lib.stride_tricks.as_strided(
+        buf[lo:], shape=(int(offsets.max()) - lo + 1, size), strides=(1, 1), writeable=False
+    )
+    return view[offsets - lo]
 
 
 class _NpyHeader(NamedTuple):

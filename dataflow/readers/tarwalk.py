@@ -71,7 +71,7 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return out
 
 
-def _name(block: bytes, start: int, length: int) -> str:
+def _name(block: bytes | mmap.mmap, start: int, length: int) -> str:
     return block[start : start + length].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
@@ -79,7 +79,7 @@ def walk(url: str, data: bytes | mmap.mmap) -> Iterator[Member]:
     """Yield the regular-file members of an uncompressed tar held in ``data``.
 
     Directories and PAX global headers are passed over; a hard link yields the data of the
-    earlier member it names.
+    earlier member it names. Zero bytes are an empty archive (as GNU tar reads them).
 
     Raises:
         ShardReadError: a header is corrupt (bad checksum or number), a member type is not
@@ -87,6 +87,8 @@ def walk(url: str, data: bytes | mmap.mmap) -> Iterator[Member]:
             error names the byte offset of the header involved.
     """
     total = len(data)
+    if total == 0:
+        return
     pos = 0
     extended: dict[str, str] = {}
     files: dict[str, tuple[int, int]] = {}

@@ -25,7 +25,7 @@ class RawClient:
 
     @staticmethod
     def _socket() -> zmq.Socket:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         return sock
 

@@ -73,9 +73,11 @@ def test_drop_last_and_unshuffled(demo_data, servers) -> None:
     endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
     ids = _epoch_ids([endpoint], drop_last=True, shuffle=False)
     size = epoch_size(demo.total, world_size=WORLD, batch_size=BATCH, drop_last=True)
-    flat = [i for r in range(WORLD) for i in ids[r][0]]
-    assert len(flat) == len(set(flat)) == demo.total - size.dropped
-    assert flat == sorted(flat)
+    # Unshuffled, global batch g is samples [g * B, (g + 1) * B) and rank g % W reads it.
+    rounds = [ids[g % WORLD][0][(g // WORLD) * BATCH : (g // WORLD + 1) * BATCH]
+              for g in range(WORLD * size.batches_per_rank)]
+    flat = [i for batch in rounds for i in batch]
+    assert flat == list(range(demo.total - size.dropped))
 
 
 @pytest.mark.timeout(60)

@@ -36,7 +36,8 @@ def test_transform_error_reaches_client(demo_data, servers, tmp_path) -> None:
         with pytest.raises(RemoteError, match="transform refuses ids >= 100") as info:
             for batch in dl:
                 got.extend(batch["id"].tolist())
-    assert info.value.kind == "ValueError" and info.value.endpoint == server.endpoint
+    assert info.value.kind == "ReadFailed" and info.value.endpoint == server.endpoint
+    assert info.value.remote_message.startswith("ValueError: ")
     assert got == list(range(len(got))) and len(got) <= 100
 
 
@@ -94,7 +95,7 @@ def test_launch_reports_server_stderr(tmp_path) -> None:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("peer", ["nobody listening", "silent router"])
 def test_unanswered_hello_gives_server_unavailable(peer: str) -> None:
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     port = sock.bind_to_random_port("tcp://127.0.0.1")

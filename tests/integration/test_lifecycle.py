@@ -66,6 +66,7 @@ def test_launched_server_exits_when_its_launcher_is_killed(tmp_path, demo_data) 
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
     pids: list[int] = []
     try:
+        assert launcher.stdout is not None
         pids = json.loads(launcher.stdout.readline())
         assert all(pid_alive(p) for p in pids)
         launcher.kill()

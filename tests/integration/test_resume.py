@@ -1,86 +1,229 @@
-"""Exact mid-epoch resume through state_dict / load_state_dict."""
+"""The delivery contract under training-loop patterns, with real servers: resume in the usual
+loop, peeks and breaks, abandoned iterators, elastic resume on another world size."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from dataflow.client import DataLoader
-from dataflow.errors import DataflowError
+from dataflow.errors import ConfigError, DatasetMismatchError, StateMismatchError
+from dataflow.plan import epoch_size
 
-KW = dict(batch_size=8, rank=1, world_size=2, seed=3, timeout=20)
+BATCH = 8
+EPOCHS = 3
 
 
 def _ids(batch) -> list[int]:
     return batch["id"].tolist()
 
 
-@pytest.mark.timeout(90)
-def test_resume_yields_exactly_the_rest(demo_data, servers) -> None:
+def _loader(endpoint: str, rank: int = 0, world: int = 1, **kw) -> DataLoader:
+    return DataLoader(endpoint, batch_size=BATCH, rank=rank, world_size=world, seed=3,
+                      timeout=20, **kw)
+
+
+def _usual_loop(dl: DataLoader, start: int, stop_at: tuple[int, int] | None = None):
+    """``for epoch in range(start, EPOCHS): set_epoch(epoch); for batch in dl``; returns the
+    ids seen and, with ``stop_at=(epoch, k)``, stops after k batches of that epoch (k == len:
+    after its last batch) and returns the state taken there."""
+    seen: list[list[int]] = []
+    for epoch in range(start, EPOCHS):
+        dl.set_epoch(epoch)
+        if stop_at == (epoch, 0):
+            return seen, dl.state_dict()
+        for i, batch in enumerate(dl):
+            seen.append(_ids(batch))
+            if stop_at == (epoch, i + 1):
+                return seen, dl.state_dict()
+    return seen, None
+
+
+@pytest.mark.timeout(120)
+def test_usual_loop_resumed_anywhere_equals_the_uninterrupted_stream(demo_data,
+                                                                     servers) -> None:
     demo = demo_data("arrow")
     endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
-    with DataLoader(endpoint, **KW) as dl:
-        full = [_ids(b) for b in dl]
-        next_epoch = [_ids(b) for b in dl]
+    with _loader(endpoint) as dl:
+        reference, _ = _usual_loop(dl, 0)
         n = len(dl)
-    assert len(full) == n > 3
-    for k in (0, 1, n // 2, n - 1, n):
-        with DataLoader(endpoint, **KW) as first:
-            got = []
-            it = iter(first)
-            for _ in range(k):
-                got.append(_ids(next(it)))
-            state = first.state_dict()
-        assert state["batches_yielded"] == k and state["epoch"] == 0
-        with DataLoader(endpoint, **KW) as second:
+    assert len(reference) == EPOCHS * n
+    cases = [((0, 0), 0), ((0, 1), 0), ((1, n // 2), 1), ((1, n - 1), 1),
+             ((0, n), 0), ((0, n), 1), ((1, n), 1), ((1, n), 2)]
+    for stop_at, restart in cases:
+        with _loader(endpoint) as first:
+            head, state = _usual_loop(first, 0, stop_at)
+        assert state is not None
+        with _loader(endpoint) as second:
             second.load_state_dict(state)
-            rest = [_ids(b) for b in second]
-            if k == n:
-                assert second.epoch == 1 and rest == next_epoch
-            else:
-                assert got + rest == full, f"resume after {k} batches"
+            tail, _ = _usual_loop(second, restart)
+        assert head + tail == reference, f"stopped at {stop_at}, restarted at epoch {restart}"
 
 
-@pytest.mark.timeout(60)
-def test_epochs_advance_and_set_epoch(demo_data, servers) -> None:
-    demo = demo_data("arrow")
+@pytest.mark.timeout(120)
+def test_loop_without_set_epoch_resumes_and_advances(demo_data, servers) -> None:
+    demo = demo_data("tar")
     endpoint = servers([str(p) for p in demo.paths]).endpoint
-    with DataLoader(endpoint, **KW) as dl:
-        e0 = [_ids(b) for b in dl]
-        e1 = [_ids(b) for b in dl]
-        assert dl.epoch == 1 and e0 != e1
-        dl.set_epoch(0)
-        assert [_ids(b) for b in dl] == e0
+    with _loader(endpoint) as dl:
+        epochs = [[_ids(b) for b in dl] for _ in range(2)]
+        assert dl.epoch == 1 and epochs[0] != epochs[1]
+        n = len(dl)
         it = iter(dl)
-        next(it)
+        for _ in range(3):
+            next(it)
         state = dl.state_dict()
-        assert state["epoch"] == 1 and state["batches_yielded"] == 1
-        assert [_ids(b) for b in dl] == e1[1:]
+    assert state["epoch"] == 2
+    with _loader(endpoint) as dl:
+        dl.load_state_dict(state)
+        rest = [_ids(b) for b in dl]
+        assert len(rest) == n - 3
+        after = [_ids(b) for b in dl]
+        assert dl.epoch == 3 and len(after) == n
+        dl.set_epoch(0)
+        assert [_ids(b) for b in dl] == epochs[0]
+
+
+def _job(world: int, body: Callable[[int], object]) -> list[object]:
+    """Run ``body(rank)`` for every rank of a job in threads; results in rank order."""
+    results: list[object] = [None] * world
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = body(rank)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(100)
+    if errors:
+        raise errors[0]
+    assert not any(t.is_alive() for t in threads), "a rank did not finish"
+    return results
+
+
+@pytest.mark.timeout(120)
+def test_peeks_and_breaks_on_some_ranks_keep_counts_equal(demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
+
+    def rank_body(rank: int) -> list[int]:
+        with _loader(endpoint, rank, 2) as dl:
+            if rank == 0:
+                next(iter(dl))  # shape peek
+                for i, _ in enumerate(dl):
+                    if i == 2:
+                        break
+            counts = [sum(1 for _ in dl) for _ in range(2)]
+            return counts + [len(dl)]
+
+    (a, b) = _job(2, rank_body)
+    assert a == b and a[0] == a[1] == a[2]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(("world", "new_world"), [(2, 3), (4, 3), (4, 6), (5, 1)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_elastic_resume_reads_every_remaining_sample_once(demo_data, servers, world: int,
+                                                          new_world: int,
+                                                          drop_last: bool) -> None:
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
+    full = epoch_size(demo.total, world_size=world, batch_size=BATCH, drop_last=drop_last)
+    k = full.batches_per_rank // 2
+
+    def first_job(rank: int) -> tuple[list[int], dict]:
+        with _loader(endpoint, rank, world, drop_last=drop_last) as dl:
+            it = iter(dl)
+            ids = [i for _ in range(k) for i in _ids(next(it))]
+            return ids, dl.state_dict()
+
+    firsts = _job(world, first_job)
+    states = [s for _, s in firsts]  # type: ignore[misc]
+    assert all(s == {**states[0], "rank": r} for r, s in enumerate(states))
+    state = states[world - 1]  # any rank's state will do
+
+    def second_job(rank: int) -> list[int]:
+        with _loader(endpoint, rank, new_world, drop_last=drop_last) as dl:
+            dl.load_state_dict(state)
+            batches = [_ids(b) for b in dl]
+            assert len(batches) == epoch_size(
+                demo.total, world_size=new_world, batch_size=BATCH, drop_last=drop_last,
+                start=state["consumed"]).batches_per_rank
+            return [i for b in batches for i in b]
+
+    seconds = _job(new_world, second_job)
+    assert len({len(s) // BATCH for s in seconds}) <= 2  # equal batches; the last may be short
+    before = [i for ids, _ in firsts for i in ids]  # type: ignore[misc]
+    after = [i for ids in seconds for i in ids]  # type: ignore[union-attr]
+    assert len(before) == len(set(before)) == world * k * BATCH
+    rest = epoch_size(demo.total, world_size=new_world, batch_size=BATCH, drop_last=drop_last,
+                      start=state["consumed"])
+    counts = Counter(before + after)
+    if drop_last:
+        assert max(counts.values()) == 1
+        assert len(counts) == demo.total - rest.dropped
+    else:
+        assert set(counts) == set(range(demo.total))
+        assert sum(counts.values()) - demo.total == rest.repeated
 
 
 @pytest.mark.timeout(60)
 def test_load_state_dict_validates(demo_data, servers) -> None:
     demo = demo_data("arrow")
     endpoint = servers([str(p) for p in demo.paths]).endpoint
-    with DataLoader(endpoint, **KW) as dl:
+    other = servers([str(p) for p in demo.paths[:-1]]).endpoint
+    with _loader(endpoint) as dl:
         state = dl.state_dict()
-        for field, value in [("fingerprint", "0000"), ("world_size", 4), ("seed", 9),
-                             ("batch_size", 3)]:
-            with pytest.raises(DataflowError, match=f"`{field}`"):
+        for field, value in [("seed", 9), ("batch_size", 3), ("shuffle", "block"),
+                             ("drop_last", True)]:
+            with pytest.raises(StateMismatchError, match=f"`{field}`"):
                 dl.load_state_dict({**state, field: value})
-        with pytest.raises(DataflowError, match="`batches_yielded`"):
-            dl.load_state_dict({**state, "batches_yielded": len(dl) + 1})
+        for field, value in [("epoch", True), ("epoch", -1), ("consumed", "3"),
+                             ("consumed", demo.total + 1), ("version", 1)]:
+            with pytest.raises(StateMismatchError, match=f"`{field}`"):
+                dl.load_state_dict({**state, field: value})
+        with pytest.raises(StateMismatchError, match="missing `epoch`"):
+            dl.load_state_dict({k: v for k, v in state.items() if k != "epoch"})
+        dl.load_state_dict({**state, "epoch": np.int64(2), "world_size": 7, "rank": 5})
+        assert dl.epoch == 2
+        for wrong in (True, -1, 1.5, "2"):
+            with pytest.raises(ConfigError, match="`epoch`"):
+                dl.set_epoch(wrong)  # type: ignore[arg-type]
+        dl.set_epoch(np.int64(1))  # type: ignore[arg-type]
+        assert dl.epoch == 1
+    with _loader(other) as dl, pytest.raises(DatasetMismatchError, match="dataset"):
+        dl.load_state_dict(state)
+
+
+def _wait_delivered(dl: DataLoader, more_than: int) -> int:
+    deadline = time.monotonic() + 20
+    while (n := dl.stats()["delivered"]) <= more_than:
+        assert time.monotonic() < deadline, "no batch delivered within 20 s"
+        time.sleep(0.01)
+    return n
 
 
 @pytest.mark.timeout(60)
-def test_many_abandoned_iterators_do_not_overflow_the_loader(demo_data, servers) -> None:
+@pytest.mark.parametrize("prefetch", [1, 4, 16])
+def test_abandoned_iterators_then_a_read_one_yield_the_epoch_once(demo_data, servers,
+                                                                   prefetch: int) -> None:
     demo = demo_data("arrow")
-    server = servers([str(p) for p in demo.paths])
-    with DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, prefetch=2,
+    server = servers([str(p) for p in demo.paths], workers=2)
+    with DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, prefetch=prefetch,
                     timeout=20) as dl:
-        for _ in range(8):
-            iter(dl)
-            time.sleep(0.3)
+        delivered = 0
+        for _ in range(4):
+            iter(dl)  # created, never read: its batches arrive and must not stay behind
+            delivered = _wait_delivered(dl, delivered)
         ids = sorted(i for batch in dl for i in batch["id"].tolist())
+        assert dl.stats()["discarded"] > 0
     assert ids == list(range(demo.total))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -57,12 +59,25 @@ def test_stalled_client_does_not_grow_server_memory(demo_data, servers, raw_clie
     assert sorted(r.req_id for r in replies if isinstance(r, wire.BatchMsg)) == [0, 1, 2, 3]
     greedy = raw_client(server.endpoint)
     assert greedy.call(wire.Hello(1, "greedy")).credits == 1
-    for req_id in (1, 2, 3):
-        greedy.send(wire.Request(req_id, whole_shard))
-    replies = {r.req_id: r for r in (greedy.recv(), greedy.recv(), greedy.recv())}
-    # Up to twice the credits are tolerated (notices of sent replies may lag); beyond, refused.
-    assert isinstance(replies[1], wire.BatchMsg) and isinstance(replies[2], wire.BatchMsg)
-    assert isinstance(replies[3], wire.ErrorMsg) and "credit" in replies[3].message
+    readers = probe.stats()["worker_pids"]
+    for pid in readers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        # With the readers stopped no reply is sent, so no credit comes back: the two
+        # requests stay outstanding, twice the one credit granted.
+        admitted = probe.stats()["requests"] + 2
+        for req_id in (1, 2):
+            greedy.send(wire.Request(req_id, whole_shard))
+        _wait_for(lambda: probe.stats()["requests"] == admitted, 10, "two requests admitted")
+        refused = greedy.call(wire.Request(3, whole_shard))
+        assert isinstance(refused, wire.ErrorMsg) and refused.req_id == 3
+        assert refused.kind == wire.ErrorKind.PROTOCOL and "credit" in refused.message
+    finally:
+        for pid in readers:
+            os.kill(pid, signal.SIGCONT)
+    replies = [greedy.recv(), greedy.recv()]
+    assert all(isinstance(r, wire.BatchMsg) for r in replies)
+    assert sorted(r.req_id for r in replies) == [1, 2]
 
 
 _KILLED_CLIENT = textwrap.dedent("""
@@ -83,6 +98,7 @@ def test_killed_client_state_is_freed(tmp_path, demo_data, servers, raw_client) 
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT, server.endpoint],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path)
     try:
+        assert proc.stdout is not None
         assert proc.stdout.readline().strip() == b"streaming"
         probe = raw_client(server.endpoint)
         assert probe.stats()["clients"] == 1
@@ -145,7 +161,7 @@ def test_garbage_on_reader_data_sockets_leaves_readers_serving(demo_data, server
                                                                  raw_client) -> None:
     demo = demo_data("arrow")
     server = servers([str(p) for p in demo.paths], workers=2)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     attackers = []
     try:
         for endpoint in server.ready["data_endpoints"]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dataflow import wire
-from dataflow.client.buffers import ALIGN, HostSink, layout, typed_views
+from dataflow.client.buffers import HostSink, typed_views
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
 from dataflow.errors import ConfigError
 
@@ -23,6 +23,8 @@ def _cfg(**kw) -> LoaderConfig:
     (dict(prefetch=0), "prefetch"),
     (dict(timeout=0), "timeout"),
     (dict(seed=-1), "seed"),
+    (dict(shuffle="random"), "shuffle"),
+    (dict(shuffle_window=0), "shuffle_window"),
     (dict(endpoints=()), "servers"),
     (dict(endpoints=("localhost:1",)), "servers"),
     (dict(endpoints=("tcp://a:1", "tcp://a:1")), "servers"),
@@ -38,8 +40,18 @@ def test_cuda_device_without_cuda() -> None:
         _cfg(device=normalize_device("cuda"))
 
 
+class _Endless(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        while True:
+            yield 0
+
+
 def test_normalizers() -> None:
     assert normalize_servers("tcp://x:1") == ("tcp://x:1",)
+    assert normalize_servers(["tcp://x:1", "tcp://y:1"]) == ("tcp://x:1", "tcp://y:1")
+    for wrong in (_Endless(), [1, 2], None, {"tcp://x:1"}):
+        with pytest.raises(ConfigError, match="`servers`"):
+            normalize_servers(wrong)
     assert normalize_device(None) is None and normalize_device("cpu") is None
 
 
@@ -59,11 +71,11 @@ def test_dist_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_host_sink_views_are_typed_and_fresh() -> None:
     specs = (wire.ArraySpec("a", "int64", (3,)), wire.ArraySpec("b", "bool", (3, 2)),
              wire.ArraySpec("c", "float16", (3,)))
-    offsets, total = layout(specs)
-    assert all(o % ALIGN == 0 for o in offsets) and total >= 24 + 6 + 6
-    sink = HostSink(pin=False)
     msg = wire.BatchMsg(1, 3, specs)
-    one, two = sink.land(msg), sink.land(msg)
+    layout = wire.BatchLayout.of(msg)
+    assert all(o % wire.ALIGN == 0 for o in layout.offsets) and layout.nbytes >= 24 + 6 + 6
+    sink = HostSink(pin=False)
+    one, two = sink.land(layout), sink.land(layout)
     assert one.array.ctypes.data != two.array.ctypes.data
     one.array[:] = 0
     views = typed_views(one.host, specs, one.offsets)
@@ -76,15 +88,16 @@ def test_host_pool_reuses_a_buffer_only_after_its_batch_is_gone() -> None:
     specs = (wire.ArraySpec("x", "uint8", (4, 100_000)),)
     sink = HostSink(pin=False, pool_capacity=2)
     msg = wire.BatchMsg(1, 4, specs)
-    first = sink.finish(sink.land(msg), msg).tensors["x"]
+    layout = wire.BatchLayout.of(msg)
+    first = sink.finish(sink.land(layout), msg).tensors["x"]
     first.fill_(7)
-    second = sink.finish(sink.land(msg), msg).tensors["x"]
+    second = sink.finish(sink.land(layout), msg).tensors["x"]
     assert first.data_ptr() != second.data_ptr()
     assert sink.pool.idle == 0
     address = first.data_ptr()
     del first
     assert sink.pool.idle == 1
-    third = sink.finish(sink.land(msg), msg).tensors["x"]
+    third = sink.finish(sink.land(layout), msg).tensors["x"]
     assert third.data_ptr() == address
     assert sink.pool.idle == 0
     del second, third

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dataflow.client.transport import reachable
+from dataflow.client.handshake import reachable
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,204 @@
+"""The one meeting point of a DataLoader's consumer thread and its I/O thread.
+
+Everything that crosses between the two threads goes through a :class:`Handoff`, under its
+lock: commands one way (:class:`StartEpoch`, :class:`Stop`), and the other way the handshake
+result, batches of the current epoch in plan order, and a failure. Nothing else is shared.
+
+Batches belong to an epoch *generation*. :meth:`Handoff.start` (consumer) makes a new
+generation current and discards every batch of older ones at once, so iterators that were
+created and abandoned never leave batches behind; a batch the I/O thread delivers for a
+generation that is no longer current is discarded on arrival. The I/O thread never has more
+than its window of batches of one generation requested but not taken, so a delivery beyond
+``capacity`` is a bug and raises :class:`~dataflow.errors.InternalError` — never a silent drop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from dataflow import wire
+from dataflow.errors import DataflowError, InternalError
+from dataflow.plan import Batches
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StartEpoch:
+    """Request ``batches`` (batch ``first`` of the epoch and the ones after it) for ``gen``."""
+
+    gen: int
+    batches: Batches
+    first: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Say BYE to the servers, close every socket and end the I/O thread."""
+
+
+Command = StartEpoch | Stop
+
+
+class Handoff(Generic[T]):
+    """Thread-safe exchange between one consumer and one I/O thread.
+
+    Args:
+        wake: wakes the I/O thread (called without the lock held; must never block).
+
+    Thread invariant: every attribute is read and written under ``_lock``; :attr:`capacity`
+    is set by the I/O thread before its first delivery.
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._commands: deque[Command] = deque()
+        self._gen = 0
+        self._batches: deque[tuple[int, T]] = deque()
+        self._taken = 0
+        self._indexes: tuple[wire.Index, ...] | None = None
+        self._error: BaseException | None = None
+        self._want_wake = False
+        self._delivered = 0
+        self._discarded = 0
+        self.capacity = 0
+
+    # -- consumer side --------------------------------------------------------------------------
+
+    def command(self, cmd: Command) -> None:
+        """Queue ``cmd`` for the I/O thread and wake it."""
+        with self._lock:
+            self._commands.append(cmd)
+        self._wake()
+
+    def start(self, cmd: StartEpoch) -> None:
+        """Make ``cmd.gen`` the current generation, discard older batches, send ``cmd``."""
+        with self._lock:
+            if cmd.gen <= self._gen:
+                raise InternalError(f"epoch generation {cmd.gen} after {self._gen}")
+            self._gen = cmd.gen
+            self._discarded += len(self._batches)
+            self._batches.clear()
+            self._taken = 0
+            self._commands.append(cmd)
+        self._wake()
+
+    def take(self, gen: int, timeout: float, alive: Callable[[], bool]) -> tuple[int, T]:
+        """The next batch ``(index, item)`` of generation ``gen``, waiting for it.
+
+        Args:
+            gen: the consumer's generation (must be current).
+            timeout: seconds between checks of ``alive``.
+            alive: whether the I/O thread still runs.
+
+        Raises:
+            the I/O thread's failure, if it reported one;
+            DataflowError: the I/O thread ended without reporting one.
+        """
+        wake = False
+        with self._lock:
+            while not self._batches:
+                self._raise_failure()
+                if not alive():
+                    raise DataflowError("the DataLoader's I/O thread has stopped")
+                self._ready.wait(timeout)
+            self._raise_failure()
+            if gen != self._gen:
+                raise InternalError(f"take for generation {gen}; current is {self._gen}")
+            item = self._batches.popleft()
+            self._taken += 1
+            if self._want_wake:
+                self._want_wake = False
+                wake = True
+        if wake:
+            self._wake()
+        return item
+
+    def hello(self, timeout: float, alive: Callable[[], bool]) -> tuple[wire.Index, ...]:
+        """Every server's INDEX once the handshake is done (raises the I/O thread's failure)."""
+        with self._lock:
+            while self._indexes is None:
+                self._raise_failure()
+                if not alive():
+                    raise DataflowError("the DataLoader's I/O thread has stopped")
+                self._ready.wait(timeout)
+            return self._indexes
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    # -- I/O thread side ------------------------------------------------------------------------
+
+    def commands(self) -> list[Command]:
+        """Commands queued since the last call, oldest first."""
+        with self._lock:
+            out = list(self._commands)
+            self._commands.clear()
+            return out
+
+    def taken(self, gen: int, window_full: bool) -> int:
+        """Batches of ``gen`` the consumer took (0 for a generation no longer current).
+
+        ``window_full``: the I/O thread cannot request more until the consumer takes a batch;
+        the next :meth:`take` then wakes it (otherwise takes do not wake it).
+        """
+        with self._lock:
+            self._want_wake = window_full
+            return self._taken if gen == self._gen else 0
+
+    def deliver(self, gen: int, index: int, item: T) -> bool:
+        """Hand batch ``index`` of ``gen`` to the consumer.
+
+        Returns:
+            False when ``gen`` is no longer current (the item was not kept).
+
+        Raises:
+            InternalError: more than ``capacity`` batches would wait.
+        """
+        with self._lock:
+            if gen != self._gen:
+                self._discarded += 1
+                return False
+            if len(self._batches) >= self.capacity:
+                raise InternalError(f"hand-off over its capacity {self.capacity} at batch "
+                                    f"{index} of generation {gen}")
+            self._batches.append((index, item))
+            self._delivered += 1
+            self._ready.notify()
+            return True
+
+    def handshake_done(self, indexes: tuple[wire.Index, ...]) -> None:
+        with self._lock:
+            self._indexes = indexes
+            self._ready.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """Report a failure; every later consumer call raises it (the first one is kept)."""
+        if not isinstance(error, DataflowError):
+            wrapped = DataflowError(f"client I/O thread failed: {type(error).__name__}: {error}")
+            wrapped.__cause__ = error
+            error = wrapped
+        with self._lock:
+            if self._error is None:
+                self._error = error
+            self._ready.notify_all()
+
+    def stats(self) -> dict[str, int]:
+        """Batches delivered to the consumer's side, and batches of abandoned generations
+        discarded (waiting when a new one started, or arriving after)."""
+        with self._lock:
+            return {"delivered": self._delivered, "discarded": self._discarded,
+                    "waiting": len(self._batches)}
+
+    @property
+    def failed(self) -> bool:
+        with self._lock:
+            return self._error is not None
+

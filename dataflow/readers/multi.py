@@ -1,0 +1,66 @@
+"""Reading the ``(shard, start, stop)`` ranges of one request into one batch.
+
+A sample-level shuffle asks for hundreds of one-sample ranges per batch. :func:`read_ranges`
+hands every run of consecutive ranges of one shard to that shard's
+:meth:`~dataflow.readers.ShardReader.read_many`, which gathers them in one pass, instead of
+reading range by range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from dataflow.batch import Batch, concat
+from dataflow.errors import DataflowError
+from dataflow.readers.base import ShardReader
+
+MAX_NAMED_RANGES = 4
+
+
+def describe_ranges(starts: np.ndarray, stops: np.ndarray) -> str:
+    """``"samples [a, b), [c, d) and 254 more ranges"``: the first few ranges, for messages."""
+    named = ", ".join(
+        f"[{a}, {b})" for a, b in zip(starts[:MAX_NAMED_RANGES].tolist(),
+                                      stops[:MAX_NAMED_RANGES].tolist(), strict=True)
+    )
+    more = len(starts) - MAX_NAMED_RANGES
+    return f"samples {named}" + (f" and {more} more ranges" if more > 0 else "")
+
+
+def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) -> Batch:
+    """Read rows ``(shard, start, stop)`` of ``ranges`` into one batch.
+
+    The result equals concatenating ``get_reader(shard).read(start, stop)`` over the rows of
+    ``ranges`` in order. Each run of consecutive rows naming the same shard is one
+    :meth:`~dataflow.readers.ShardReader.read_many` call, so requests sorted by shard read
+    each shard once.
+
+    Args:
+        get_reader: the open reader of a shard, by shard number.
+        ranges: int64 of shape ``(n, 3)``, ``n > 0``: ``(shard, start, stop)`` per row.
+
+    Raises:
+        DataflowError: ``ranges`` is empty or not of shape ``(n, 3)``; errors of the readers
+            pass through, and any other exception a reader raises is wrapped in one naming
+            the shard and its ranges.
+    """
+    ranges = np.asarray(ranges, dtype=np.int64)
+    if ranges.ndim != 2 or ranges.shape[1] != 3 or len(ranges) == 0:
+        raise DataflowError(f"ranges must be a non-empty (n, 3) array. Found: shape "
+                            f"{ranges.shape}")
+    shards = ranges[:, 0]
+    cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(ranges)]
+    parts = []
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        reader = get_reader(int(shards[lo]))
+        starts, stops = ranges[lo:hi, 1], ranges[lo:hi, 2]
+        try:
+            parts.append(reader.read_many(starts, stops))
+        except DataflowError:
+            raise
+        except Exception as e:
+            raise DataflowError(f"{reader.url}: reading {describe_ranges(starts, stops)} "
+                                f"failed: {type(e).__name__}: {e}") from e
+    return concat(parts)

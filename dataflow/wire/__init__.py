@@ -1,0 +1,52 @@
+"""The wire protocol between loader servers and trainer clients: the one package for it.
+
+* :mod:`~dataflow.wire.messages`: kinds, error kinds, one frozen dataclass per kind;
+* :mod:`~dataflow.wire.codec`: the table of kinds (:data:`SPECS`), :func:`encode`,
+  :func:`decode`, :func:`decode_header`;
+* :mod:`~dataflow.wire.layout`: :class:`BatchLayout`, where a BATCH's arrays land in one
+  receive buffer (used by :func:`decode` and by the client's zero-copy receiver);
+* :mod:`~dataflow.wire.arrays`: BATCH validation and ``Batch`` <-> message;
+* :mod:`~dataflow.wire.internal`: the frontend <-> reader messages of a server.
+
+This package never imports pyarrow or torch.
+"""
+
+from dataflow.wire.arrays import batch_to_message, message_to_batch
+from dataflow.wire.codec import SPECS, MessageSpec, decode, decode_header, encode, kind_of
+from dataflow.wire.fields import (
+    MAX_CREDITS,
+    MAX_HEADER_BYTES,
+    MAX_INDEX_BYTES,
+    MAX_NAME,
+    MAX_RANGES,
+    MAX_TEXT,
+)
+from dataflow.wire.layout import ALIGN, MAX_FRAME_BYTES, BatchLayout
+from dataflow.wire.messages import (
+    DTYPES,
+    MAGIC,
+    VERSION,
+    ArraySpec,
+    BatchMsg,
+    Buffer,
+    Bye,
+    ErrorKind,
+    ErrorMsg,
+    Heartbeat,
+    Hello,
+    Index,
+    Kind,
+    Message,
+    Request,
+    Stats,
+    StatsReply,
+)
+
+__all__ = [
+    "ALIGN", "DTYPES", "MAGIC", "MAX_CREDITS", "MAX_FRAME_BYTES", "MAX_HEADER_BYTES",
+    "MAX_INDEX_BYTES", "MAX_NAME", "MAX_RANGES", "MAX_TEXT", "SPECS",
+    "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "Buffer", "Bye", "ErrorKind",
+    "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",
+    "Stats", "StatsReply", "batch_to_message", "decode",
+    "decode_header", "encode", "kind_of", "message_to_batch",
+]

@@ -1,0 +1,192 @@
+"""BATCH messages: array-spec validators, the payload codec, and Batch <-> message."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from dataflow.batch import RAGGED_KINDS, Batch, Ragged, batch_len
+from dataflow.errors import ProtocolError
+from dataflow.wire.fields import (
+    INT64_MAX,
+    MAX_ARRAYS,
+    MAX_MESSAGE_BYTES,
+    MAX_NAME,
+    MAX_NDIM,
+    BodyCodec,
+    FieldError,
+    is_int,
+)
+from dataflow.wire.layout import BatchLayout, chunk_sizes
+from dataflow.wire.messages import DTYPES, OFFSETS_SUFFIX, ArraySpec, BatchMsg, Buffer
+
+ZERO_COPY_MIN_BYTES = 64 * 1024
+
+
+def _array_spec(item: Any) -> ArraySpec:
+    if not isinstance(item, list) or len(item) != 3:
+        raise FieldError("entries must be [name, dtype, shape]")
+    name, dtype, shape = item
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+        raise FieldError(f"array names must be non-empty strings of at most {MAX_NAME} "
+                         "characters")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise FieldError(f"array {name!r}: dtype must be one of {sorted(DTYPES)}")
+    if (not isinstance(shape, list) or not 1 <= len(shape) <= MAX_NDIM
+            or not all(is_int(d) and 0 <= d <= INT64_MAX for d in shape)):
+        raise FieldError(f"array {name!r}: shape must be 1 to {MAX_NDIM} non-negative integers")
+    return ArraySpec(name, dtype, tuple(shape))
+
+
+def array_specs(v: Any) -> tuple[ArraySpec, ...]:
+    """Validator of BATCH ``arrays``: unique ``[name, dtype, shape]`` specs, 2 GiB at most."""
+    if not isinstance(v, list) or len(v) > MAX_ARRAYS:
+        raise FieldError(f"must be a list of at most {MAX_ARRAYS} specs")
+    specs = tuple(_array_spec(a) for a in v)
+    if len({s.name for s in specs}) != len(specs):
+        raise FieldError("array names must be unique")
+    total = 0
+    for s in specs:
+        total += s.nbytes
+        if total > MAX_MESSAGE_BYTES:
+            raise FieldError(f"declares more than {MAX_MESSAGE_BYTES} bytes of arrays")
+    return specs
+
+
+def ragged_fields(v: Any) -> tuple[tuple[str, str], ...]:
+    """Validator of BATCH ``ragged``: unique ``[name, kind]`` pairs."""
+    if not isinstance(v, list) or len(v) > MAX_ARRAYS:
+        raise FieldError(f"must be a list of at most {MAX_ARRAYS} pairs")
+    out = []
+    for item in v:
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)
+                or item[1] not in RAGGED_KINDS):
+            raise FieldError(f"entries must be [name, kind] with kind in {RAGGED_KINDS}")
+        out.append((item[0], item[1]))
+    if len({n for n, _ in out}) != len(out):
+        raise FieldError("ragged field names must be unique")
+    return tuple(out)
+
+
+def check_batch(msg: BatchMsg) -> None:
+    """Rules between BATCH fields: ragged fields have values and offsets, others ``size`` rows.
+
+    Raises:
+        ProtocolError: naming the field (``ragged`` or ``arrays``) that breaks a rule.
+    """
+    by_name = {s.name: s for s in msg.arrays}
+    paired: set[str] = set()
+    for name, _ in msg.ragged:
+        values, offsets = by_name.get(name), by_name.get(name + OFFSETS_SUFFIX)
+        if values is None or offsets is None:
+            raise ProtocolError(f"BATCH header field `ragged`: field {name!r} needs arrays "
+                                f"{name!r} and {name + OFFSETS_SUFFIX!r}"[:400])
+        if len(values.shape) != 1:
+            raise ProtocolError(f"BATCH header field `ragged`: field {name!r}: values must be "
+                                f"1-D. Found shape {values.shape}")
+        if offsets.dtype != "int64" or offsets.shape != (msg.size + 1,):
+            raise ProtocolError(f"BATCH header field `ragged`: field {name!r}: offsets must be "
+                                f"int64 of shape ({msg.size + 1},). Found: {offsets.dtype} "
+                                f"{offsets.shape}")
+        paired.update((name, name + OFFSETS_SUFFIX))
+    for s in msg.arrays:
+        if s.name not in paired and s.shape[0] != msg.size:
+            raise ProtocolError(f"BATCH header field `arrays`: array {s.name!r}: first "
+                                f"dimension must be the batch size {msg.size}. Found shape "
+                                f"{s.shape}")
+
+
+def _array_frames(arr: np.ndarray) -> list[Buffer]:
+    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    out: list[Buffer] = []
+    pos = 0
+    for n in chunk_sizes(flat.nbytes):
+        part = flat[pos : pos + n]
+        out.append(part.data if n >= ZERO_COPY_MIN_BYTES else part.tobytes())
+        pos += n
+    return out
+
+
+class ArraysBody(BodyCodec):
+    """A BATCH's arrays: raw frames laid out by :class:`BatchLayout`."""
+
+    attr = "data"
+    empty = ()
+
+    def encode(self, msg: BatchMsg) -> tuple[dict[str, Any], list[Any]]:
+        if len(msg.data) != len(msg.arrays):
+            raise ProtocolError(f"BATCH has {len(msg.arrays)} array specs but "
+                                f"{len(msg.data)} arrays")
+        total = sum(s.nbytes for s in msg.arrays)
+        if total > MAX_MESSAGE_BYTES:
+            raise ProtocolError(f"BATCH of {total} bytes exceeds {MAX_MESSAGE_BYTES}")
+        return {}, [f for arr in msg.data for f in _array_frames(arr)]
+
+    def sizes(self, head: BatchMsg, described: dict[str, Any]) -> list[int]:
+        return [n for _, n in BatchLayout.of(head).frames]
+
+    def decode(self, head: BatchMsg, described: dict[str, Any],
+               frames: Sequence[Any]) -> BatchMsg:
+        layout = BatchLayout.of(head)
+        buf = np.empty(layout.nbytes, dtype=np.uint8)
+        for (start, n), f in zip(layout.frames, frames, strict=True):
+            buf[start : start + n] = np.frombuffer(f, dtype=np.uint8)
+        layout.check(head, buf)
+        return replace(head, data=tuple(layout.arrays(head, buf).values()))
+
+
+def _native(name: str, arr: Any) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise ProtocolError(f"field {name!r}: expected a numpy array or Ragged column. "
+                            f"Found: {type(arr).__name__}")
+    if arr.dtype.name not in DTYPES:
+        raise ProtocolError(f"field {name!r}: dtype must be one of {sorted(DTYPES)}. "
+                            f"Found: {arr.dtype}")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.ascontiguousarray(arr)
+
+
+def batch_to_message(req_id: int, batch: Batch) -> BatchMsg:
+    """The BATCH message carrying ``batch`` as the reply to request ``req_id``.
+
+    Raises:
+        ProtocolError: a column has an unsupported type or dtype, or columns disagree on length.
+    """
+    size = batch_len(batch)
+    specs: list[ArraySpec] = []
+    data: list[np.ndarray] = []
+    ragged: list[tuple[str, str]] = []
+    for name, col in batch.items():
+        if isinstance(col, Ragged):
+            values = _native(name, col.values)
+            offsets = np.ascontiguousarray(col.offsets, dtype=np.int64)
+            parts = [(name, values), (name + OFFSETS_SUFFIX, offsets)]
+            ragged.append((name, col.kind))
+        else:
+            arr = _native(name, col)
+            if arr.ndim == 0:
+                raise ProtocolError(f"field {name!r}: a column needs a batch dimension")
+            parts = [(name, arr)]
+        if len(col) != size:
+            raise ProtocolError(f"field {name!r} has {len(col)} samples; expected {size}")
+        for n, a in parts:
+            specs.append(ArraySpec(n, a.dtype.name, tuple(a.shape)))
+            data.append(a)
+    return BatchMsg(req_id, size, tuple(specs), tuple(ragged), tuple(data))
+
+
+def message_to_batch(msg: BatchMsg) -> Batch:
+    """The :data:`~dataflow.batch.Batch` carried by a decoded BATCH message."""
+    arrays = dict(zip((s.name for s in msg.arrays), msg.data, strict=True))
+    kinds = dict(msg.ragged)
+    out: Batch = {}
+    for name, arr in arrays.items():
+        if name in kinds:
+            out[name] = Ragged(arr, arrays[name + OFFSETS_SUFFIX], kinds[name])
+        elif not (name.endswith(OFFSETS_SUFFIX) and name[: -len(OFFSETS_SUFFIX)] in kinds):
+            out[name] = arr
+    return out

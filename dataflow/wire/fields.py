@@ -1,0 +1,144 @@
+"""Limits of the wire protocol, validators of header fields, and the parts of a kind's spec.
+
+A validator takes a value parsed from the JSON header and returns the Python value of the
+field, or raises :class:`FieldError` with the reason (the codec adds the kind, the field's name
+and the value found).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_MESSAGE_BYTES = 2 * 1024**3
+MAX_INDEX_BYTES = 256 * 1024 * 1024
+MAX_ARRAYS = 1024
+MAX_NDIM = 8
+MAX_NAME = 256
+MAX_TEXT = 16 * 1024
+MAX_RANGES = 1 << 20
+MAX_CREDITS = 1 << 16
+MAX_WORKERS = 1 << 20
+MAX_COUNTERS = 256
+MAX_COUNTER_LIST = 4096
+INT64_MAX = 2**63 - 1
+
+Validator = Callable[[Any], Any]
+
+
+class FieldError(Exception):
+    """Why a header field's value is invalid (turned into a ProtocolError naming the field)."""
+
+
+def is_int(v: Any) -> bool:
+    """Whether ``v`` is a JSON integer (``bool`` is not)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def integer(lo: int, hi: int) -> Validator:
+    """An integer in ``[lo, hi]``."""
+    def check(v: Any) -> int:
+        if not is_int(v) or not lo <= v <= hi:
+            raise FieldError(f"must be an integer in [{lo}, {hi}]")
+        return int(v)
+    return check
+
+
+def text(limit: int) -> Validator:
+    """A string of at most ``limit`` characters."""
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or len(v) > limit:
+            raise FieldError(f"must be a string of at most {limit} characters")
+        return v
+    return check
+
+
+def string_list(limit: int, item_limit: int) -> Validator:
+    """A list of at most ``limit`` non-empty strings of at most ``item_limit`` characters."""
+    def check(v: Any) -> tuple[str, ...]:
+        if (not isinstance(v, list) or len(v) > limit
+                or not all(isinstance(e, str) and 0 < len(e) <= item_limit for e in v)):
+            raise FieldError(f"must be a list of at most {limit} non-empty strings of at most "
+                             f"{item_limit} characters")
+        return tuple(v)
+    return check
+
+
+def choice(values: dict[str, Any]) -> Validator:
+    """One of the strings ``values`` maps; returns what it maps to."""
+    def check(v: Any) -> Any:
+        if not isinstance(v, str) or v not in values:
+            raise FieldError(f"must be one of {sorted(values)}")
+        return values[v]
+    return check
+
+
+def counters(v: Any) -> dict[str, int | list[int]]:
+    """At most 256 ``name -> int`` or ``name -> list[int]`` entries."""
+    if not isinstance(v, dict) or len(v) > MAX_COUNTERS:
+        raise FieldError(f"must be an object of at most {MAX_COUNTERS} entries")
+    for k, c in v.items():
+        ok = is_int(c) or (isinstance(c, list) and len(c) <= MAX_COUNTER_LIST
+                           and all(is_int(x) for x in c))
+        if not ok or len(k) > MAX_NAME:
+            raise FieldError(f"counter {k[:MAX_NAME]!r} must be an integer or a list of at most "
+                             f"{MAX_COUNTER_LIST} integers")
+    return v
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One header field of a message kind.
+
+    Attributes:
+        attr: the dataclass attribute it carries.
+        check: validator of the JSON value (returns the attribute's value).
+        key: its name in the header (``attr`` when empty).
+        dump: attribute value -> JSON value.
+    """
+
+    attr: str
+    check: Validator
+    key: str = ""
+    dump: Callable[[Any], Any] = _same
+
+    @property
+    def name(self) -> str:
+        return self.key or self.attr
+
+
+class BodyCodec(ABC):
+    """The buffer frames after the header of one kind, and the header fields describing them.
+
+    Attributes:
+        attr: the dataclass attribute the frames carry.
+        empty: its value in a header-only decode.
+        fields: header fields that describe the frames (e.g. their size).
+    """
+
+    attr: str
+    empty: Any
+    fields: tuple[FieldSpec, ...] = ()
+
+    @abstractmethod
+    def encode(self, msg: Any) -> tuple[dict[str, Any], list[Any]]:
+        """JSON values of :attr:`fields`, and the frames carrying ``msg``'s payload."""
+
+    @abstractmethod
+    def sizes(self, head: Any, described: dict[str, Any]) -> list[int]:
+        """Exact sizes of the frames that must follow the header-only message ``head``."""
+
+    @abstractmethod
+    def decode(self, head: Any, described: dict[str, Any], frames: Sequence[Any]) -> Any:
+        """The whole message: ``head`` with its payload from ``frames`` (sizes already checked).
+
+        Raises:
+            ProtocolError: the payload is invalid.
+        """

@@ -1,0 +1,152 @@
+"""Messages between a loader server's frontend and its reader processes (private ipc socket).
+
+Each message is a tag frame then one frame per field, fixed by the tag's entry in
+:data:`INTERNAL`::
+
+    TASK  [b"T", token, req_id, ranges]    frontend -> reader: serve one REQUEST
+    READY [b"R", endpoint]                 reader -> frontend, once: my data endpoint
+    SENT  [b"S", token, req_id, nbytes]    reader -> frontend: reply handed to ZeroMQ
+    LOST  [b"L", token, req_id, why]       reader -> frontend: reply dropped
+
+``token`` is the client's session token (the routing id of its data connections, and the key
+of its session at the frontend); integers are 8 little-endian bytes, in ``[0, 2**63)``;
+``ranges`` the REQUEST's int64 (n, 3) array, passed on without decoding it again. A ROUTER
+prepends the peer's routing id, which is not part of these messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from dataflow.errors import ProtocolError
+from dataflow.wire.fields import INT64_MAX, MAX_NAME, MAX_TEXT
+from dataflow.wire.messages import as_ranges
+
+
+@dataclass(frozen=True)
+class Task:
+    """A REQUEST handed to a reader: for session ``token``, request ``req_id``.
+
+    Attributes:
+        token: the client's session token (ASCII).
+        req_id: the request's id.
+        ranges: int64 (n, 3) ``(shard, start, stop)`` rows, as decoded from the REQUEST.
+    """
+
+    token: bytes
+    req_id: int
+    ranges: np.ndarray
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A reader serves; its data socket is bound at ``endpoint``."""
+
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A reader is handing the reply to request ``req_id`` of session ``token`` to ZeroMQ.
+
+    Attributes:
+        nbytes: bytes of the reply.
+    """
+
+    token: bytes
+    req_id: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A reader dropped the reply to request ``req_id`` of session ``token``; ``why``."""
+
+    token: bytes
+    req_id: int
+    why: str
+
+
+Internal = Task | Ready | Sent | Lost
+
+
+def _count(data: Any) -> int:
+    if memoryview(data).nbytes != 8:
+        raise ValueError("must be 8 bytes")
+    value = int.from_bytes(bytes(data), "little")
+    if value > INT64_MAX:
+        raise ValueError(f"must be in [0, {INT64_MAX}]")
+    return value
+
+
+def _count_bytes(value: int) -> bytes:
+    return int(value).to_bytes(8, "little")
+
+
+def _token(data: Any) -> bytes:
+    raw = bytes(data)
+    if not 0 < len(raw) <= MAX_NAME:
+        raise ValueError(f"must be 1 to {MAX_NAME} bytes")
+    return raw
+
+
+def _text(data: Any) -> str:
+    raw = bytes(data)
+    if len(raw) > MAX_TEXT:
+        raise ValueError(f"must be at most {MAX_TEXT} bytes")
+    return raw.decode("utf-8")
+
+
+def _ranges(data: Any) -> np.ndarray:
+    if memoryview(data).nbytes % 24:
+        raise ValueError("must be whole int64 triples")
+    return as_ranges(np.frombuffer(data, dtype="<i8").reshape(-1, 3))
+
+
+_Codec = tuple[Callable[[Any], bytes], Callable[[Any], Any]]
+_CODECS: dict[str, _Codec] = {
+    "token": (bytes, _token),
+    "req_id": (_count_bytes, _count),
+    "nbytes": (_count_bytes, _count),
+    "ranges": (lambda v: np.ascontiguousarray(v, dtype="<i8").tobytes(), _ranges),
+    "endpoint": (lambda v: v.encode("utf-8"), _text),
+    "why": (lambda v: v[:MAX_TEXT].encode("utf-8"), _text),
+}
+
+INTERNAL: dict[bytes, type] = {b"T": Task, b"R": Ready, b"S": Sent, b"L": Lost}
+_TAG_OF = {cls: tag for tag, cls in INTERNAL.items()}
+
+
+def encode_internal(msg: Internal) -> list[bytes]:
+    """Frames of ``msg``: its tag, then one frame per field."""
+    return [_TAG_OF[type(msg)],
+            *(_CODECS[f.name][0](getattr(msg, f.name)) for f in fields(msg))]
+
+
+def decode_internal(frames: Sequence[Any]) -> Internal:
+    """Decode and validate an internal message.
+
+    Raises:
+        ProtocolError: unknown tag, wrong number of frames, or a field is invalid (named).
+    """
+    if not frames:
+        raise ProtocolError("internal message is empty")
+    cls = INTERNAL.get(bytes(frames[0]))
+    if cls is None:
+        raise ProtocolError(f"internal message tag must be one of {sorted(INTERNAL)}. "
+                            f"Found: {bytes(frames[0])[:16]!r}")
+    names = [f.name for f in fields(cls)]
+    if len(frames) != 1 + len(names):
+        raise ProtocolError(f"internal {cls.__name__} must have {1 + len(names)} frames. "
+                            f"Found: {len(frames)}")
+    values = {}
+    for name, data in zip(names, frames[1:], strict=True):
+        try:
+            values[name] = _CODECS[name][1](data)
+        except (ValueError, ProtocolError) as e:
+            raise ProtocolError(f"internal {cls.__name__} field `{name}`: {e}"[:400]) from e
+    return cls(**values)

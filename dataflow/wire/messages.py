@@ -1,0 +1,241 @@
+"""The messages of the wire protocol: kinds, error kinds and one frozen dataclass per kind.
+
+Kinds (client -> server): HELLO, REQUEST, HEARTBEAT, BYE, STATS.
+Kinds (server -> client): INDEX, BATCH, ERROR, HEARTBEAT, STATS_REPLY.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+from typing import Any
+
+import numpy as np
+
+from dataflow.errors import ProtocolError
+
+MAGIC = "dataflow"
+VERSION = 1
+DTYPES = frozenset(
+    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "float16", "float32", "float64"]
+)
+OFFSETS_SUFFIX = ".offsets"
+
+Buffer = bytes | memoryview
+
+
+class Kind(IntEnum):
+    """Message kinds; the value is the header's ``kind`` field."""
+
+    HELLO = 1
+    INDEX = 2
+    REQUEST = 3
+    BATCH = 4
+    ERROR = 5
+    HEARTBEAT = 6
+    BYE = 7
+    STATS = 8
+    STATS_REPLY = 9
+
+
+class ErrorKind(str, Enum):
+    """What failed, the ``kind`` of an ERROR message (str-valued: ``kind == "UnknownClient"``).
+
+    Attributes:
+        PROTOCOL: the peer sent a malformed or refused message (also: over credits, duplicate
+            request id, invalid ranges).
+        UNKNOWN_CLIENT: no session for this client (never opened, freed, or server restarted).
+        WORKER_DIED: the reader process holding the request exited.
+        WORKER_UNAVAILABLE: no reader could take the request.
+        UNDELIVERABLE: the reply could not be handed to the client's data connection.
+        READ_FAILED: reading or transforming the data raised; the message starts with the
+            server-side exception class name (``"ShardReadError: ..."``).
+    """
+
+    PROTOCOL = "ProtocolError"
+    UNKNOWN_CLIENT = "UnknownClient"
+    WORKER_DIED = "WorkerDied"
+    WORKER_UNAVAILABLE = "WorkerUnavailable"
+    UNDELIVERABLE = "Undeliverable"
+    READ_FAILED = "ReadFailed"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Client -> server: open a session.
+
+    Attributes:
+        credits: requests the client may keep outstanding (its prefetch depth); the server
+            grants ``min(credits, --max-credits)``.
+        client: free-form client description for the server's logs (e.g. ``"rank 3"``).
+    """
+
+    credits: int
+    client: str = ""
+
+
+@dataclass(frozen=True)
+class Index:
+    """Server -> client: the dataset index (reply to HELLO).
+
+    Attributes:
+        credits: credits granted to this client.
+        workers: reader processes of the server.
+        index_json: ``DatasetIndex.to_json()``; travels as one buffer frame.
+        session: this client's session token; the client uses it (ASCII) as the routing id of
+            its data connections.
+        data: endpoints of the server's reader processes. Replies to REQUESTs (BATCH, and
+            ERROR for a failed read) come straight from a reader over the client's data
+            connection to it; the client connects one DEALER to each and sends a HEARTBEAT
+            there, which the reader answers once the connection can carry replies.
+    """
+
+    credits: int
+    workers: int
+    index_json: str
+    session: str = ""
+    data: tuple[str, ...] = ()
+
+
+def as_ranges(ranges: Any) -> np.ndarray:
+    """``ranges`` as a C-contiguous int64 array of shape (n, 3).
+
+    Raises:
+        ProtocolError: ``ranges`` is not a sequence of ``(shard, start, stop)`` integer triples.
+    """
+    try:
+        arr = np.asarray(ranges, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ProtocolError(f"REQUEST `ranges` must be (shard, start, stop) integer triples: "
+                            f"{e}") from e
+    if arr.ndim == 1 and arr.size == 0:
+        arr = arr.reshape(0, 3)
+    if arr.ndim != 2 or arr.shape[1] != 3:
+        raise ProtocolError(f"REQUEST `ranges` must have shape (n, 3). Found: {arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+RangesLike = np.ndarray | Sequence[Sequence[int]]
+
+
+@dataclass(frozen=True, eq=False, init=False)
+class Request:
+    """Client -> server: read one batch.
+
+    Attributes:
+        req_id: client-chosen id echoed in the reply, ``0 <= req_id < 2**63``.
+        ranges: int64 array of shape (n, 3), one ``(shard, start, stop)`` row per range; built
+            from an array or any sequence of triples. Travels as one raw frame.
+    """
+
+    req_id: int
+    ranges: np.ndarray
+
+    def __init__(self, req_id: int, ranges: RangesLike) -> None:
+        object.__setattr__(self, "req_id", req_id)
+        object.__setattr__(self, "ranges", as_ranges(ranges))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Request) and self.req_id == other.req_id
+                and np.array_equal(self.ranges, other.ranges))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Type and shape of one array of a BATCH.
+
+    Attributes:
+        name: field name, or ``field + ".offsets"`` for a ragged field's offsets.
+        dtype: one of :data:`DTYPES`.
+        shape: array shape; fixed fields are ``(batch, *shape)``, ragged values ``(n,)``,
+            ragged offsets ``(batch + 1,)``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class BatchMsg:
+    """Server -> client: one batch, the reply to a REQUEST.
+
+    Attributes:
+        req_id: the request's id.
+        size: samples in the batch.
+        arrays: one spec per array, in frame order. A fixed field is one array; a ragged
+            field ``f`` is two: ``f`` (1-D values) then ``f.offsets`` (int64, ``size + 1``).
+        ragged: ``(field, kind)`` for every ragged field.
+        data: the arrays (C-contiguous, matching ``arrays``); empty in a header-only decode.
+    """
+
+    req_id: int
+    size: int
+    arrays: tuple[ArraySpec, ...]
+    ragged: tuple[tuple[str, str], ...] = ()
+    data: tuple[np.ndarray, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True, init=False)
+class ErrorMsg:
+    """Server -> client: a request (``req_id``) or a message (``req_id == -1``) failed.
+
+    Attributes:
+        req_id: id of the failed request, or -1.
+        kind: what failed; built from an :class:`ErrorKind` or its value.
+        message: server-side message (truncated to ``MAX_TEXT`` characters on the wire).
+    """
+
+    req_id: int
+    kind: ErrorKind
+    message: str
+
+    def __init__(self, req_id: int, kind: ErrorKind | str, message: str) -> None:
+        try:
+            error_kind = ErrorKind(kind)
+        except ValueError as e:
+            raise ProtocolError(f"ERROR `kind` must be one of {[k.value for k in ErrorKind]}. "
+                                f"Found: {kind!r}"[:400]) from e
+        object.__setattr__(self, "req_id", req_id)
+        object.__setattr__(self, "kind", error_kind)
+        object.__setattr__(self, "message", message)
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Either way: I am alive. A server answers each HEARTBEAT with one."""
+
+
+@dataclass(frozen=True)
+class Bye:
+    """Client -> server: forget my session now."""
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Client -> server: ask for counters."""
+
+
+@dataclass(frozen=True)
+class StatsReply:
+    """Server -> client: counters (``name -> int`` or ``name -> list[int]``)."""
+
+    counters: Mapping[str, int | Sequence[int]]
+
+
+Message = Hello | Index | Request | BatchMsg | ErrorMsg | Heartbeat | Bye | Stats | StatsReply

@@ -1,0 +1,141 @@
+"""The frontend's side of its reader processes: start-up, tasks, notices, deaths.
+
+Frontend and readers speak :mod:`dataflow.wire.internal` over a private ``ipc://`` ROUTER
+(``backend``), readers connected as DEALERs with their pool identity as routing id.
+
+Thread invariant: used only by the frontend's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+
+from dataflow.errors import InternalError, ProtocolError, ServerStartError
+from dataflow.index import DatasetIndex
+from dataflow.server.delivery import Delivery
+from dataflow.server.ledger import Ledger
+from dataflow.server.pool import WorkerPool
+from dataflow.wire import ErrorKind
+from dataflow.wire.internal import (
+    Internal,
+    Lost,
+    Ready,
+    Sent,
+    Task,
+    decode_internal,
+    encode_internal,
+)
+
+log = logging.getLogger("dataflow.server")
+
+DRAIN = 256
+
+
+class WorkerHandler:
+    """Hands queued requests to readers and turns their notices into settled credits.
+
+    Args:
+        backend: the ROUTER the readers connect to.
+        pool: the worker pool.
+        ledger: the sessions' credit accounts.
+        delivery: sends to clients.
+        counters: the frontend's STATS counters (updated in place).
+        index: the dataset served (for error messages).
+    """
+
+    def __init__(self, backend: zmq.Socket, pool: WorkerPool, ledger: Ledger,
+                 delivery: Delivery, counters: dict[str, int], index: DatasetIndex) -> None:
+        self._backend = backend
+        self._pool = pool
+        self._ledger = ledger
+        self._delivery = delivery
+        self._counters = counters
+        self._index = index
+
+    def _recv(self) -> tuple[bytes, Internal]:
+        frames = self._backend.recv_multipart(zmq.NOBLOCK)
+        try:
+            return frames[0], decode_internal(frames[1:])
+        except ProtocolError as e:
+            raise InternalError(f"reader {frames[0]!r} sent a malformed message: {e}") from e
+
+    def wait_ready(self, timeout: float, stop: Callable[[], bool]) -> None:
+        """Wait until every worker reported READY.
+
+        Raises:
+            ServerStartError: a worker died first or ``timeout`` seconds passed.
+        """
+        deadline = time.monotonic() + timeout
+        while not self._pool.all_ready and not stop():
+            if self._backend.poll(100):
+                identity, msg = self._recv()
+                if isinstance(msg, Ready):
+                    self._pool.mark_ready(identity, msg.endpoint)
+            dead = self._pool.reap(respawn=False)
+            if dead:
+                w, code = dead[0]
+                raise ServerStartError(f"worker pid {w.process.pid} exited with code {code} "
+                                       "during startup (see its log above)")
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"workers not ready after {timeout:.0f} s")
+
+    def read_notices(self) -> None:
+        """Handle the readers' waiting messages (at most a bounded number)."""
+        for _ in range(DRAIN):
+            try:
+                identity, msg = self._recv()
+            except zmq.Again:
+                return
+            self._on_notice(identity, msg)
+
+    def _on_notice(self, identity: bytes, msg: Internal) -> None:
+        if isinstance(msg, Ready):
+            self._pool.mark_ready(identity, msg.endpoint)
+            return
+        if not isinstance(msg, Sent | Lost):
+            raise InternalError(f"reader {identity!r} sent a {type(msg).__name__}")
+        worker = self._pool.get(identity)
+        if worker is not None:
+            worker.tasks.pop((msg.token, msg.req_id), None)
+        if isinstance(msg, Sent):
+            self._delivery.settle(msg.token, msg.req_id, msg.nbytes)
+            return
+        self._counters["dropped_sends"] += 1
+        self._delivery.fail(msg.token, msg.req_id, ErrorKind.UNDELIVERABLE, msg.why,
+                            settles=False)
+
+    def dispatch(self) -> None:
+        """Hand queued requests, fairly over sessions, to readers with room."""
+        while True:
+            worker = self._pool.least_loaded()
+            if worker is None:
+                return
+            nxt = self._ledger.next_request()
+            if nxt is None:
+                return
+            task = Task(nxt.key, nxt.req_id, nxt.ranges)
+            try:
+                self._backend.send_multipart([worker.identity, *encode_internal(task)],
+                                             flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                worker.ready = False
+                self._delivery.fail(task.token, task.req_id, ErrorKind.WORKER_UNAVAILABLE,
+                                    f"worker {worker.identity.decode()} cannot take tasks",
+                                    settles=True)
+                continue
+            worker.tasks[(task.token, task.req_id)] = task
+
+    def reap(self) -> None:
+        """Replace dead readers; fail the requests they held."""
+        for worker, code in self._pool.reap(respawn=True):
+            for task in worker.tasks.values():
+                rows = task.ranges[:8].tolist()
+                self._delivery.fail(
+                    task.token, task.req_id, ErrorKind.WORKER_DIED,
+                    f"worker process {worker.process.pid} exited with code {code} while "
+                    f"reading ranges {rows} of {[self._index.shards[r[0]] for r in rows]}",
+                    settles=True)

@@ -1,0 +1,111 @@
+"""Sending to clients over the frontend's client-facing ROUTER, never blocking on one client.
+
+The ROUTER has ``ROUTER_MANDATORY``: a full peer queue or a gone peer is reported instead of
+the message silently dropped. A message that settles a request (an ERROR the frontend makes in
+place of a reply) waits in its session's parked replies when the client's queue is full, and
+is retried in order; small control messages (INDEX, HEARTBEAT, STATS_REPLY, refusals) are
+dropped and counted instead.
+
+Thread invariant: used only by the frontend's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from dataflow import wire
+from dataflow.server.framing import SendResult, try_send
+from dataflow.server.ledger import Ledger
+from dataflow.server.sessions import ParkedReply, Session, Sessions
+
+log = logging.getLogger("dataflow.server")
+
+
+class Delivery:
+    """The frontend's sends to clients, and the end of a session.
+
+    Args:
+        router: the client-facing ROUTER.
+        sessions: all sessions.
+        ledger: their credit accounts.
+        counters: the frontend's STATS counters (updated in place).
+    """
+
+    def __init__(self, router: zmq.Socket, sessions: Sessions, ledger: Ledger,
+                 counters: dict[str, int]) -> None:
+        self._router = router
+        self._sessions = sessions
+        self._ledger = ledger
+        self._counters = counters
+
+    def send(self, identity: bytes, msg: wire.Message) -> SendResult:
+        """Send a message without blocking or parking it."""
+        return try_send(self._router, identity, wire.encode(msg))
+
+    def reply(self, identity: bytes, msg: wire.Message) -> None:
+        """Send a small control message; dropped (and counted) if the client cannot take it."""
+        if self.send(identity, msg) is not SendResult.OK:
+            self._counters["dropped_sends"] += 1
+
+    def error(self, identity: bytes, req_id: int, kind: wire.ErrorKind, message: str) -> None:
+        self.reply(identity, wire.ErrorMsg(req_id, kind, message))
+
+    def fail(self, token: bytes, req_id: int, kind: wire.ErrorKind, message: str, *,
+             settles: bool) -> None:
+        """Answer request ``req_id`` of session ``token`` with an ERROR (if it is open)."""
+        s = self._sessions.by_token(token)
+        if s is None:
+            return
+        frames = tuple(wire.encode(wire.ErrorMsg(req_id, kind, message)))
+        self.deliver(s, ParkedReply(req_id, frames, sum(len(f) for f in frames), settles))
+
+    def deliver(self, s: Session, reply: ParkedReply) -> None:
+        """Hand ``reply`` to ``s``, or park it behind its parked replies or a full queue."""
+        if s.parked:
+            s.park(reply)
+            return
+        result = try_send(self._router, s.identity, reply.frames)
+        if result is SendResult.OK:
+            self._handed(s, reply)
+        elif result is SendResult.FULL:
+            s.park(reply)
+        else:
+            self.drop(s, "gone")
+
+    def retry(self) -> None:
+        """Retry every session's parked replies in order."""
+        for s in self._sessions:
+            while s.parked:
+                result = try_send(self._router, s.identity, s.parked[0].frames)
+                if result is SendResult.FULL:
+                    break
+                if result is SendResult.GONE:
+                    self.drop(s, "gone")
+                    break
+                self._handed(s, s.unpark())
+
+    def _handed(self, s: Session, reply: ParkedReply) -> None:
+        if reply.settles:
+            self.settle(s.token, reply.req_id, reply.nbytes)
+
+    def settle(self, token: bytes, req_id: int, nbytes: int) -> None:
+        """The reply (``nbytes``) to request ``req_id`` of session ``token`` was handed over."""
+        if token not in self._ledger:
+            self._counters["dropped_sends"] += 1
+        elif self._ledger.settle(token, req_id):
+            self._counters["replies"] += 1
+            self._counters["bytes_sent"] += nbytes
+        else:
+            self._counters["stale_notices"] += 1
+
+    def drop(self, s: Session, why: str) -> None:
+        """Free session ``s``: its account, queued requests and parked replies."""
+        self._sessions.close(s)
+        queued = self._ledger.close(s.token)
+        self._counters["dropped_sends"] += len(s.parked)
+        log.info("client %s (%s): session freed (%s); %d queued request(s) and %d reply(ies) "
+                 "dropped", s.identity.hex(), s.name, why, queued, len(s.parked))
+        s.parked.clear()
+        s.parked_bytes = 0

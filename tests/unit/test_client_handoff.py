@@ -1,0 +1,112 @@
+"""The consumer <-> I/O thread hand-off: generations, bounded delivery, failures, wake-ups."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from dataflow.client.handoff import Handoff, StartEpoch, Stop
+from dataflow.errors import DataflowError, InternalError, ServerUnavailable
+from dataflow.plan import Batches
+
+NONE = Batches.of([])
+
+
+class _Waker:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+def _handoff(capacity: int = 2) -> tuple[Handoff[str], _Waker]:
+    waker = _Waker()
+    h: Handoff[str] = Handoff(waker)
+    h.capacity = capacity
+    return h, waker
+
+
+def _alive() -> bool:
+    return True
+
+
+def test_start_discards_older_generations_and_queues_the_command() -> None:
+    h, waker = _handoff()
+    h.start(StartEpoch(1, NONE, 0))
+    assert h.deliver(1, 0, "a")
+    h.start(StartEpoch(2, NONE, 0))
+    assert not h.deliver(1, 1, "late")  # stale on arrival
+    assert h.deliver(2, 0, "b")
+    assert h.take(2, 0.01, _alive) == (0, "b")
+    assert [c.gen for c in h.commands() if isinstance(c, StartEpoch)] == [1, 2]
+    assert h.commands() == [] and waker.count == 2
+
+
+def test_many_abandoned_generations_never_overflow() -> None:
+    h, _ = _handoff(capacity=2)
+    for gen in range(1, 50):
+        h.start(StartEpoch(gen, NONE, 0))
+        h.deliver(gen, 0, f"g{gen}")
+        h.deliver(gen, 1, f"g{gen}")
+    assert h.take(49, 0.01, _alive) == (0, "g49")
+    assert h.stats() == {"delivered": 98, "discarded": 96, "waiting": 1}
+
+
+def test_delivery_beyond_capacity_is_loud() -> None:
+    h, _ = _handoff(capacity=1)
+    h.start(StartEpoch(1, NONE, 0))
+    h.deliver(1, 0, "a")
+    with pytest.raises(InternalError, match="capacity 1"):
+        h.deliver(1, 1, "b")
+
+
+def test_taken_counts_the_current_generation_and_wakes_only_when_asked() -> None:
+    h, waker = _handoff(capacity=4)
+    h.start(StartEpoch(1, NONE, 0))
+    for i in range(3):
+        h.deliver(1, i, str(i))
+    before = waker.count
+    h.take(1, 0.01, _alive)
+    assert waker.count == before and h.taken(1, window_full=True) == 1
+    h.take(1, 0.01, _alive)
+    assert waker.count == before + 1 and h.taken(1, window_full=False) == 2
+    h.take(1, 0.01, _alive)
+    assert waker.count == before + 1
+    assert h.taken(0, window_full=False) == 0
+
+
+def test_failure_reaches_a_waiting_consumer_and_stays() -> None:
+    h, _ = _handoff()
+    h.start(StartEpoch(1, NONE, 0))
+    got: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            h.take(1, 0.05, _alive)
+        except DataflowError as e:
+            got.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    h.fail(ServerUnavailable("tcp://a:1", "gone"))
+    h.fail(ServerUnavailable("tcp://b:1", "second"))
+    t.join(5)
+    assert not t.is_alive() and "tcp://a:1" in str(got[0]) and h.failed
+    with pytest.raises(ServerUnavailable, match="tcp://a:1"):
+        h.hello(0.01, _alive)
+
+
+def test_foreign_exceptions_are_wrapped_and_a_dead_thread_is_noticed() -> None:
+    h, _ = _handoff()
+    h.fail(KeyError("x"))
+    with pytest.raises(DataflowError, match="KeyError") as info:
+        h.take(0, 0.01, _alive)
+    assert isinstance(info.value.__cause__, KeyError)
+    quiet, _ = _handoff()
+    with pytest.raises(DataflowError, match="I/O thread has stopped"):
+        quiet.take(0, 0.01, lambda: False)
+    assert quiet.commands() == []
+    quiet.command(Stop())
+    assert quiet.commands() == [Stop()]

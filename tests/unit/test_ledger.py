@@ -1,0 +1,142 @@
+"""The server's credit ledger, sessions and parked replies: pure bookkeeping, no sockets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataflow.errors import InternalError
+from dataflow.server.ledger import CREDIT_SLACK, Admitted, Ledger, Refusal, RefusalReason
+from dataflow.server.sessions import ParkedReply, Sessions
+
+RANGES = np.array([[0, 0, 1]], dtype=np.int64)
+
+
+def _drain(ledger: Ledger) -> list[tuple[bytes, int]]:
+    out = []
+    while (d := ledger.next_request()) is not None:
+        out.append((d.key, d.req_id))
+    return out
+
+
+def test_dispatch_is_round_robin_over_sessions_with_queued_requests() -> None:
+    ledger = Ledger()
+    for key, n in ((b"a", 3), (b"b", 1), (b"c", 2)):
+        ledger.open(key, 8)
+        for req_id in range(n):
+            assert isinstance(ledger.admit(key, req_id, RANGES), Admitted)
+    assert _drain(ledger) == [(b"a", 0), (b"b", 0), (b"c", 0), (b"a", 1), (b"c", 1), (b"a", 2)]
+    assert ledger.queued() == 0 and ledger.outstanding(b"a") == 3
+
+
+def test_a_session_that_queues_again_waits_for_its_next_turn() -> None:
+    ledger = Ledger()
+    for key in (b"a", b"b"):
+        ledger.open(key, 8)
+    ledger.admit(b"a", 0, RANGES)
+    ledger.admit(b"b", 0, RANGES)
+    first = ledger.next_request()
+    assert first is not None and first.key == b"a"
+    ledger.admit(b"a", 1, RANGES)
+    assert _drain(ledger) == [(b"b", 0), (b"a", 1)]
+
+
+@pytest.mark.parametrize("credits", [1, 2, 5])
+def test_refused_at_exactly_twice_the_credits(credits: int) -> None:
+    ledger = Ledger()
+    ledger.open(b"s", credits)
+    limit = CREDIT_SLACK * credits
+    for req_id in range(limit):
+        assert ledger.admit(b"s", req_id, RANGES) == Admitted(req_id + 1)
+    assert ledger.at_credits(b"s")
+    refusal = ledger.admit(b"s", limit, RANGES)
+    assert isinstance(refusal, Refusal) and refusal.reason is RefusalReason.OVER_CREDITS
+    assert "credit" in refusal.message and ledger.outstanding(b"s") == limit
+    assert ledger.settle(b"s", 0)
+    assert isinstance(ledger.admit(b"s", limit, RANGES), Admitted)
+
+
+def test_at_credits_tells_when_notices_may_be_waiting() -> None:
+    ledger = Ledger()
+    ledger.open(b"s", 2)
+    ledger.admit(b"s", 0, RANGES)
+    assert not ledger.at_credits(b"s")
+    ledger.admit(b"s", 1, RANGES)
+    assert ledger.at_credits(b"s")
+
+
+def test_a_duplicate_outstanding_id_is_refused_and_reusable_once_settled() -> None:
+    ledger = Ledger()
+    ledger.open(b"s", 4)
+    ledger.admit(b"s", 7, RANGES)
+    refusal = ledger.admit(b"s", 7, RANGES)
+    assert isinstance(refusal, Refusal) and refusal.reason is RefusalReason.DUPLICATE_ID
+    assert "7" in refusal.message and ledger.queued() == 1
+    assert ledger.settle(b"s", 7)
+    assert not ledger.settle(b"s", 7)
+    assert isinstance(ledger.admit(b"s", 7, RANGES), Admitted)
+
+
+def test_settle_after_bye_and_new_hello_is_not_charged_to_the_new_session() -> None:
+    sessions, ledger = Sessions(), Ledger()
+    old = sessions.open(b"conn", "rank 0", 2, now=0.0)
+    ledger.open(old.token, 2)
+    ledger.admit(old.token, 0, RANGES)
+    ledger.admit(old.token, 1, RANGES)
+    assert ledger.next_request() is not None
+    sessions.close(old)
+    assert ledger.close(old.token) == 1
+    new = sessions.open(b"conn", "rank 0", 2, now=1.0)
+    assert new.token != old.token and sessions.by_token(old.token) is None
+    ledger.open(new.token, 2)
+    ledger.admit(new.token, 0, RANGES)
+    assert not ledger.settle(old.token, 0)
+    assert ledger.outstanding(new.token) == 1
+    assert _drain(ledger) == [(new.token, 0)]
+
+
+def test_a_reopened_key_does_not_inherit_its_old_turn_or_requests() -> None:
+    ledger = Ledger()
+    ledger.open(b"k", 4)
+    ledger.admit(b"k", 0, RANGES)
+    ledger.close(b"k")
+    ledger.open(b"k", 4)
+    assert not ledger.settle(b"k", 0) and ledger.next_request() is None
+    ledger.admit(b"k", 1, RANGES)
+    assert _drain(ledger) == [(b"k", 1)]
+
+
+def test_a_closed_session_is_an_internal_error_to_admit_to() -> None:
+    ledger = Ledger()
+    with pytest.raises(InternalError, match="no credit account"):
+        ledger.admit(b"nobody", 0, RANGES)
+
+
+def test_hello_on_an_open_connection_keeps_the_session() -> None:
+    sessions = Sessions()
+    first = sessions.open(b"conn", "a", 2, now=0.0)
+    again = sessions.open(b"conn", "b", 4, now=5.0)
+    assert again is first and again.credits == 4 and again.name == "b"
+    assert again.last_seen == 5.0 and len(sessions) == 1
+
+
+def test_parked_replies_keep_their_order_and_bytes() -> None:
+    s = Sessions().open(b"conn", "a", 2, now=0.0)
+    replies = [ParkedReply(i, (b"h", b"x" * i), 1 + i, settles=i % 2 == 0) for i in range(3)]
+    for r in replies:
+        s.park(r)
+    assert s.parked_bytes == 1 + 2 + 3
+    assert [s.unpark() for _ in range(3)] == replies
+    assert s.parked_bytes == 0 and not s.parked
+
+
+def test_sessions_count_parked_replies_of_open_sessions() -> None:
+    sessions = Sessions()
+    a = sessions.open(b"a", "a", 1, now=0.0)
+    b = sessions.open(b"b", "b", 1, now=0.0)
+    a.park(ParkedReply(0, (b"h",), 10, settles=True))
+    b.park(ParkedReply(0, (b"h",), 5, settles=False))
+    assert sessions.parked() == 2 and sessions.parked_bytes() == 15
+    sessions.close(b)
+    assert sessions.parked() == 1 and sessions.parked_bytes() == 10
+    assert list(sessions) == [a]

@@ -1,0 +1,99 @@
+"""Shuffle quality and locality of the epoch's global order (pure; no timing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataflow.plan import Range, rank_batches
+from dataflow.shuffle import epoch_order
+
+CLASSES, PER_CLASS, SHARDS, BATCH = 100, 400, 20, 256
+SIZES = [CLASSES * PER_CLASS // SHARDS] * SHARDS  # class-sorted: shard s holds 5 classes
+TOTAL = CLASSES * PER_CLASS
+
+
+def _batch_ids(batches: list[list[Range]]) -> list[np.ndarray]:
+    return [np.concatenate([np.arange(r.shard * SIZES[0] + r.start, r.shard * SIZES[0] + r.stop)
+                            for r in batch]) for batch in batches]
+
+
+def _plan_batches(epoch: int, **kw: object) -> list[np.ndarray]:
+    return _batch_ids(list(rank_batches(SIZES, world_size=1, rank=0, epoch=epoch, seed=0,
+                                        batch_size=BATCH, drop_last=True, **kw)))
+
+
+def _numpy_batches(epoch: int) -> list[np.ndarray]:
+    order = np.random.default_rng(epoch).permutation(TOTAL)
+    return list(order[: TOTAL // BATCH * BATCH].reshape(-1, BATCH))
+
+
+def _distinct_classes(batches: list[np.ndarray]) -> float:
+    return float(np.mean([len(np.unique(b // PER_CLASS)) for b in batches]))
+
+
+def _kept_pairs(first: list[np.ndarray], second: list[np.ndarray]) -> float:
+    """Fraction of pairs sharing a batch in ``first`` that share one again in ``second``."""
+    where = np.full(TOTAL, -1)
+    for i, b in enumerate(second):
+        where[b] = i
+    kept = pairs = 0
+    for b in first:
+        counts = np.bincount(where[b][where[b] >= 0])
+        kept += int((counts * (counts - 1) // 2).sum())
+        pairs += len(b) * (len(b) - 1) // 2
+    return kept / pairs
+
+
+def test_default_mixes_like_a_full_shuffle() -> None:
+    full = _distinct_classes(_numpy_batches(0))
+    ours = _distinct_classes(_plan_batches(0))
+    assert full > 85
+    assert ours >= 0.9 * full
+    assert _kept_pairs(_plan_batches(0), _plan_batches(1)) < 0.012
+    assert _kept_pairs(_numpy_batches(0), _numpy_batches(1)) < 0.012
+
+
+def test_default_positions_are_uniform_per_class() -> None:
+    order = epoch_order(SIZES, epoch=3, seed=1)
+    position = np.empty(TOTAL)
+    position[order] = (np.arange(TOTAL) + 0.5) / TOTAL
+    means = position.reshape(CLASSES, PER_CLASS).mean(axis=1)
+    assert np.abs(means - 0.5).max() < 0.1  # a class's mean position; sd 0.0144 if uniform
+
+
+def test_block_mode_quality_as_documented() -> None:
+    kw = dict(shuffle="block", block_size=64, window=8)
+    assert 3 < _distinct_classes(_plan_batches(0, **kw)) < 8
+    assert _kept_pairs(_plan_batches(0, **kw), _plan_batches(1, **kw)) > 0.1
+
+
+@pytest.mark.parametrize("window", [1, 7, 1000, 39999, 40000, 1 << 18])
+def test_sample_mode_stays_within_its_window(window: int) -> None:
+    """Each sample moves less than one window from its place in the shuffled-shard order."""
+    sizes = [0, 3000, 12000, 0, 25000]
+    order = epoch_order(sizes, epoch=2, seed=4, shuffle_window=window)
+    shard_order = np.random.Generator(np.random.PCG64([4, 2])).permutation(len(sizes))
+    offsets = np.cumsum(sizes) - sizes
+    unshuffled = np.concatenate([np.arange(offsets[s], offsets[s] + sizes[s])
+                                 for s in shard_order])
+    place = np.empty(len(order), dtype=np.int64)
+    place[unshuffled] = np.arange(len(order))
+    moves = np.abs(place[order] - np.arange(len(order)))
+    assert moves.max() < window
+    assert sorted(order.tolist()) == list(range(sum(sizes)))
+    if window == 1:
+        assert (order == unshuffled).all()
+    else:
+        assert moves.mean() > min(window, len(order)) / 10
+
+
+def test_window_boundaries_move_between_epochs() -> None:
+    def head(epoch: int) -> int:
+        order = epoch_order([100, 100, 100], epoch=epoch, seed=0, shuffle_window=64)
+        rng = np.random.Generator(np.random.PCG64([0, epoch]))
+        shards = rng.permutation(3)
+        first = np.arange(shards[0] * 100, shards[0] * 100 + 64)
+        return int(np.isin(order[:64], first).sum())
+
+    assert len({head(epoch) for epoch in range(8)}) > 1

@@ -1,0 +1,42 @@
+"""The frontend <-> reader messages of a server: round trips and validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataflow.errors import ProtocolError
+from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, encode_internal
+
+
+@pytest.mark.parametrize("msg", [
+    Sent(b"ab" * 16, 7, 1 << 40),
+    Lost(b"tok", 0, "the client's data connection was missing"),
+    Ready("tcp://127.0.0.1:5555"),
+], ids=repr)
+def test_round_trip(msg) -> None:
+    assert decode_internal(encode_internal(msg)) == msg
+
+
+def test_task_passes_ranges_as_one_int64_array() -> None:
+    ranges = np.array([[0, 0, 10], [3, 5, 9]], dtype=np.int64)
+    out = decode_internal(encode_internal(Task(b"tok", 2**62, ranges)))
+    assert isinstance(out, Task) and out.token == b"tok" and out.req_id == 2**62
+    assert out.ranges.dtype == np.int64 and out.ranges.tolist() == ranges.tolist()
+
+
+@pytest.mark.parametrize("frames, match", [
+    ([], "empty"),
+    ([b"X"], "tag"),
+    ([b"S", b"tok", b"\0" * 8], "3 frames|4 frames"),
+    ([b"S", b"", b"\0" * 8, b"\0" * 8], "`token`"),
+    ([b"S", b"tok", b"\0" * 7, b"\0" * 8], "`req_id`"),
+    ([b"S", b"tok", b"\0" * 8, b"\0"], "`nbytes`"),
+    ([b"S", b"tok", b"\xff" * 8, b"\0" * 8], "`req_id`"),
+    ([b"L", b"tok", b"\0" * 8, b"\xff"], "`why`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 20], "`ranges`"),
+    ([b"R", b"\xfe"], "`endpoint`"),
+])
+def test_malformed_is_a_protocol_error_naming_the_field(frames: list[bytes], match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode_internal(frames)

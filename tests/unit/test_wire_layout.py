@@ -1,0 +1,123 @@
+"""BatchLayout: the one layout of a BATCH in a receive buffer, used by decode and clients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dataflow import wire
+from dataflow.batch import Ragged
+from dataflow.errors import ProtocolError
+from dataflow.wire import layout as layout_module
+
+
+def _msg(**batch) -> wire.BatchMsg:
+    return wire.batch_to_message(1, batch)
+
+
+def _nbytes(frame: wire.Buffer) -> int:
+    return np.asarray(frame).nbytes
+
+
+def _decode_batch(frames: list) -> wire.BatchMsg:
+    out = wire.decode(frames)
+    assert isinstance(out, wire.BatchMsg)
+    return out
+
+
+def _land(msg: wire.BatchMsg) -> tuple[wire.BatchLayout, np.ndarray]:
+    """Receive ``msg``'s buffer frames at their layout slots, as a client does."""
+    layout = wire.BatchLayout.of(msg)
+    buf = np.zeros(layout.nbytes, dtype=np.uint8)
+    frames = wire.encode(msg)[1:]
+    assert len(frames) == len(layout.frames)
+    for (start, n), f in zip(layout.frames, frames, strict=True):
+        assert _nbytes(f) == n
+        buf[start : start + n] = np.frombuffer(f, dtype=np.uint8)
+    return layout, buf
+
+
+def test_arrays_start_at_aligned_offsets() -> None:
+    msg = _msg(a=np.arange(3, dtype=np.uint8), b=np.arange(3, dtype=np.float64),
+               c=np.zeros((3, 0), dtype=np.int32), d=np.ones((3, 5), dtype=np.int16))
+    layout = wire.BatchLayout.of(msg)
+    assert layout.offsets == (0, 64, 128, 128)
+    assert layout.nbytes == 128 + 64
+    assert all(off % wire.ALIGN == 0 for off in layout.offsets)
+    assert layout.frames == ((0, 3), (64, 24), (128, 0), (128, 30))
+
+
+def test_views_share_the_buffer_and_hold_the_arrays() -> None:
+    batch = {"id": np.arange(4), "x": np.arange(8, dtype=np.float32).reshape(4, 2),
+             "t": Ragged(np.frombuffer(b"abcdef", np.uint8), np.array([0, 1, 1, 4, 6]), "str")}
+    msg = _msg(**batch)
+    layout, buf = _land(msg)
+    layout.check(msg, buf)
+    views = layout.arrays(msg, buf)
+    assert list(views) == ["id", "x", "t", "t.offsets"]
+    assert all(np.shares_memory(v, buf) for v in views.values() if v.nbytes)
+    np.testing.assert_array_equal(views["x"], batch["x"])
+    assert views["t.offsets"].tolist() == [0, 1, 1, 4, 6]
+
+
+def test_a_large_array_travels_in_several_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layout_module, "MAX_FRAME_BYTES", 1000)
+    big = np.arange(2600, dtype=np.uint8)
+    msg = _msg(pad=np.ones(2600, dtype=np.uint8), big=big)
+    layout = wire.BatchLayout.of(msg)
+    assert layout.frames == ((0, 1000), (1000, 1000), (2000, 600),
+                             (2624, 1000), (3624, 1000), (4624, 600))
+    out = wire.decode(wire.encode(msg))
+    assert isinstance(out, wire.BatchMsg)
+    np.testing.assert_array_equal(out.data[1], big)
+
+
+def test_an_array_over_8_mib_is_split_into_8_mib_frames() -> None:
+    big = np.random.default_rng(0).integers(0, 255, size=(3, wire.MAX_FRAME_BYTES // 2 + 7),
+                                            dtype=np.uint8)
+    msg = _msg(x=big)
+    frames = wire.encode(msg)
+    assert [n for _, n in wire.BatchLayout.of(msg).frames] == [wire.MAX_FRAME_BYTES,
+                                                              big.nbytes - wire.MAX_FRAME_BYTES]
+    assert len(frames) == 1 + 2
+    np.testing.assert_array_equal(wire.message_to_batch(_decode_batch(frames))["x"], big)
+
+
+def test_empty_arrays_travel_as_one_empty_frame() -> None:
+    msg = _msg(id=np.zeros(0, dtype=np.int64),
+               t=Ragged(np.zeros(0, np.uint8), np.zeros(1, np.int64), "bytes"))
+    layout = wire.BatchLayout.of(msg)
+    assert layout.frames == ((0, 0), (0, 0), (0, 8))
+    out = wire.message_to_batch(_decode_batch(wire.encode(msg)))
+    assert np.asarray(out["id"]).shape == (0,) and len(out["t"]) == 0
+
+
+def test_header_only_decode_announces_the_frames() -> None:
+    msg = _msg(id=np.arange(3), t=Ragged(np.zeros(5, np.uint8), np.array([0, 2, 2, 5]), "str"))
+    frames = wire.encode(msg)
+    head = wire.decode_header(frames[0])
+    assert isinstance(head, wire.BatchMsg) and head.data == ()
+    assert [n for _, n in wire.BatchLayout.of(head).frames] == [
+        _nbytes(f) for f in frames[1:]]
+
+
+@pytest.mark.parametrize("offsets", [[1, 2, 2, 5], [0, 3, 2, 5], [0, 2, 2, 4], [0, 2, 2, 6]])
+def test_check_rejects_ragged_offsets_that_do_not_fit(offsets: list[int]) -> None:
+    msg = _msg(id=np.arange(3), t=Ragged(np.zeros(5, np.uint8), np.array([0, 2, 2, 5]), "str"))
+    layout, buf = _land(msg)
+    start = layout.offsets[2]
+    buf[start : start + 32] = np.frombuffer(np.array(offsets, np.int64).tobytes(), np.uint8)
+    with pytest.raises(ProtocolError, match="ragged field 't'"):
+        layout.check(msg, buf)
+    frames = [np.asarray(f).tobytes() for f in wire.encode(msg)]
+    frames[3] = np.array(offsets, np.int64).tobytes()
+    with pytest.raises(ProtocolError, match="ragged field 't'"):
+        wire.decode(frames)
+
+
+def test_check_rejects_a_buffer_too_small_or_not_uint8() -> None:
+    msg = _msg(id=np.arange(3))
+    layout = wire.BatchLayout.of(msg)
+    for buf in (np.zeros(layout.nbytes - 1, np.uint8), np.zeros(layout.nbytes, np.int8)):
+        with pytest.raises(ProtocolError, match="receive buffer"):
+            layout.check(msg, buf)
