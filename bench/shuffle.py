@@ -45,6 +45,7 @@ import webdataset as wds
 from torch.utils.data import BatchSampler, RandomSampler
 
 from dataflow.batch import concat
+from dataflow.bench.mixing import distinct_classes, kept_pairs, ks_to_uniform
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.plan import rank_batches
 from dataflow.readers import open_shard
@@ -96,36 +97,6 @@ def plan_epochs(shuffle: str, epochs: int) -> list[list[np.ndarray]]:
                                               r.shard * per_shard + r.stop) for r in batch])
                     for batch in batches])
     return out
-
-
-def distinct_classes(batches: list[np.ndarray]) -> float:
-    return float(np.mean([len(np.unique(LABELS[b])) for b in batches]))
-
-
-def kept_pairs(first: list[np.ndarray], second: list[np.ndarray]) -> float:
-    """Share of pairs co-batched in ``first`` that are co-batched again in ``second``."""
-    where = np.full(TOTAL, -1)
-    for i, b in enumerate(second):
-        where[b] = i
-    kept = pairs = 0
-    for b in first:
-        counts = np.bincount(where[b][where[b] >= 0])
-        kept += int((counts * (counts - 1) // 2).sum())
-        pairs += len(b) * (len(b) - 1) // 2
-    return kept / pairs
-
-
-def ks_to_uniform(batches: list[np.ndarray]) -> float:
-    """Mean over classes of the KS distance of the class's positions (in [0, 1]) to uniform."""
-    ids = np.concatenate(batches)
-    positions = (np.arange(len(ids)) + 0.5) / len(ids)
-    distances = []
-    for c in range(CLASSES):
-        x = np.sort(positions[LABELS[ids] == c])
-        n = len(x)
-        steps = np.arange(1, n + 1) / n
-        distances.append(max((steps - x).max(), (x - (steps - 1 / n)).max()))
-    return float(np.mean(distances))
 
 
 def best_of(repeats: int, fn: Callable[[], object]) -> float:
@@ -195,8 +166,9 @@ def main(argv: list[str] | None = None) -> None:
         epochs.update({name: plan_epochs(mode, 2) for name, mode in MODES.items()})
         rows = []
         for name, (first, second) in epochs.items():
-            row = [name, f"{distinct_classes(first):.1f}",
-                   f"{100 * kept_pairs(first, second):.2f}", f"{ks_to_uniform(first):.3f}"]
+            row = [name, f"{distinct_classes(first, LABELS):.1f}",
+                   f"{100 * kept_pairs(first, second, TOTAL):.2f}",
+                   f"{ks_to_uniform(first, LABELS):.3f}"]
             if name in MODES:
                 mode = MODES[name]
                 row += [f"{plan_seconds(mode, args.plan_samples, w, args.repeats):.2f}"

@@ -166,7 +166,7 @@ def test_ddp_resume_mid_epoch_from_a_lightning_checkpoint(demo_data, servers, tm
     assert [p.name for p in ckpt_dir.iterdir()] == ["mid.ckpt"]
     ckpt = torch.load(ckpt_dir / "mid.ckpt", weights_only=True)
     assert ckpt["global_step"] == stop
-    (saved,) = ckpt["loops"]["fit_loop"]["combined_loader"]
+    (saved,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
     assert (saved["rank"], saved["world_size"], saved["epoch"], saved["consumed"]) \
         == (0, WORLD, 1, k * WORLD * BATCH)
 

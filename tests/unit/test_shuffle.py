@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dataflow.bench.mixing import distinct_classes, kept_pairs
 from dataflow.plan import Range, rank_batches
 from dataflow.shuffle import epoch_order
 
@@ -28,21 +29,15 @@ def _numpy_batches(epoch: int) -> list[np.ndarray]:
     return list(order[: TOTAL // BATCH * BATCH].reshape(-1, BATCH))
 
 
+LABELS = np.arange(TOTAL) // PER_CLASS
+
+
 def _distinct_classes(batches: list[np.ndarray]) -> float:
-    return float(np.mean([len(np.unique(b // PER_CLASS)) for b in batches]))
+    return distinct_classes(batches, LABELS)
 
 
 def _kept_pairs(first: list[np.ndarray], second: list[np.ndarray]) -> float:
-    """Fraction of pairs sharing a batch in ``first`` that share one again in ``second``."""
-    where = np.full(TOTAL, -1)
-    for i, b in enumerate(second):
-        where[b] = i
-    kept = pairs = 0
-    for b in first:
-        counts = np.bincount(where[b][where[b] >= 0])
-        kept += int((counts * (counts - 1) // 2).sum())
-        pairs += len(b) * (len(b) - 1) // 2
-    return kept / pairs
+    return kept_pairs(first, second, TOTAL)
 
 
 def test_default_mixes_like_a_full_shuffle() -> None:
