@@ -154,7 +154,8 @@ def read_rates(shuffle: str, tmp: str, shards: int, per_shard: int,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dataflow.bench.shuffle",
+                                description=__doc__.split("\n")[0])
     parser.add_argument("--plan-samples", type=int, default=10_000_000)
     parser.add_argument("--read-shards", type=int, default=8)
     parser.add_argument("--read-samples-per-shard", type=int, default=2000)

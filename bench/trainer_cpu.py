@@ -48,7 +48,8 @@ def measure(epochs: Iterable[Iterable]) -> tuple[float, float, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.trainer_cpu",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--shards", type=int, default=8)

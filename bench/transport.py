@@ -100,7 +100,8 @@ def dataflow_rate(endpoint: str, batch: int, epochs: int) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.transport",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--mib-per-batch", type=int, default=4)
     p.add_argument("--gib", type=float, default=2.0, help="data timed per measurement")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
