@@ -6,6 +6,7 @@ import operator
 import os
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, SupportsIndex
 
@@ -39,6 +40,29 @@ from dataflow.plan import (
 GET_POLL_S = 0.5
 
 
+@dataclass
+class _Pass:
+    """The batches one iterator yields: generation ``gen`` of ``n`` batches."""
+
+    gen: int
+    n: int
+    yielded: int = 0
+
+
+class EpochSetter:
+    """``loader.sampler``: what code written for a ``DistributedSampler`` calls each epoch
+    (``loader.sampler.set_epoch(epoch)``; PyTorch Lightning does it for every dataloader)."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._loader = weakref.ref(loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        loader = self._loader()
+        if loader is None:
+            raise LoaderClosedError("the DataLoader of this sampler is gone")
+        loader.set_epoch(epoch)
+
+
 class DataLoader:
     """Batches of a dataset served by dataflow loader servers, for one trainer rank.
 
@@ -63,7 +87,8 @@ class DataLoader:
     Iteration (see :mod:`dataflow.client.cursor`): every pass (``for batch in loader``) is one
     full pass over the current epoch, whatever earlier passes did (a peek or a ``break``
     consumes nothing); a pass that ran to its end makes the next pass start the next epoch;
-    :meth:`set_epoch` chooses the epoch. ``state_dict()`` / ``load_state_dict()`` resume
+    :meth:`set_epoch` (also as ``loader.sampler.set_epoch``) chooses the epoch, also for an
+    iterator already made but not read yet. ``state_dict()`` / ``load_state_dict()`` resume
     exactly, on any rank and any world size: after ``load_state_dict`` the next pass yields
     the rest of the saved epoch (spread over this job's ranks; a state taken after an epoch's
     last batch resumes at the next epoch), and ``set_epoch`` with the saved epoch keeps that
@@ -138,7 +163,10 @@ class DataLoader:
             self.close()
             raise
         self._cursor = EpochCursor(self.index.total)
+        self._pass: _Pass | None = None
         self.epoch_size = self._size(0)
+        self.sampler = EpochSetter(self)
+        self.batch_sampler = None  # as torch's DataLoader: batches are not a sampler's here
 
     def _handshake(self) -> DatasetIndex:
         indexes = self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
@@ -177,6 +205,10 @@ class DataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass cover ``epoch`` (a resumed position in ``epoch`` is kept).
 
+        An iterator made but not read yet is retargeted to ``epoch`` (torch's DataLoader
+        without workers behaves so; Lightning makes its iterator before it sets the epoch);
+        one that yielded a batch is invalidated.
+
         Raises:
             ConfigError: ``epoch`` is not an integer >= 0 (numpy/torch integers are accepted).
         """
@@ -185,8 +217,11 @@ class DataLoader:
         value = operator.index(epoch)
         if value < 0:
             raise ConfigError(f"`epoch` must be an integer >= 0. Found: {value}")
+        unread = self._pass if self._pass is not None and self._pass.gen == self._gen else None
         self._gen += 1
         self._cursor.set_epoch(value)
+        if unread is not None and unread.yielded == 0 and not self._io.handoff.failed:
+            self._begin(unread)
 
     def _size(self, start: int) -> EpochSize:
         cfg = self.config
@@ -208,6 +243,12 @@ class DataLoader:
         if self._io.handoff.failed:
             raise LoaderClosedError("this DataLoader failed earlier (the error was raised "
                                     "then); open a new one and load_state_dict() to resume")
+        self._pass = _Pass(0, 0)
+        self._begin(self._pass)
+        return self._iterate(self._pass)
+
+    def _begin(self, run: _Pass) -> None:
+        """Start ``run`` as a new pass: plan it and ask the I/O thread for its batches."""
         self._gen += 1
         span = self._cursor.begin()
         batches = self.plan_batches(span.epoch, span.start)
@@ -216,19 +257,20 @@ class DataLoader:
             raise InternalError(f"plan has {len(batches)} batches; expected {expected}")
         if not batches:
             self._cursor.end()
+        run.gen, run.n = self._gen, len(batches)
         self._io.handoff.start(StartEpoch(self._gen, batches, 0))
-        return self._iterate(self._gen, len(batches))
 
-    def _iterate(self, gen: int, n: int) -> Iterator[dict[str, torch.Tensor]]:
-        for i in range(n):
-            if gen != self._gen:
+    def _iterate(self, run: _Pass) -> Iterator[dict[str, torch.Tensor]]:
+        while run.yielded < run.n:
+            if run.gen != self._gen:
                 raise StaleIteratorError("this iterator was invalidated: a newer iterator was "
-                                         "started, set_epoch/load_state_dict was called, or "
-                                         "the loader was closed")
-            index, ready = self._io.handoff.take(gen, GET_POLL_S, self._io.is_alive)
-            if index != i:
-                raise InternalError(f"got batch {index}, expected {i}")
-            self._cursor.yielded(last=i == n - 1)
+                                         "started, set_epoch/load_state_dict was called after "
+                                         "it yielded, or the loader was closed")
+            index, ready = self._io.handoff.take(run.gen, GET_POLL_S, self._io.is_alive)
+            if index != run.yielded:
+                raise InternalError(f"got batch {index}, expected {run.yielded}")
+            run.yielded += 1
+            self._cursor.yielded(last=run.yielded == run.n)
             yield hand_over(ready)
 
     def stats(self) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """A tiny Lightning DDP training script over dataflow, run by ``test_lightning.py``.
 
-Not a test module: the test copies it into ``tmp_path`` and runs it as a script, because
-Lightning's ``strategy="ddp"`` launches rank 1 by re-running ``sys.argv`` (no spawn). Rank and
-world size come from ``torch.distributed``: the loaders are built in ``train_dataloader()`` /
+Not a test module: the test copies it into ``tmp_path`` and runs it once per rank with
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, as torchrun (or Lightning's own
+``strategy="ddp"`` launcher, for the ranks it starts) would. The loaders take rank and world
+size from ``torch.distributed``: they are built in ``train_dataloader()`` /
 ``val_dataloader()``, after DDP initialized the process group.
 
 Each rank appends JSON lines to ``OUT/rank{r}.jsonl``, flushed at once (an interrupted run keeps
@@ -16,6 +17,7 @@ its records):
   restores the train loader from a checkpoint (a failing load is recorded, then raised).
 
 Usage: python lightning_train.py --endpoint tcp://127.0.0.1:PORT --out DIR [options]
+(without ``LOCAL_RANK``, Lightning starts the other ranks itself).
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-steps", type=int, default=-1)
     p.add_argument("--ckpt-dir", help="save a checkpoint named mid.ckpt here ...")
     p.add_argument("--ckpt-step", type=int, default=0, help="... at this global step")
+    p.add_argument("--epoch-ckpt-dir", help="save epoch{N}.ckpt here after each epoch")
     p.add_argument("--resume", help="checkpoint to resume from")
     args = p.parse_args(argv)
 
@@ -137,6 +140,9 @@ def main(argv: list[str]) -> int:
     if args.ckpt_dir:
         callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, filename="mid",
                                          every_n_train_steps=args.ckpt_step, save_top_k=-1))
+    if args.epoch_ckpt_dir:  # Lightning's default timing: after each epoch's validation
+        callbacks.append(ModelCheckpoint(dirpath=args.epoch_ckpt_dir, filename="epoch{epoch}",
+                                         auto_insert_metric_name=False, save_top_k=-1))
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy="ddp",
                          max_epochs=args.max_epochs, max_steps=args.max_steps,
                          num_sanity_val_steps=2, enable_progress_bar=False, logger=False,

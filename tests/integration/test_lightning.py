@@ -1,26 +1,31 @@
 """The DataLoader under PyTorch Lightning DDP (2 CPU ranks, real servers on loopback).
 
 Lightning 2.x treats a loader with ``state_dict``/``load_state_dict`` as stateful: it saves rank
-0's loader state in its checkpoints and loads it on every rank. It never calls ``set_epoch`` on
-a loader that is not a torch DataLoader, it runs a validation sanity check that abandons the
-val loader after a few batches, and it does not prefetch from a loader that has a length. The
-client's contract (``client/cursor.py``: every pass is a full pass of the current epoch, a
-completed pass advances the epoch, the state is global) is what makes that work; these tests
-check it end to end.
+0's loader state in its checkpoints and, when the checkpoint was taken mid-epoch, loads it on
+every rank. Each epoch it calls ``loader.sampler.set_epoch(epoch)`` (after it made the epoch's
+iterator: the client retargets an iterator not read yet), it runs a validation sanity check
+that abandons the val loader after a few batches, and it does not prefetch from a loader that
+has a length. The client's contract (``client/cursor.py``: every pass is a full pass of the
+current epoch, a completed pass advances the epoch, the state is global) is what makes that
+work, also after a resume from an end-of-epoch checkpoint, where Lightning loads no loader
+state and only sets the epoch; these tests check it end to end.
 
-``strategy="ddp"`` on CPU launches rank 1 by re-running the script, so the training script is a
-real file (``lightning_train.py``, copied into ``tmp_path``) run under a timeout; each rank
-records the sample ids of every step in ``OUT/rank{r}.jsonl``.
+The training script is a real file (``lightning_train.py``, copied into ``tmp_path``), each of
+its 2 ranks (``strategy="ddp"``, CPU, gloo) a subprocess under a timeout; each rank records the
+sample ids of every step in ``OUT/rank{r}.jsonl``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from importlib.util import find_spec
 from pathlib import Path
@@ -47,10 +52,19 @@ ENV_DROP_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "JSM_", "PL_")
 Records = dict[int, list[dict[str, Any]]]
 
 
-def _train(tmp_path: Path, endpoint: str, name: str, *args: str) -> Records:
-    """Run the training script (2 DDP ranks) to completion; returns each rank's records.
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    The script and its rank-1 child run in their own session, killed whole on timeout.
+
+def _train(tmp_path: Path, endpoint: str, name: str, *args: str) -> Records:
+    """Run the training script on 2 DDP ranks to completion; returns each rank's records.
+
+    Both ranks are started here, as torchrun would (``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``: Lightning's own launcher starts rank 1 the same way, but only once rank 0
+    has imported everything, which doubles the start-up time on 2 cores). Each rank runs in a
+    session of its own, killed whole when the run ends or times out.
     """
     script = tmp_path / SCRIPT.name
     if not script.exists():
@@ -58,27 +72,37 @@ def _train(tmp_path: Path, endpoint: str, name: str, *args: str) -> Records:
     out = tmp_path / name
     env = {k: v for k, v in os.environ.items()
            if k not in ENV_DROP and not k.startswith(ENV_DROP_PREFIXES)}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), NODE_RANK="0")
     cmd = [sys.executable, str(script), "--endpoint", endpoint, "--out", str(out),
            "--devices", str(WORLD), "--batch-size", str(BATCH),
            "--val-batch-size", str(VAL_BATCH), *args]
-    log_path = tmp_path / f"{name}.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(SCRIPT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            try:  # rank 1 (and anything else left) is in the script's process group
+    logs = [tmp_path / f"{name}-rank{rank}.log" for rank in range(WORLD)]
+    procs: list[subprocess.Popen] = []
+    codes: list[int | None] = []
+    deadline = time.monotonic() + SCRIPT_TIMEOUT_S
+    try:
+        for rank, log_path in enumerate(logs):
+            with log_path.open("wb") as log:
+                procs.append(subprocess.Popen(
+                    cmd, cwd=tmp_path, env={**env, "LOCAL_RANK": str(rank)},
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True))
+        for proc in procs:
+            try:
+                codes.append(proc.wait(max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait(10)
-    tail = log_path.read_text(errors="replace")[-4000:]
-    assert rc is not None, f"{name}: no exit within {SCRIPT_TIMEOUT_S} s; log tail:\n{tail}"
-    assert rc == 0, f"{name}: exit status {rc}; log tail:\n{tail}"
+    if codes != [0] * WORLD:
+        tails = "\n".join(f"--- rank {rank} ---\n{p.read_text(errors='replace')[-3000:]}"
+                          for rank, p in enumerate(logs))
+        pytest.fail(f"{name}: exit statuses {codes} (None: still running after "
+                    f"{SCRIPT_TIMEOUT_S} s); log tails:\n{tails}")
     records = {}
     for rank in range(WORLD):
         lines = (out / f"rank{rank}.jsonl").read_text().splitlines()
@@ -192,3 +216,25 @@ def test_ddp_resume_mid_epoch_from_a_lightning_checkpoint(demo_data, servers, tm
                       BATCH, "train epoch 1 across the interruption")
     _assert_one_epoch(_batches(second, "val", 1), demo.total, VAL_BATCH,
                       "validation after the resumed epoch")
+
+
+@pytest.mark.timeout(2 * SCRIPT_TIMEOUT_S + 60)
+def test_ddp_resume_from_an_end_of_epoch_checkpoint_continues_the_epochs(demo_data, servers,
+                                                                         tmp_path) -> None:
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths]).endpoint
+    ckpt_dir = tmp_path / "ckpt"
+    first = _train(tmp_path, endpoint, "first", "--max-epochs", "1",
+                   "--epoch-ckpt-dir", str(ckpt_dir))
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["epoch0.ckpt"]
+    second = _train(tmp_path, endpoint, "second", "--max-epochs", "2",
+                    "--resume", str(ckpt_dir / "epoch0.ckpt"))
+
+    resumed = _batches(second, "train", 1)
+    _assert_one_epoch(resumed, demo.total, BATCH, "train epoch 1 after the resume")
+    epoch0 = _batches(first, "train", 0)
+    loader_epochs = {r["loader_epoch"] for recs in second.values() for r in recs
+                     if r["kind"] == "train"}
+    assert loader_epochs == {1} and resumed[0] != epoch0[0], (
+        f"Lightning epoch 1 after the resume was served as loader epoch(s) {loader_epochs}; "
+        f"same order as epoch 0: {resumed[0] == epoch0[0]}")

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 
 from dataflow.client import DataLoader
-from dataflow.errors import ConfigError, DatasetMismatchError, StateMismatchError
+from dataflow.errors import (
+    ConfigError,
+    DatasetMismatchError,
+    StaleIteratorError,
+    StateMismatchError,
+)
 from dataflow.plan import epoch_size
 
 BATCH = 8
@@ -86,6 +91,27 @@ def test_loop_without_set_epoch_resumes_and_advances(demo_data, servers) -> None
         assert dl.epoch == 3 and len(after) == n
         dl.set_epoch(0)
         assert [_ids(b) for b in dl] == epochs[0]
+
+
+@pytest.mark.timeout(60)
+def test_set_epoch_retargets_an_unread_iterator_and_invalidates_a_read_one(demo_data,
+                                                                            servers) -> None:
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths]).endpoint
+    with _loader(endpoint) as dl:
+        dl.set_epoch(2)
+        epoch2 = [_ids(b) for b in dl]
+        dl.set_epoch(0)
+        it = iter(dl)  # made before the epoch is set, as Lightning does
+        dl.sampler.set_epoch(2)  # the DistributedSampler idiom
+        assert [_ids(b) for b in it] == epoch2 and dl.epoch == 2
+        dl.set_epoch(1)
+        it = iter(dl)
+        next(it)
+        dl.set_epoch(2)
+        with pytest.raises(StaleIteratorError):
+            next(it)
+        assert [_ids(b) for b in dl] == epoch2
 
 
 def _job(world: int, body: Callable[[int], object]) -> list[object]:
