@@ -200,11 +200,18 @@ class IOThread(threading.Thread):
         if gen is None:
             return
         taken = self.handoff.taken(gen, window_full=False)
-        for a in self._scheduler.assignments(taken, now):
-            req = wire.Request(a.req_id, a.ranges)
-            self._control[a.server].send_multipart(wire.encode(req), flags=zmq.NOBLOCK)
-        if self._scheduler.window_full(taken):
-            self.handoff.taken(gen, window_full=True)
+        while True:
+            for a in self._scheduler.assignments(taken, now):
+                req = wire.Request(a.req_id, a.ranges)
+                self._control[a.server].send_multipart(wire.encode(req), flags=zmq.NOBLOCK)
+            if not self._scheduler.window_full(taken):
+                return
+            # Ask to be woken by the next take; a take since the first look is seen here, so
+            # no wake-up is missed between the two.
+            fresh = self.handoff.taken(gen, window_full=True)
+            if fresh == taken:
+                return
+            taken = fresh
 
     def _receive_all(self, sock: zmq.Socket, server: int) -> None:
         for _ in range(DRAIN_PER_WAKE):
