@@ -61,6 +61,7 @@ class LoaderConfig:
     pin_memory: bool = True
     prefetch: int = 4
     timeout: float = 60.0
+    grace: float = 10.0
     shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
     block_size: int = DEFAULT_BLOCK_SIZE
     window: int = DEFAULT_WINDOW
@@ -86,6 +87,9 @@ class LoaderConfig:
         _int("window", self.window, 1)
         if not self.timeout > 0:
             raise ConfigError(f"`timeout` must be > 0 seconds. Found: {self.timeout!r}")
+        if isinstance(self.grace, bool) or not (isinstance(self.grace, (int, float))
+                                                and 0 <= self.grace < float("inf")):
+            raise ConfigError(f"`grace` must be a number of seconds >= 0. Found: {self.grace!r}")
         if self.device is not None and not self.device.startswith("cuda"):
             raise ConfigError(f"`device` must be None, 'cpu' or a CUDA device. "
                               f"Found: {self.device!r}")

@@ -26,6 +26,9 @@ from dataflow.plan import Batches
 
 T = TypeVar("T")
 
+# The I/O thread's counters (see :meth:`Handoff.count`).
+COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered")
+
 
 @dataclass(frozen=True)
 class StartEpoch:
@@ -67,6 +70,7 @@ class Handoff(Generic[T]):
         self._want_wake = False
         self._delivered = 0
         self._discarded = 0
+        self._counters = dict.fromkeys(COUNTERS, 0)
         self.capacity = 0
 
     # -- consumer side --------------------------------------------------------------------------
@@ -190,12 +194,18 @@ class Handoff(Generic[T]):
                 self._error = error
             self._ready.notify_all()
 
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the I/O thread's counter ``name`` (one of :data:`COUNTERS`)."""
+        with self._lock:
+            self._counters[name] += n
+
     def stats(self) -> dict[str, int]:
-        """Batches delivered to the consumer's side, and batches of abandoned generations
-        discarded (waiting when a new one started, or arriving after)."""
+        """Batches delivered to the consumer's side, batches of abandoned generations
+        discarded (waiting when a new one started, or arriving after), batches waiting, and
+        the I/O thread's :data:`COUNTERS`."""
         with self._lock:
             return {"delivered": self._delivered, "discarded": self._discarded,
-                    "waiting": len(self._batches)}
+                    "waiting": len(self._batches), **self._counters}
 
     @property
     def failed(self) -> bool:

@@ -95,6 +95,20 @@ class DataLoader:
     position. One iterator is active at a time: starting a new one invalidates the previous.
     After an error is raised the loader can only be closed.
 
+    Failover (see :mod:`dataflow.client.scheduler`): servers are stateless and this loader
+    owns the plan, so losing a server loses no sample. A server whose connection drops (a
+    killed process is noticed at once, a vanished host within seconds by ZMTP heartbeats),
+    that stops answering HEARTBEATs, or that says it is stopping gets no new requests, and
+    the batches it held are requested from the other servers at once; late replies are
+    discarded, so every batch is yielded exactly once, in plan order. A server back within
+    ``grace`` seconds (a network cut) keeps its session and its work; one that lost this
+    client's session (restarted) joins again (HELLO) and takes work again, provided it serves
+    the same dataset (otherwise it stays out, logged). Liveness is judged by the servers'
+    connections and HEARTBEAT answers, never by how long a big reply takes.
+
+    Under the server's ``--on-error skip`` a batch may be short: damaged samples are left out,
+    and counted in ``stats()["skipped"]``.
+
     Args:
         servers: one endpoint (``tcp://host:port``) or a list; batches are spread over them.
         batch_size: samples per batch.
@@ -109,15 +123,19 @@ class DataLoader:
         device: None / "cpu" for CPU tensors, or a CUDA device.
         pin_memory: pin CPU batches (only when CUDA is available).
         prefetch: requests kept outstanding per server.
-        timeout: seconds without progress from a server (or without an answer to HELLO)
-            before :class:`~dataflow.errors.ServerUnavailable` is raised.
+        timeout: seconds the servers may take to answer the first HELLO, and seconds an epoch
+            may wait with no usable server, before :class:`~dataflow.errors.ServerUnavailable`
+            is raised (naming every endpoint).
+        grace: seconds a server may be disconnected or silent before it is lost (its
+            session is then given up; it must join again).
         shuffle_window: samples shuffled together by the ``"sample"`` shuffle.
         block_size: samples per block of the ``"block"`` shuffle.
         window: shards whose blocks the ``"block"`` shuffle mixes.
 
     Raises:
         ConfigError: an argument is invalid.
-        ServerUnavailable: a server did not answer HELLO within ``timeout``.
+        ServerUnavailable: a server did not answer HELLO within ``timeout`` (while
+            iterating: no server was usable for ``timeout`` seconds).
         DatasetMismatchError: the servers serve different datasets.
     """
 
@@ -135,6 +153,7 @@ class DataLoader:
         pin_memory: bool = True,
         prefetch: int = 4,
         timeout: float = 60.0,
+        grace: float = 10.0,
         shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
         block_size: int = DEFAULT_BLOCK_SIZE,
         window: int = DEFAULT_WINDOW,
@@ -144,7 +163,7 @@ class DataLoader:
         self.config = LoaderConfig(
             endpoints=endpoints, batch_size=batch_size, rank=rank, world_size=world_size,
             shuffle=shuffle, seed=seed, drop_last=drop_last, device=normalize_device(device),
-            pin_memory=pin_memory, prefetch=prefetch, timeout=timeout,
+            pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             shuffle_window=shuffle_window, block_size=block_size, window=window,
         )
         cfg = self.config
@@ -152,7 +171,7 @@ class DataLoader:
             sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
         else:
             sink = HostSink(pin=pin_memory and torch.cuda.is_available())
-        self._io = IOThread(cfg.endpoints, cfg.prefetch, cfg.timeout, sink,
+        self._io = IOThread(cfg.endpoints, cfg.prefetch, cfg.timeout, cfg.grace, sink,
                             f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}")
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
@@ -274,8 +293,10 @@ class DataLoader:
             yield hand_over(ready)
 
     def stats(self) -> dict[str, int]:
-        """Counters of the hand-off from the I/O thread: ``delivered`` batches, ``discarded``
-        batches of abandoned iterators, batches ``waiting`` for the consumer."""
+        """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,
+        batches ``waiting`` for the consumer, samples ``skipped`` by the servers (damaged,
+        ``--on-error skip``), ``servers_lost``, servers ``rejoined``, batches ``rerequested``
+        from another server after a loss, and ``recovered`` (re-requested batches received)."""
         return self._io.handoff.stats()
 
     # -- resume ---------------------------------------------------------------------------------

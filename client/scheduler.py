@@ -1,4 +1,4 @@
-"""Which batch to request from which server: credits, window and liveness. Pure, no sockets.
+"""Which batch to request from which server, and which servers are alive. Pure, no sockets.
 
 The scheduler is driven by the client's I/O thread (:mod:`dataflow.client.iothread`) with the
 time passed in, so every rule here is unit-tested with a fake clock:
@@ -8,30 +8,75 @@ time passed in, so every rule here is unit-tested with a fake clock:
   credit until their reply (or error) arrives: the server still holds them.
 * **Window.** At most ``window`` batches of the current epoch are requested but not yet taken
   by the consumer (received, reordered and waiting count too); ``window`` is the sum of the
-  granted credits, so the consumer's hand-off never holds more than that.
-* **Choice.** Batches are requested in plan order, each from the server with credit that has
-  the fewest requests outstanding (the first such server on a tie).
-* **Liveness.** A HEARTBEAT is due at a server every ``heartbeat_s`` seconds; a server that
-  leaves requests unanswered for ``timeout`` seconds without progress is unavailable.
+  credits granted at the first handshake, so the consumer's hand-off never holds more.
+* **Choice.** Batches are requested in plan order, batches to re-request first, each from the
+  usable server with credit that has the fewest requests outstanding (the first on a tie).
+* **Exactly once.** A batch is *open* from its first request until a reply for it is
+  accepted; only the first reply for an open batch of the current epoch is accepted, every
+  other one (a late reply from a server it was taken away from, a duplicate) is discarded.
+* **Liveness** is judged by each server's connections, never by how long a reply takes (a
+  56 MB reply on a slow link may take longer than ``timeout`` while bytes flow). A HEARTBEAT
+  is due at every joined server each ``heartbeat_s``; the server answers on its control
+  connection. A server is *suspect* while one of its connections is down (a socket monitor
+  saw it disconnect) or when a HEARTBEAT stayed unanswered for ``silent_s``: it gets no new
+  requests and its open batches are re-requested from the other servers at once. It is usable
+  again once every connection is up and it was heard from since; if a connection broke in
+  between, replies in flight on it may be gone, so its outstanding requests are forgotten
+  (their late replies are discarded). A server suspect for longer than ``grace``, one that
+  lost this client's session (restarted) or one that is stopping is *lost*: everything it
+  held is forgotten, and it must join again (HELLO) before it gets work.
+* **Unavailable.** When the current epoch needs a server and none was usable for ``timeout``
+  seconds, :class:`~dataflow.errors.ServerUnavailable` names every endpoint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches
 
+CONTROL = "control"
+
+
+class State(Enum):
+    """Where a server stands with this client."""
+
+    JOINING = "joining"  # HELLO sent, handshake under way
+    UP = "up"  # joined and usable (when it has credit)
+    SUSPECT = "suspect"  # joined, but a connection is down or it is silent
+    DOWN = "down"  # lost: must join again
+
 
 @dataclass(frozen=True)
 class Slot:
-    """What an outstanding request is for: batch ``index`` of epoch generation ``gen``."""
+    """What an outstanding request is for: batch ``index`` of epoch generation ``gen``.
+
+    Attributes:
+        samples: samples the batch holds (the sum of its ranges' ``stop - start``).
+        retry: the request asks again for a batch requested before (from a lost server).
+    """
 
     gen: int
     index: int
+    samples: int
+    retry: bool = False
+
+    def check_size(self, endpoint: str, req_id: int, size: int, skipped: int) -> None:
+        """Check a BATCH for this request: ``size`` samples served plus ``skipped`` left out
+        (damaged, server ``--on-error skip``) must be the samples asked for.
+
+        Raises:
+            ProtocolError: naming the endpoint, the request and the counts.
+        """
+        if size + skipped != self.samples:
+            raise ProtocolError(f"{endpoint}: BATCH {req_id} has {size} samples and {skipped} "
+                                f"skipped; the request asked for {self.samples}")
 
 
 @dataclass(frozen=True)
@@ -40,21 +85,32 @@ class Assignment:
 
     Attributes:
         ranges: int64 array of shape ``(n, 3)``: the batch's ``(shard, start, stop)`` rows.
+        retry: the batch was requested before (from a lost server).
     """
 
     server: int
     req_id: int
     index: int
     ranges: np.ndarray
+    retry: bool
 
 
 @dataclass
 class _Server:
     endpoint: str
+    state: State = State.JOINING
     credits: int = 0
+    share: int = 0  # credits granted at the first join: this server's part of the window
     outstanding: dict[int, Slot] = field(default_factory=dict)
-    last_progress: float = 0.0
+    forgotten: set[int] = field(default_factory=set)  # requests whose replies are discarded
+    down_links: set[Hashable] = field(default_factory=set)
+    heard: float = 0.0  # last message from the server
+    link_up: float = 0.0  # last time one of its connections came up
+    unanswered: float | None = None  # when the oldest unanswered HEARTBEAT was sent
+    since: float = 0.0  # when the current state began
+    broken: bool = False  # a connection went down while suspect
     next_heartbeat: float = 0.0
+    next_hello: float = 0.0  # a lost server is asked to join again from then on
 
 
 @dataclass
@@ -63,44 +119,81 @@ class _Epoch:
     batches: Batches
     first: int
     next_request: int
+    open: set[int] = field(default_factory=set)
+    retry: list[int] = field(default_factory=list)  # a heap of open batches to request again
 
 
 class Scheduler:
-    """Request scheduling of one DataLoader over its servers.
+    """Request scheduling and liveness of one DataLoader's servers.
 
     Args:
         endpoints: the servers, in the order their numbers refer to.
-        timeout: seconds without progress on outstanding requests before a server is
-            declared unavailable.
+        timeout: seconds the current epoch may wait without a usable server; also the limit
+            of one attempt to join again.
         heartbeat_s: seconds between HEARTBEATs to each server.
+        silent_s: seconds a HEARTBEAT may stay unanswered before its server is suspect.
+        grace: seconds a server may be suspect before it is lost.
 
     Thread invariant: used by the I/O thread only.
     """
 
-    def __init__(self, endpoints: Sequence[str], timeout: float, heartbeat_s: float) -> None:
+    def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
+                 silent_s: float, grace: float) -> None:
         self._servers = [_Server(e) for e in endpoints]
         self._timeout = timeout
         self._heartbeat_s = heartbeat_s
+        self._silent_s = silent_s
+        self._grace = grace
         self._epoch: _Epoch | None = None
         self._req_ids = 0
+        self._taken = 0
+        self._stalled_since: float | None = None
 
-    # -- set-up ---------------------------------------------------------------------------------
+    # -- joining --------------------------------------------------------------------------------
 
     def grant(self, server: int, credits: int, now: float) -> None:
-        """Server ``server`` granted ``credits`` (its INDEX reply arrived at ``now``)."""
-        if credits < 1:
-            raise ProtocolError(f"{self._servers[server].endpoint}: granted {credits} credits")
+        """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``."""
         s = self._servers[server]
+        if credits < 1:
+            raise ProtocolError(f"{s.endpoint}: granted {credits} credits")
+        if s.state not in (State.JOINING, State.DOWN):
+            raise InternalError(f"{s.endpoint}: granted credits while {s.state.value}")
         s.credits = credits
+        s.share = s.share or credits
+        s.unanswered = None
+        s.broken = False
+        s.heard = now
+        self._enter(s, State.UP, now)
         s.next_heartbeat = now + self._heartbeat_s
+
+    def state(self, server: int) -> State:
+        return self._servers[server].state
 
     @property
     def window(self) -> int:
-        """Batches requested but not taken, at most: the sum of granted credits."""
-        return sum(s.credits for s in self._servers)
+        """Batches requested but not taken, at most: the credits granted at the first join."""
+        return sum(s.share for s in self._servers)
 
     def endpoint(self, server: int) -> str:
         return self._servers[server].endpoint
+
+    def hellos_due(self, now: float) -> list[int]:
+        """Lost servers to send a HELLO to now (each is then JOINING until :meth:`grant`, or
+        until ``timeout`` passes or :meth:`join_failed`)."""
+        due = []
+        for i, s in enumerate(self._servers):
+            if s.state is State.DOWN and CONTROL not in s.down_links and now >= s.next_hello:
+                self._enter(s, State.JOINING, now)
+                s.down_links.intersection_update({CONTROL})  # its readers are connected anew
+                due.append(i)
+        return due
+
+    def join_failed(self, server: int, now: float, *, retry: bool) -> None:
+        """The join of ``server`` failed: it is lost again; asked to join again after
+        ``timeout`` when ``retry``, else only once its connection comes up anew."""
+        s = self._servers[server]
+        self._enter(s, State.DOWN, now)
+        s.next_hello = now + self._timeout if retry else float("inf")
 
     # -- epochs ---------------------------------------------------------------------------------
 
@@ -113,97 +206,231 @@ class Scheduler:
         if self._epoch is not None and gen <= self._epoch.gen:
             raise InternalError(f"epoch generation {gen} after {self._epoch.gen}")
         self._epoch = _Epoch(gen, batches, first, first)
+        self._taken = 0
 
     @property
     def gen(self) -> int | None:
         """Generation of the current epoch, or None before the first."""
         return None if self._epoch is None else self._epoch.gen
 
+    def _usable(self, s: _Server) -> bool:
+        return s.state is State.UP and len(s.outstanding) < s.credits
+
     def assignments(self, taken: int, now: float) -> list[Assignment]:
         """Requests to send now, given that the consumer took ``taken`` batches of this epoch.
 
         Returns:
-            The assignments, in plan order; the caller must send every one.
+            The assignments, batches to re-request first, then in plan order; the caller
+            must send every one.
         """
         ep = self._epoch
+        self._taken = taken
         out: list[Assignment] = []
         if ep is None:
             return out
         end = ep.first + len(ep.batches)
-        while ep.next_request < end and ep.next_request - ep.first - taken < self.window:
+        while True:
+            while ep.retry and ep.retry[0] not in ep.open:
+                heapq.heappop(ep.retry)
+            retry = bool(ep.retry)
+            if not retry and not (ep.next_request < end
+                                  and ep.next_request - ep.first - taken < self.window):
+                break
             best = None
             for i, s in enumerate(self._servers):
-                if len(s.outstanding) < s.credits and (
-                        best is None or len(s.outstanding) < len(self._servers[best].outstanding)):
+                if self._usable(s) and (best is None or len(s.outstanding)
+                                        < len(self._servers[best].outstanding)):
                     best = i
             if best is None:
                 break
-            s = self._servers[best]
+            index = heapq.heappop(ep.retry) if retry else ep.next_request
+            if not retry:
+                ep.next_request += 1
+                ep.open.add(index)
             self._req_ids += 1
-            if not s.outstanding:
-                s.last_progress = now
-            s.outstanding[self._req_ids] = Slot(ep.gen, ep.next_request)
-            out.append(Assignment(best, self._req_ids, ep.next_request,
-                                  ep.batches.rows(ep.next_request - ep.first)))
-            ep.next_request += 1
+            rows = ep.batches.rows(index - ep.first)
+            samples = int((rows[:, 2] - rows[:, 1]).sum())
+            self._servers[best].outstanding[self._req_ids] = Slot(ep.gen, index, samples, retry)
+            out.append(Assignment(best, self._req_ids, index, rows, retry))
         return out
 
     def window_full(self, taken: int) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
         ep = self._epoch
-        return (ep is not None and ep.next_request < ep.first + len(ep.batches)
+        return (ep is not None and not ep.retry and ep.next_request < ep.first + len(ep.batches)
                 and ep.next_request - ep.first - taken >= self.window)
 
     def on_reply(self, server: int, req_id: int, now: float) -> Slot | None:
         """A reply (batch or error) to ``req_id`` arrived from ``server``.
 
         Returns:
-            The batch it answers when it belongs to the current epoch, else None (a stale
-            reply of an abandoned epoch: discard it).
+            The batch it answers when it is the first reply for an open batch of the current
+            epoch, else None (stale, late or duplicate: discard it).
 
         Raises:
-            ProtocolError: ``server`` has no such request outstanding.
+            ProtocolError: ``server`` has no such request outstanding (nor forgotten).
         """
         s = self._servers[server]
+        self.heard(server, now)
         slot = s.outstanding.pop(req_id, None)
         if slot is None:
+            if req_id in s.forgotten:
+                s.forgotten.discard(req_id)
+                return None
             raise ProtocolError(f"{s.endpoint}: reply to unknown request {req_id}")
-        s.last_progress = now
-        if self._epoch is None or slot.gen != self._epoch.gen:
+        ep = self._epoch
+        if ep is None or slot.gen != ep.gen or slot.index not in ep.open:
             return None
+        ep.open.discard(slot.index)
         return slot
+
+    def undelivered(self, server: int, req_id: int, now: float) -> None:
+        """The server could not deliver its reply to ``req_id``: request the batch again."""
+        slot = self._servers[server].outstanding.get(req_id)
+        if self.on_reply(server, req_id, now) is not None and slot is not None:
+            ep = self._epoch
+            assert ep is not None
+            ep.open.add(slot.index)
+            heapq.heappush(ep.retry, slot.index)
 
     def outstanding(self, server: int) -> int:
         return len(self._servers[server].outstanding)
 
     # -- liveness -------------------------------------------------------------------------------
 
+    def heard(self, server: int, now: float) -> None:
+        """A message (any) arrived from ``server``."""
+        s = self._servers[server]
+        s.heard = now
+        s.unanswered = None
+
+    def link(self, server: int, link: Hashable, up: bool, now: float) -> None:
+        """Connection ``link`` of ``server`` (:data:`CONTROL` or a reader's) went up or down.
+
+        A lost server whose control connection comes up is asked to join again at once.
+        """
+        s = self._servers[server]
+        if up:
+            s.down_links.discard(link)
+            s.link_up = now
+            if link == CONTROL and s.state is State.DOWN:
+                s.next_hello = now
+        else:
+            s.down_links.add(link)
+            s.broken = True  # replies in flight on it may be gone
+
+    def lost(self, server: int, now: float, *, hello: bool = True) -> None:
+        """``server`` is lost (stopping, restarted, or suspect for longer than ``grace``).
+
+        Its open batches of the current epoch are requested again from the other servers
+        before any batch not yet requested; every request it held is forgotten. It is asked
+        to join again at once when ``hello`` and its control connection is up, else once its
+        control connection comes up anew.
+        """
+        s = self._servers[server]
+        if s.state in (State.UP, State.SUSPECT):
+            self._requeue(s)
+            s.forgotten.update(s.outstanding)
+            s.outstanding.clear()
+        self._enter(s, State.DOWN, now)
+        s.next_hello = now if hello else float("inf")
+
+    def _requeue(self, s: _Server) -> None:
+        ep = self._epoch
+        if ep is None:
+            return
+        covered = {slot.index for o in self._servers if o.state is State.UP and o is not s
+                   for slot in o.outstanding.values() if slot.gen == ep.gen}
+        for slot in s.outstanding.values():
+            if (slot.gen == ep.gen and slot.index in ep.open and slot.index not in covered
+                    and slot.index not in ep.retry):
+                heapq.heappush(ep.retry, slot.index)
+
+    @staticmethod
+    def _enter(s: _Server, state: State, now: float) -> None:
+        s.state = state
+        s.since = now
+
     def heartbeats_due(self, now: float) -> list[int]:
-        """Servers to send a HEARTBEAT to now (each is then due again in ``heartbeat_s``)."""
+        """Joined servers to send a HEARTBEAT to now (each is then due again in
+        ``heartbeat_s``)."""
         due = []
         for i, s in enumerate(self._servers):
-            if s.credits and now >= s.next_heartbeat:
+            if s.state in (State.UP, State.SUSPECT) and now >= s.next_heartbeat:
                 s.next_heartbeat = now + self._heartbeat_s
+                if s.unanswered is None:
+                    s.unanswered = now
                 due.append(i)
         return due
 
-    def check(self, now: float) -> None:
-        """Raise for a server that left requests unanswered for ``timeout`` seconds.
+    def check(self, now: float) -> list[int]:
+        """Apply the liveness rules at ``now``.
+
+        Returns:
+            The servers lost now (suspect for longer than ``grace``, or whose join attempt
+            ran out of time): the caller closes their data connections.
 
         Raises:
-            ServerUnavailable: naming the endpoint, the requests and the time waited.
+            ServerUnavailable: the current epoch waited ``timeout`` seconds with no usable
+                server, naming every endpoint.
         """
-        for s in self._servers:
-            if s.outstanding and now - s.last_progress > self._timeout:
-                raise ServerUnavailable(s.endpoint, f"no reply to {len(s.outstanding)} "
-                                        f"request(s) for {self._timeout} s")
+        gone = []
+        for i, s in enumerate(self._servers):
+            silent = s.unanswered is not None and now - s.unanswered > self._silent_s
+            if s.state is State.UP and (s.down_links or s.broken or silent):
+                self._enter(s, State.SUSPECT, now)
+                self._requeue(s)
+            elif s.state is State.SUSPECT:
+                if not s.down_links and s.heard > s.since and s.heard >= s.link_up:
+                    if s.broken:
+                        s.forgotten.update(s.outstanding)
+                        s.outstanding.clear()
+                        s.broken = False
+                    self._enter(s, State.UP, now)
+                elif now - s.since > self._grace:
+                    self.lost(i, now)
+                    gone.append(i)
+            elif s.state is State.JOINING and now - s.since > self._timeout:
+                self.join_failed(i, now, retry=True)
+                gone.append(i)
+        self._check_stall(now)
+        return gone
+
+    def _check_stall(self, now: float) -> None:
+        if not self._waiting() or any(s.state is State.UP for s in self._servers):
+            self._stalled_since = None
+            return
+        if self._stalled_since is None:
+            self._stalled_since = now
+        elif now - self._stalled_since > self._timeout:
+            raise ServerUnavailable(
+                ", ".join(s.endpoint for s in self._servers),
+                f"no server usable for {now - self._stalled_since:.1f} s (timeout "
+                f"{self._timeout} s; states: {', '.join(s.state.value for s in self._servers)})")
+
+    def _waiting(self) -> bool:
+        """Whether the current epoch needs a server now."""
+        ep = self._epoch
+        if ep is None:
+            return False
+        end = ep.first + len(ep.batches)
+        return bool(ep.open) or (ep.next_request < end
+                                 and ep.next_request - ep.first - self._taken < self.window)
 
     def next_deadline(self, now: float) -> float:
-        """Seconds until a heartbeat is due or a timeout could expire (for the poll)."""
+        """Seconds until a heartbeat or a liveness rule is due (for the poll)."""
         soonest = float("inf")
         for s in self._servers:
-            if s.credits:
+            if s.state in (State.UP, State.SUSPECT):
                 soonest = min(soonest, s.next_heartbeat - now)
-            if s.outstanding:
-                soonest = min(soonest, s.last_progress + self._timeout - now)
+            if s.unanswered is not None and s.state is State.UP:
+                soonest = min(soonest, s.unanswered + self._silent_s - now)
+            if s.state is State.SUSPECT:
+                soonest = min(soonest, s.since + self._grace - now)
+            if s.state is State.JOINING:
+                soonest = min(soonest, s.since + self._timeout - now)
+            if s.state is State.DOWN and CONTROL not in s.down_links:
+                soonest = min(soonest, s.next_hello - now)
+        if self._stalled_since is not None:
+            soonest = min(soonest, self._stalled_since + self._timeout - now)
         return max(soonest, 0.0)

@@ -11,7 +11,7 @@ from dataflow.batch import Schema
 from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard
-from dataflow.readers.base import check_on_error
+from dataflow.readers.base import SkipRecord, check_on_error
 from dataflow.readers.cache import identity
 from dataflow.sources import resolve
 
@@ -24,6 +24,7 @@ class _Shard(NamedTuple):
     samples: int
     schema: Schema
     skipped: int
+    skips: tuple[SkipRecord, ...]
     identity: str
 
 
@@ -32,7 +33,7 @@ def _count(url: str, cache_dir: str | None, on_error: str) -> _Shard:
     shows a stale identity (a fingerprint that later mismatches), never a new one."""
     ident = identity(url)
     with open_shard(url, cache_dir=cache_dir, on_error=on_error) as r:
-        return _Shard(len(r), r.schema, r.skipped, ident)
+        return _Shard(len(r), r.schema, r.skipped, tuple(r.skip_log), ident)
 
 
 def build_index(
@@ -51,7 +52,13 @@ def build_index(
     Args:
         specs: dataset spec(s), see :func:`dataflow.sources.resolve`.
         cache_dir: passed to :func:`dataflow.readers.open_shard`.
-        on_error: passed to :func:`dataflow.readers.open_shard`; skipped samples are logged.
+        on_error: passed to :func:`dataflow.readers.open_shard`. Under ``"skip"``, every shard
+            that dropped samples or met damage while opening is logged (its count and first
+            record), then the total. The sizes are the samples each reader serves: a tar's
+            damaged samples are already left out of them; damage inside Parquet row groups
+            and Arrow record batches is found only when they are decoded, so reads of those
+            serve fewer rows and count the rest (see
+            :class:`~dataflow.readers.ShardReader`).
         max_workers: most shards opened at once.
 
     Raises:
@@ -66,9 +73,14 @@ def build_index(
     shards = resolve(specs)
     with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
         results = list(pool.map(lambda u: _count(u, cache_dir, on_error), shards))
-    skipped = sum(r.skipped for r in results)
-    if skipped:
-        log.warning("%d bad sample(s) skipped across %d shard(s)", skipped, len(shards))
+    for url, r in zip(shards, results, strict=True):
+        if r.skips:
+            log.warning("%s: %d sample(s) skipped, %d damage record(s), first: %s", url,
+                        r.skipped, len(r.skips), r.skips[0].message)
+    damaged = sum(1 for r in results if r.skips)
+    if damaged:
+        log.warning("%d sample(s) skipped in total, in %d of %d shard(s)",
+                    sum(r.skipped for r in results), damaged, len(shards))
     sizes = tuple(r.samples for r in results)
     schema = check_schemas(shards, [r.schema for r in results], sizes)
     return DatasetIndex(tuple(shards), sizes, schema, tuple(r.identity for r in results))

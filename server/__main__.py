@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
+import resource
+import secrets
 import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 
 import zmq
 
-from dataflow.errors import DataflowError
+from dataflow.errors import DataflowError, ServerStartError
 from dataflow.scan import build_index
 from dataflow.server.config import ServerConfig, parse_args
-from dataflow.server.frontend import Frontend
+from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.server.pool import WorkerPool
 from dataflow.server.transform import load_transform
@@ -50,46 +50,65 @@ class _StopFlag:
         self.set = True
 
 
+def reserve_descriptors(needed: int) -> None:
+    """Raise this process's open-file limit (inherited by its workers) to ``needed``.
+
+    Raises:
+        ServerStartError: the hard limit is lower.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise ServerStartError(f"--max-sessions needs {needed} file descriptors per "
+                                   f"process; the hard limit (ulimit -Hn) is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def serve(config: ServerConfig, stop: _StopFlag) -> int:
-    """Build the index, start workers and frontend, print the ready line, serve until stopped."""
+    """Bind the client endpoint, build the index, start workers, print the ready line, serve
+    until stopped, then tell every session the server is stopping."""
+    reserve_descriptors(config.descriptors)
     if config.transform:
         load_transform(config.transform)
-    index = build_index(list(config.data), cache_dir=config.cache_dir, on_error=config.on_error)
-    log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
-             index.total, index.fingerprint)
-    tmp = tempfile.mkdtemp(prefix="dataflow-server-")
-    backend = f"ipc://{tmp}/backend"
-    data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
-    pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
-                                 config.transform, config.on_error, os.getpid(), config.level),
-                      config.workers, config.worker_queue,
-                      [config.data_bind(slot) for slot in range(config.workers)])
-    ctx = None
+    # Abstract-namespace names (Linux): no file exists, so none is left behind, even on SIGKILL.
+    backend = f"ipc://@dataflow-{os.getpid()}-{secrets.token_hex(8)}"
+    ctx = zmq.Context()
     frontend = None
+    pool = None
     try:
-        pool.start()
-        ctx = zmq.Context()
+        index = build_index(list(config.data), cache_dir=config.cache_dir,
+                            on_error=config.on_error)
+        log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
+                 index.total, index.fingerprint)
+        data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
+        pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
+                                     config.transform, config.on_error, os.getpid(),
+                                     config.level, config.max_reply_bytes, index.root,
+                                     config.max_connections),
+                          config.workers, config.worker_queue,
+                          [config.data_bind(slot) for slot in range(config.workers)])
         frontend = Frontend(config, index, pool, ctx, backend)
+        pool.start()
         frontend.wait_ready(READY_TIMEOUT_S, stop)
         if stop():
             return 0
         ready = {"event": "ready", "endpoint": frontend.endpoint, "pid": os.getpid(),
                  "workers": config.workers, "shards": len(index.shards), "samples": index.total,
                  "fingerprint": index.fingerprint, "worker_pids": pool.pids,
-                 "data_endpoints": pool.endpoints, "runtime_dir": tmp}
+                 "data_endpoints": pool.endpoints}
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
         log.info("serving on %s with %d worker(s)", frontend.endpoint, config.workers)
         frontend.serve(stop)
+        frontend.stopping()
         log.info("stopped; counters %s", frontend.stats())
         return 0
     finally:
-        pool.close()
+        if pool is not None:
+            pool.close()
         if frontend is not None:
-            frontend.close()
-        if ctx is not None:
-            ctx.term()
-        shutil.rmtree(tmp, ignore_errors=True)
+            frontend.close(STOPPING_LINGER_MS)
+        ctx.term()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

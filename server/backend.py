@@ -3,6 +3,11 @@
 Frontend and readers speak :mod:`dataflow.wire.internal` over a private ``ipc://`` ROUTER
 (``backend``), readers connected as DEALERs with their pool identity as routing id.
 
+Reads are stateless, so the tasks a dead reader held go back to the front of their sessions'
+queues and are served by the other readers or its replacement; a task whose readers died
+``MAX_ATTEMPTS`` times is answered with WorkerDied instead (a poison request must not kill
+readers forever).
+
 Thread invariant: used only by the frontend's thread.
 """
 
@@ -33,6 +38,7 @@ from dataflow.wire.internal import (
 log = logging.getLogger("dataflow.server")
 
 DRAIN = 256
+MAX_ATTEMPTS = 3
 
 
 class WorkerHandler:
@@ -55,6 +61,7 @@ class WorkerHandler:
         self._delivery = delivery
         self._counters = counters
         self._index = index
+        self.skipped_per_shard: dict[int, int] = {}
 
     def _recv(self) -> tuple[bytes, Internal]:
         frames = self._backend.recv_multipart(zmq.NOBLOCK)
@@ -102,6 +109,10 @@ class WorkerHandler:
         if worker is not None:
             worker.tasks.pop((msg.token, msg.req_id), None)
         if isinstance(msg, Sent):
+            for shard, n in msg.skips:
+                self.skipped_per_shard[shard] = self.skipped_per_shard.get(shard, 0) + n
+                self._counters["skipped_samples"] += n
+            self._counters["replies_too_large"] += msg.too_large
             self._delivery.settle(msg.token, msg.req_id, msg.nbytes)
             return
         self._counters["dropped_sends"] += 1
@@ -127,15 +138,21 @@ class WorkerHandler:
                                     f"worker {worker.identity.decode()} cannot take tasks",
                                     settles=True)
                 continue
-            worker.tasks[(task.token, task.req_id)] = task
+            worker.tasks[(task.token, task.req_id)] = nxt
 
     def reap(self) -> None:
-        """Replace dead readers; fail the requests they held."""
+        """Replace dead readers; queue the requests they held again (or fail them, see the
+        module docstring)."""
+        root = len(self._index.root)
         for worker, code in self._pool.reap(respawn=True):
             for task in worker.tasks.values():
+                if task.attempts + 1 < MAX_ATTEMPTS:
+                    if self._ledger.requeue(task):
+                        self._counters["tasks_requeued"] += 1
+                    continue
                 rows = task.ranges[:8].tolist()
                 self._delivery.fail(
-                    task.token, task.req_id, ErrorKind.WORKER_DIED,
-                    f"worker process {worker.process.pid} exited with code {code} while "
-                    f"reading ranges {rows} of {[self._index.shards[r[0]] for r in rows]}",
-                    settles=True)
+                    task.key, task.req_id, ErrorKind.WORKER_DIED,
+                    f"{MAX_ATTEMPTS} reader processes exited while reading ranges {rows} of "
+                    f"{[self._index.shards[r[0]][root:] for r in rows]} (the last one, pid "
+                    f"{worker.process.pid}, with code {code})", settles=True)

@@ -1,10 +1,17 @@
 """The frontend's handling of client messages: HELLO, REQUEST, HEARTBEAT, BYE, STATS.
 
+Only a peer with a session gets more than a refusal: a REQUEST without one is refused from its
+header alone (its ranges are never decoded), STATS without one gets UnknownClient, and HELLO
+beyond ``--max-sessions`` gets ServerBusy. A REQUEST may name at most its session's
+``max_samples`` samples (the HELLO's ``batch_size``, else ``--max-request-samples``). Peer text
+reaches the log only quoted (:func:`~dataflow.server.peerlog.quote`) and rate-limited.
+
 Thread invariant: used only by the frontend's thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -17,14 +24,24 @@ from dataflow.index import DatasetIndex
 from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
 from dataflow.server.framing import SendResult, recv_bounded
+from dataflow.server.guard import InboundGuard
 from dataflow.server.ledger import Ledger, Refusal
+from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.sessions import Session, Sessions
 from dataflow.wire import ErrorKind
 
 log = logging.getLogger("dataflow.server")
 
 MAX_CLIENT_FRAMES = 3
-MAX_BATCH_SAMPLES = 1 << 22
+
+
+def relative_index(index: DatasetIndex) -> DatasetIndex:
+    """``index`` with shard names relative to its root (what clients see: no server paths).
+
+    The fingerprint is the same (it hashes names relative to the root already).
+    """
+    root = len(index.root)
+    return dataclasses.replace(index, shards=tuple(s[root:] for s in index.shards))
 
 
 class ClientHandler:
@@ -37,6 +54,8 @@ class ClientHandler:
         ledger: their credit accounts.
         delivery: sends to clients.
         counters: the frontend's STATS counters (updated in place).
+        guard: the connection guard (told each message's size).
+        peer_log: rate-limited log of what peers do wrong.
         server_info: ``() -> (workers, data endpoints)`` for INDEX replies.
         stats: ``() -> counters`` for STATS replies.
         read_notices: reads the readers' waiting notices (before a credit check).
@@ -44,12 +63,13 @@ class ClientHandler:
 
     def __init__(self, config: ServerConfig, index: DatasetIndex, sessions: Sessions,
                  ledger: Ledger, delivery: Delivery, counters: dict[str, int], *,
+                 guard: InboundGuard, peer_log: RateLimitedLog,
                  server_info: Callable[[], tuple[int, Sequence[str]]],
                  stats: Callable[[], Mapping[str, int | list[int]]],
                  read_notices: Callable[[], None]) -> None:
         self._config = config
-        self._index = index
-        self._index_json = index.to_json()
+        self._index = relative_index(index)
+        self._index_json = self._index.to_json()
         self._sizes = np.asarray(index.sizes, dtype=np.int64)
         self._sessions = sessions
         self._ledger = ledger
@@ -58,6 +78,16 @@ class ClientHandler:
         self._server_info = server_info
         self._stats = stats
         self._read_notices = read_notices
+        self._guard = guard
+        self._peer_log = peer_log
+
+    def _unknown(self, identity: bytes, req_id: int, what: str) -> None:
+        self._delivery.error(
+            identity, req_id, ErrorKind.UNKNOWN_CLIENT,
+            f"no session for this client ({what} before HELLO, or the session was freed: "
+            f"{self._config.client_ttl} s of silence with the connection closed, "
+            f"{self._config.session_idle_timeout} s of silence, or the server restarted); "
+            "send HELLO first")
 
     def on_message(self, sock: zmq.Socket, now: float) -> None:
         """Receive and answer one client message.
@@ -65,48 +95,75 @@ class ClientHandler:
         Raises:
             zmq.Again: no message is waiting.
         """
-        frames, extra = recv_bounded(sock, 1 + MAX_CLIENT_FRAMES)
+        inbound = recv_bounded(sock, 1 + MAX_CLIENT_FRAMES)
+        frames = inbound.frames
         identity = frames[0].bytes
+        self._guard.delivered(frames[0].get(zmq.SRCFD), inbound.nbytes, inbound.count)
+        s = self._sessions.get(identity)
         try:
-            if extra:
+            if inbound.extra:
                 raise ProtocolError(f"message has more than {MAX_CLIENT_FRAMES} frames")
+            if len(frames) < 2:
+                raise ProtocolError("empty message")
+            head = wire.decode_header(frames[1])
+            if s is None and isinstance(head, wire.Request):
+                self._counters["refused"] += 1
+                self._unknown(identity, head.req_id, "REQUEST")
+                return
             msg = wire.decode(frames[1:])
         except ProtocolError as e:
             self._counters["malformed"] += 1
-            log.warning("malformed message from %s: %s", identity.hex(), e)
+            self._peer_log.warning("malformed message from %s: %s", identity.hex()[:64],
+                                   quote(str(e), 400))
             self._delivery.error(identity, -1, ErrorKind.PROTOCOL, str(e))
             return
-        s = self._sessions.get(identity)
         if s is not None:
             s.last_seen = now
         if isinstance(msg, wire.Hello):
-            self._on_hello(identity, msg, now)
+            self._on_hello(identity, s, msg, now)
         elif isinstance(msg, wire.Request):
             self._on_request(identity, s, msg)
         elif isinstance(msg, wire.Heartbeat):
             if s is None:
-                self._delivery.error(
-                    identity, -1, ErrorKind.UNKNOWN_CLIENT,
-                    "no session for this client (its connection was closed after "
-                    f"{self._config.client_ttl} s of silence, or the server restarted)")
+                self._unknown(identity, -1, "HEARTBEAT")
             else:
                 self._delivery.reply(identity, wire.Heartbeat())
         elif isinstance(msg, wire.Bye):
             if s is not None:
                 self._delivery.drop(s, "BYE")
         elif isinstance(msg, wire.Stats):
-            self._delivery.reply(identity, wire.StatsReply(self._stats()))
+            if s is None:
+                self._unknown(identity, -1, "STATS")
+            else:
+                self._delivery.reply(identity, wire.StatsReply(self._stats()))
         else:
             self._counters["malformed"] += 1
             self._delivery.error(identity, -1, ErrorKind.PROTOCOL,
                                  f"a server does not accept {wire.kind_of(msg).name} messages")
 
-    def _on_hello(self, identity: bytes, msg: wire.Hello, now: float) -> None:
+    def _on_hello(self, identity: bytes, s: Session | None, msg: wire.Hello,
+                  now: float) -> None:
+        cap = self._config.max_request_samples
+        if msg.batch_size is not None and msg.batch_size > cap:
+            self._counters["refused"] += 1
+            self._delivery.error(identity, -1, ErrorKind.PROTOCOL,
+                                 f"HELLO `batch_size` {msg.batch_size} exceeds this server's "
+                                 f"--max-request-samples {cap}")
+            return
+        if s is None and len(self._sessions) >= self._config.max_sessions:
+            self._counters["sessions_refused"] += 1
+            self._peer_log.warning("HELLO from %s (%s) refused: %d sessions (--max-sessions)",
+                                   identity.hex()[:64], quote(msg.client), len(self._sessions))
+            self._delivery.error(identity, -1, ErrorKind.SERVER_BUSY,
+                                 f"this server holds its maximum of {len(self._sessions)} "
+                                 "sessions (--max-sessions); use another server or retry later")
+            return
         credits = min(msg.credits, self._config.max_credits)
-        s = self._sessions.open(identity, msg.client, credits, now)
-        self._ledger.open(s.token, credits)
-        log.info("client %s (%s) connected with %d credit(s)", identity.hex(), msg.client,
-                 credits)
+        s = self._sessions.open(identity, msg.client, credits, now,
+                                max_samples=msg.batch_size or cap)
+        self._ledger.open(s.token, credits, owner=identity)
+        log.info("client %s (%s) connected with %d credit(s), at most %d sample(s) a request",
+                 identity.hex()[:64], quote(msg.client), credits, s.max_samples)
         workers, endpoints = self._server_info()
         self._delivery.reply(identity, wire.Index(credits, workers, self._index_json,
                                                   s.token.decode(), tuple(endpoints)))
@@ -118,7 +175,7 @@ class ClientHandler:
                                  "REQUEST before HELLO (or the session was freed): send HELLO "
                                  "first")
             return
-        problem = self.check_ranges(msg.ranges)
+        problem = self.check_ranges(msg.ranges, s.max_samples)
         if problem is None:
             if self._ledger.at_credits(s.token):
                 # A reader notifies us just before it hands a reply to ZeroMQ, so the notice
@@ -133,8 +190,12 @@ class ClientHandler:
             return
         self._counters["requests"] += 1
 
-    def check_ranges(self, ranges: np.ndarray) -> str | None:
-        """Why ``ranges`` (int64, (n, 3)) is not a valid request, or None."""
+    def check_ranges(self, ranges: np.ndarray, max_samples: int) -> str | None:
+        """Why ``ranges`` (int64, (n, 3)) is not a valid request of at most ``max_samples``
+        samples, or None."""
+        if len(ranges) > max_samples:
+            return (f"request of {len(ranges)} ranges exceeds this session's "
+                    f"{max_samples} samples a request")
         shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
         bad_shard = (shard < 0) | (shard >= len(self._sizes))
         if bad_shard.any():
@@ -147,12 +208,14 @@ class ClientHandler:
             return (f"range {i}: [{int(start[i])}, {int(stop[i])}) is empty or outside shard "
                     f"{self._index.shards[int(shard[i])]} of {int(size[i])} samples")
         total = int((stop - start).sum())
-        if total > MAX_BATCH_SAMPLES:
-            return f"request of {total} samples exceeds {MAX_BATCH_SAMPLES}"
+        if total > max_samples:
+            return (f"request of {total} samples exceeds this session's {max_samples} samples "
+                    "a request (its HELLO `batch_size`, else --max-request-samples)")
         return None
 
     def expire(self, now: float) -> None:
-        """Free the sessions of clients that are silent *and* whose connection is gone.
+        """Free the sessions of clients silent for ``--session-idle-timeout`` seconds (telling
+        them), and of clients silent for ``--client-ttl`` seconds whose connection is gone.
 
         Silence alone is not proof of death: a client's Python threads can be held up for
         seconds by things it does not control (a foreign finalizer run by the garbage
@@ -160,15 +223,29 @@ class ClientHandler:
         connection, kept by ZeroMQ's own threads and ZMTP heartbeats, is healthy. A silent
         client is probed with a HEARTBEAT (``ROUTER_MANDATORY``): GONE means its connection is
         closed, so its state is freed; a probe that is queued (or refused by a full queue)
-        means it is alive, so its silence clock restarts.
+        means it is alive, so it is probed again ``--client-ttl`` seconds later. A live client
+        sends a HEARTBEAT every second, so only a peer that holds a session without using it
+        reaches the idle timeout.
         """
+        ttl, idle = self._config.client_ttl, self._config.session_idle_timeout
         for s in self._sessions:
-            if now - s.last_seen <= self._config.client_ttl:
-                continue
-            if self._delivery.send(s.identity, wire.Heartbeat()) is SendResult.GONE:
-                self._counters["clients_expired"] += 1
-                self._delivery.drop(s, f"silent for more than {self._config.client_ttl} s and "
-                                       "disconnected")
-            else:
-                self._counters["clients_probed"] += 1
-                s.last_seen = now
+            if now - s.last_seen > idle:
+                self._counters["sessions_idle_expired"] += 1
+                self._delivery.error(s.identity, -1, ErrorKind.UNKNOWN_CLIENT,
+                                     f"session freed: nothing received for {idle} s "
+                                     "(--session-idle-timeout); send HELLO to start again")
+                self._delivery.drop(s, f"nothing received for {idle} s")
+            elif now - s.last_seen > ttl and now - s.probed > ttl:
+                if self._delivery.send(s.identity, wire.Heartbeat()) is SendResult.GONE:
+                    self._counters["clients_expired"] += 1
+                    self._delivery.drop(s, f"silent for more than {ttl} s and disconnected")
+                else:
+                    self._counters["clients_probed"] += 1
+                    s.probed = now
+
+    def notify_stopping(self) -> None:
+        """Tell every session the server is stopping (ERROR ServerStopping, ``req_id`` -1)."""
+        for s in self._sessions:
+            self._delivery.error(s.identity, -1, ErrorKind.SERVER_STOPPING,
+                                 "the server is stopping; requests outstanding here will not "
+                                 "be answered")

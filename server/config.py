@@ -9,11 +9,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dataflow.errors import ConfigError
+from dataflow.wire import MAX_BATCH_SIZE
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
 DEFAULT_MAX_CREDITS = 64
 DEFAULT_CLIENT_TTL = 10.0
 DEFAULT_WORKER_QUEUE = 2
+DEFAULT_MAX_SESSIONS = 256
+DEFAULT_SESSION_IDLE_TIMEOUT = 300.0
+DEFAULT_MAX_REQUEST_SAMPLES = 65536
+DEFAULT_MAX_REPLY_BYTES = 1024 * 1024 * 1024
+DEFAULT_MAX_INBOUND_BYTES = 8 * 1024 * 1024
+MAX_SESSIONS = 65536
+MAX_REPLY_BYTES = 2 * 1024**3
+RANGE_BYTES = 24
+HEADER_ROOM = 64 * 1024
 MAX_WORKERS = 256
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ON_ERROR = ("raise", "skip")
@@ -42,6 +52,15 @@ class ServerConfig:
         worker_queue: tasks queued per worker (one being read + the rest waiting).
         on_error: reader policy for damaged samples (``raise`` or ``skip``).
         exit_with_parent: stop when the process that started the server exits.
+        max_sessions: most sessions at once; a HELLO beyond is refused (SERVER_BUSY).
+        session_idle_timeout: seconds after which a session that sent nothing at all (not
+            even a HEARTBEAT) is freed, even with its connection open, and told so.
+        max_request_samples: most samples one REQUEST may name for a client whose HELLO
+            declares no ``batch_size``, and the most a HELLO may declare.
+        max_reply_bytes: most bytes of one reply; a larger batch is answered with an ERROR.
+        max_inbound_bytes: most bytes one client connection may have sent that the server has
+            not received as whole messages (e.g. a multipart message never finished); the
+            connection is cut beyond it. Also the largest frame accepted (``MAXMSGSIZE``).
     """
 
     data: tuple[str, ...]
@@ -55,6 +74,11 @@ class ServerConfig:
     worker_queue: int = DEFAULT_WORKER_QUEUE
     on_error: str = "raise"
     exit_with_parent: bool = False
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
+    max_request_samples: int = DEFAULT_MAX_REQUEST_SAMPLES
+    max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
+    max_inbound_bytes: int = DEFAULT_MAX_INBOUND_BYTES
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -78,6 +102,23 @@ class ServerConfig:
             raise ConfigError(f"`worker_queue` must be in [1, 64]. Found: {self.worker_queue}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"`on_error` must be one of {ON_ERROR}. Found: {self.on_error!r}")
+        if not 1 <= self.max_sessions <= MAX_SESSIONS:
+            raise ConfigError(f"`max_sessions` must be in [1, {MAX_SESSIONS}]. "
+                              f"Found: {self.max_sessions}")
+        if not self.session_idle_timeout > self.client_ttl:
+            raise ConfigError("`session_idle_timeout` must be greater than `client_ttl` "
+                              f"({self.client_ttl} s). Found: {self.session_idle_timeout}")
+        if not 1 <= self.max_request_samples <= MAX_BATCH_SIZE:
+            raise ConfigError(f"`max_request_samples` must be in [1, {MAX_BATCH_SIZE}]. "
+                              f"Found: {self.max_request_samples}")
+        if not 1 <= self.max_reply_bytes <= MAX_REPLY_BYTES:
+            raise ConfigError(f"`max_reply_bytes` must be in [1, {MAX_REPLY_BYTES}]. "
+                              f"Found: {self.max_reply_bytes}")
+        least = self.max_request_samples * RANGE_BYTES + HEADER_ROOM
+        if not least <= self.max_inbound_bytes <= MAX_REPLY_BYTES:
+            raise ConfigError(f"`max_inbound_bytes` must be in [{least}, {MAX_REPLY_BYTES}] "
+                              f"(the largest REQUEST of `max_request_samples` ranges must fit). "
+                              f"Found: {self.max_inbound_bytes}")
 
     @property
     def zmq_bind(self) -> str:
@@ -92,6 +133,17 @@ class ServerConfig:
         if self.bind.startswith("tcp://"):
             return self.bind[: self.bind.rindex(":")] + ":*"
         return f"{self.bind}.w{slot}"
+
+    @property
+    def max_connections(self) -> int:
+        """Client connections a server process (frontend or reader) keeps at once; more are
+        cut as they come. Room for a reconnecting client's old connection to close."""
+        return 2 * self.max_sessions + 64
+
+    @property
+    def descriptors(self) -> int:
+        """File descriptors a server process may need: its client connections and its own."""
+        return self.max_connections + 256
 
     @property
     def level(self) -> int:
@@ -133,6 +185,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-error", default="raise", choices=ON_ERROR,
                    help="damaged samples: fail the request (raise) or skip them "
                         "(default: %(default)s)")
+    caps = p.add_argument_group(
+        "caps", "bounds on what one peer can make the server hold; each refusal or cut is "
+                "counted in STATS")
+    caps.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS, metavar="N",
+                      help="most client sessions at once; a HELLO beyond is refused with an "
+                           "ERROR ServerBusy, and connections beyond 2 x N + 64 are cut "
+                           "(STATS sessions_refused, connections_cut) (default: %(default)s)")
+    caps.add_argument("--session-idle-timeout", type=float,
+                      default=DEFAULT_SESSION_IDLE_TIMEOUT, metavar="SECONDS",
+                      help="free a session that sent nothing (not even a HEARTBEAT; clients "
+                           "send one a second) for this long, even with its connection open, "
+                           "and tell it with an ERROR UnknownClient (STATS sessions_idle_expired)"
+                           " (default: %(default)s)")
+    caps.add_argument("--max-request-samples", type=int, default=DEFAULT_MAX_REQUEST_SAMPLES,
+                      metavar="N",
+                      help="most samples in one REQUEST of a client whose HELLO declares no "
+                           "batch_size, and the largest batch_size a HELLO may declare; a "
+                           "REQUEST of more samples than its session allows is refused before "
+                           "any read (STATS refused) (default: %(default)s)")
+    caps.add_argument("--max-reply-bytes", type=int, default=DEFAULT_MAX_REPLY_BYTES,
+                      metavar="BYTES",
+                      help="most bytes of one reply; a larger batch is answered with an ERROR "
+                           "ReadFailed (STATS replies_too_large) (default: %(default)s)")
+    caps.add_argument("--max-inbound-bytes", type=int, default=DEFAULT_MAX_INBOUND_BYTES,
+                      metavar="BYTES",
+                      help="most bytes one tcp client connection may have sent that the "
+                           "server has not received as whole messages (a multipart message "
+                           "never finished), and the largest frame; the connection is cut "
+                           "beyond (STATS connections_cut) (default: %(default)s)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
@@ -150,6 +231,9 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             transform=ns.transform, cache_dir=ns.cache_dir, log_level=ns.log_level,
             max_credits=ns.max_credits, client_ttl=ns.client_ttl, worker_queue=ns.worker_queue,
             on_error=ns.on_error, exit_with_parent=ns.exit_with_parent,
+            max_sessions=ns.max_sessions, session_idle_timeout=ns.session_idle_timeout,
+            max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
+            max_inbound_bytes=ns.max_inbound_bytes,
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -18,6 +18,7 @@ import zmq
 from dataflow import wire
 from dataflow.server.framing import SendResult, try_send
 from dataflow.server.ledger import Ledger
+from dataflow.server.peerlog import quote
 from dataflow.server.sessions import ParkedReply, Session, Sessions
 
 log = logging.getLogger("dataflow.server")
@@ -93,6 +94,7 @@ class Delivery:
     def settle(self, token: bytes, req_id: int, nbytes: int) -> None:
         """The reply (``nbytes``) to request ``req_id`` of session ``token`` was handed over."""
         if token not in self._ledger:
+            self._ledger.settle(token, req_id)  # a closed session's: its connection is freed
             self._counters["dropped_sends"] += 1
         elif self._ledger.settle(token, req_id):
             self._counters["replies"] += 1
@@ -106,6 +108,6 @@ class Delivery:
         queued = self._ledger.close(s.token)
         self._counters["dropped_sends"] += len(s.parked)
         log.info("client %s (%s): session freed (%s); %d queued request(s) and %d reply(ies) "
-                 "dropped", s.identity.hex(), s.name, why, queued, len(s.parked))
+                 "dropped", s.identity.hex()[:64], quote(s.name), why, queued, len(s.parked))
         s.parked.clear()
         s.parked_bytes = 0

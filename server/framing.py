@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -45,23 +46,43 @@ def try_send(sock: zmq.Socket, peer: bytes, frames: Sequence[Any]) -> SendResult
         raise
 
 
-def recv_bounded(sock: zmq.Socket, max_frames: int) -> tuple[list[zmq.Frame], int]:
+@dataclass(frozen=True)
+class Inbound:
+    """One received multipart message.
+
+    Attributes:
+        frames: its first frames (the ROUTER's routing id first), at most ``max_frames``.
+        extra: frames discarded beyond ``max_frames``.
+        nbytes: bytes of all its frames, discarded ones included.
+    """
+
+    frames: list[zmq.Frame]
+    extra: int
+    nbytes: int
+
+    @property
+    def count(self) -> int:
+        """Frames of the message."""
+        return len(self.frames) + self.extra
+
+
+def recv_bounded(sock: zmq.Socket, max_frames: int) -> Inbound:
     """Receive one multipart message without blocking, keeping at most ``max_frames`` frames.
 
-    Returns:
-        The kept frames and the number of frames discarded beyond ``max_frames``.
+    (libzmq delivers a message only once all its frames arrived, so this never waits.)
 
     Raises:
         zmq.Again: no message is waiting.
     """
-    frames = [sock.recv(zmq.NOBLOCK, copy=False)]
+    f = sock.recv(zmq.NOBLOCK, copy=False)
+    frames = [f]
     extra = 0
-    more = frames[0].more
-    while more:
+    nbytes = len(f)
+    while f.more:
         f = sock.recv(copy=False)
-        more = f.more
+        nbytes += len(f)
         if len(frames) < max_frames:
             frames.append(f)
         else:
             extra += 1
-    return frames, extra
+    return Inbound(frames, extra, nbytes)

@@ -5,9 +5,14 @@ clients over their own data sockets (see :mod:`dataflow.server.worker`). It owns
 sockets:
 
 * ``router`` (client-facing, bound to ``--bind``), with ``ROUTER_MANDATORY`` so a full or gone
-  peer is reported instead of silently dropped; it carries HELLO/INDEX, REQUEST, HEARTBEAT,
-  STATS and the frontend's own ERRORs;
-* ``backend`` (bound to a private ``ipc://`` path), to which the reader processes connect.
+  peer is reported instead of silently dropped, and ``ROUTER_HANDOVER`` so a client that
+  reconnects with the same routing id takes its session over; it carries HELLO/INDEX,
+  REQUEST, HEARTBEAT, STATS and the frontend's own ERRORs. It is bound first, before any
+  reader starts, so a taken port fails the start at once. An
+  :class:`~dataflow.server.guard.InboundGuard` bounds what each of its connections can make
+  libzmq hold, and how many there are;
+* ``backend`` (bound to a private abstract-namespace ``ipc://@...`` name: no file to leave
+  behind), to which the reader processes connect.
 
 Its parts: :class:`~dataflow.server.clients.ClientHandler` (client messages, expiry),
 :class:`~dataflow.server.backend.WorkerHandler` (tasks, reader notices, reader deaths),
@@ -27,31 +32,46 @@ Thread invariant: every method runs on the one thread that calls :meth:`serve`.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Callable, Sequence
 
 import zmq
 
+from dataflow.errors import ServerStartError
 from dataflow.index import DatasetIndex
 from dataflow.server.backend import WorkerHandler
 from dataflow.server.clients import ClientHandler
 from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
+from dataflow.server.guard import GUARD_MS, InboundGuard
 from dataflow.server.ledger import CREDIT_SLACK, Ledger
+from dataflow.server.peerlog import RateLimitedLog
 from dataflow.server.pool import WorkerPool
 from dataflow.server.sessions import Sessions
+from dataflow.wire import MAX_COUNTER_LIST
 
 log = logging.getLogger("dataflow.server")
 
-MAX_INBOUND_FRAME = 32 * 1024 * 1024
 DRAIN = 256
 HOUSEKEEPING_S = 0.25
 ZMTP_HEARTBEAT_MS = 1000
 MIN_ZMTP_TIMEOUT_S = 10.0
+STOPPING_LINGER_MS = 1000
 
 COUNTERS = ("malformed", "refused", "dropped_sends", "stale_notices", "requests", "replies",
-            "bytes_sent", "clients_expired", "clients_probed")
+            "bytes_sent", "clients_expired", "clients_probed", "sessions_refused",
+            "sessions_idle_expired", "connections_cut", "tasks_requeued", "replies_too_large",
+            "skipped_samples")
+
+
+def _bind(sock: zmq.Socket, endpoint: str, what: str) -> None:
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as e:
+        hint = " (another process listens there)" if e.errno == errno.EADDRINUSE else ""
+        raise ServerStartError(f"cannot bind the {what} socket to {endpoint}: {e}{hint}") from e
 
 
 class Frontend:
@@ -63,6 +83,9 @@ class Frontend:
         pool: the started worker pool.
         ctx: the process's ZeroMQ context.
         backend: ipc:// endpoint the workers connect to.
+
+    Raises:
+        ServerStartError: an endpoint cannot be bound (e.g. the port is taken).
     """
 
     def __init__(self, config: ServerConfig, index: DatasetIndex, pool: WorkerPool,
@@ -71,30 +94,38 @@ class Frontend:
         self._sessions = Sessions()
         self._ledger = Ledger()
         self.counters = dict.fromkeys(COUNTERS, 0)
-        self.backend = ctx.socket(zmq.ROUTER)
-        self.backend.setsockopt(zmq.LINGER, 0)
-        self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.backend.bind(backend)
+        self._peer_log = RateLimitedLog(log)
         self.router = ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.backend = ctx.socket(zmq.ROUTER)
+        for sock in (self.router, self.backend):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.router.setsockopt(zmq.SNDHWM, CREDIT_SLACK * config.max_credits + 16)
         self.router.setsockopt(zmq.RCVHWM, 4096)
-        self.router.setsockopt(zmq.MAXMSGSIZE, MAX_INBOUND_FRAME)
+        self.router.setsockopt(zmq.MAXMSGSIZE, config.max_inbound_bytes)
         self.router.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         # A killed client's connection closes at once; this timeout only catches a vanished
         # host, so it never drops a live client whose machine is briefly overloaded.
         self.router.setsockopt(zmq.HEARTBEAT_TIMEOUT,
                                int(max(config.client_ttl, MIN_ZMTP_TIMEOUT_S) * 1000))
-        self.router.bind(config.zmq_bind)
+        self._guard = InboundGuard(self.router, config.max_inbound_bytes,
+                                   config.max_connections, tcp=config.bind.startswith("tcp://"),
+                                   counters=self.counters, peer_log=self._peer_log)
+        try:
+            _bind(self.router, config.zmq_bind, "client-facing")
+            _bind(self.backend, backend, "reader backend")
+        except ServerStartError:
+            self.close()
+            raise
         self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._delivery = Delivery(self.router, self._sessions, self._ledger, self.counters)
         self._workers = WorkerHandler(self.backend, pool, self._ledger, self._delivery,
                                       self.counters, index)
         self._clients = ClientHandler(config, index, self._sessions, self._ledger,
-                                      self._delivery, self.counters,
-                                      server_info=self._server_info, stats=self.stats,
-                                      read_notices=self._workers.read_notices)
+                                      self._delivery, self.counters, guard=self._guard,
+                                      peer_log=self._peer_log, server_info=self._server_info,
+                                      stats=self.stats, read_notices=self._workers.read_notices)
 
     def _server_info(self) -> tuple[int, Sequence[str]]:
         return len(self._pool), [e for e in self._pool.endpoints if e is not None]
@@ -107,20 +138,28 @@ class Frontend:
         """
         self._workers.wait_ready(timeout, stop)
 
-    def close(self) -> None:
-        """Close both sockets (idempotent)."""
-        self.router.close(linger=0)
+    def close(self, linger_ms: int = 0) -> None:
+        """Close both sockets (idempotent); the client-facing one sends what it holds for up
+        to ``linger_ms`` ms."""
+        self._guard.close()
+        self.router.close(linger=linger_ms)
         self.backend.close(linger=0)
+
+    def stopping(self) -> None:
+        """Tell every session the server is stopping; :meth:`close` with a linger sends it."""
+        self._clients.notify_stopping()
+        log.info("told %d session(s) the server is stopping", len(self._sessions))
 
     def serve(self, stop: Callable[[], bool]) -> None:
         """Route messages until ``stop()`` is true (checked at least every 200 ms)."""
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
+        poller.register(self._guard.monitor, zmq.POLLIN)
         next_housekeeping = time.monotonic()
         while not stop():
             parked = self._sessions.parked()
-            events = dict(poller.poll(20 if parked else 200))
+            events = dict(poller.poll(GUARD_MS if parked or len(self._guard) else 200))
             if self.backend in events:
                 self._workers.read_notices()
             if self.router in events:
@@ -129,9 +168,12 @@ class Frontend:
                 self._delivery.retry()
             self._workers.dispatch()
             now = time.monotonic()
+            self._guard.check(now)
             if now >= next_housekeeping:
                 self._clients.expire(now)
                 self._workers.reap()
+                self._workers.dispatch()
+                self._peer_log.tick()
                 next_housekeeping = now + HOUSEKEEPING_S
 
     def _read_clients(self) -> None:
@@ -142,15 +184,24 @@ class Frontend:
                 return
 
     def stats(self) -> dict[str, int | list[int]]:
-        """Counters for the STATS reply."""
+        """Counters for the STATS reply (no process ids, paths or peer names).
+
+        ``skipped_per_shard`` is a flat ``[shard, samples, shard, samples, ...]`` list of the
+        shards with skipped samples (at most 2,048 shards, the most skipped first).
+        """
+        per_shard = sorted(self._workers.skipped_per_shard.items(), key=lambda p: -p[1])
         return {
             **self.counters,
             "clients": len(self._sessions),
+            "connections": len(self._guard),
+            "draining_sessions": self._ledger.draining(),
             "queued": self._ledger.queued(),
             "in_flight": sum(len(w.tasks) for w in self._pool),
             "pending_sends": self._sessions.parked(),
             "bytes_buffered": self._sessions.parked_bytes(),
             "workers": len(self._pool),
             "worker_restarts": self._pool.restarts,
-            "worker_pids": self._pool.pids,
+            "log_lines_suppressed": self._peer_log.suppressed,
+            "skipped_per_shard": [x for pair in per_shard[: MAX_COUNTER_LIST // 2]
+                                  for x in pair],
         }

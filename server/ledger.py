@@ -6,7 +6,11 @@ ZeroMQ routing id) has an account: credits granted, the ids of its outstanding r
 a reader. Requests are dispatched round-robin over the accounts with queued requests, one per
 account in turn.
 
-Rule: a client may have up to ``CREDIT_SLACK x credits`` requests outstanding. A reader sends
+Rule: a client may have up to ``CREDIT_SLACK x credits`` requests outstanding, counted over its
+*connection* (the account's ``owner``, its ZeroMQ routing id), not only its session: an
+account closed (BYE, expiry) while requests of it are at a reader stays *draining* until they
+settle, and they count against every new account of the same owner. So BYE + HELLO on one
+connection never buys more requests at the readers. A reader sends
 its SENT notice (which settles a request) on the frontend's connection just before it hands
 the reply to the client's data connection; the two travel on different connections, so a
 client that keeps to its credits can still look over them for a moment. Beyond that a request
@@ -64,19 +68,22 @@ class Dispatch:
         key: the session's token.
         req_id: the request's id.
         ranges: int64 (n, 3) ``(shard, start, stop)`` rows.
+        attempts: readers that died holding it before.
     """
 
     key: bytes
     req_id: int
     ranges: np.ndarray
+    attempts: int = 0
 
 
 @dataclass(eq=False)
 class _Account:
     key: bytes
+    owner: bytes
     credits: int
     active: set[int] = field(default_factory=set)
-    queued: deque[tuple[int, np.ndarray]] = field(default_factory=deque)
+    queued: deque[Dispatch] = field(default_factory=deque)
     closed: bool = False
 
 
@@ -86,29 +93,58 @@ class Ledger:
     def __init__(self, slack: int = CREDIT_SLACK) -> None:
         self._slack = slack
         self._accounts: dict[bytes, _Account] = {}
+        self._draining: dict[bytes, _Account] = {}
+        self._by_owner: dict[bytes, set[bytes]] = {}
         self._turns: deque[_Account] = deque()
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._accounts
 
-    def open(self, key: bytes, credits: int) -> None:
-        """Open the account of session ``key``, or set its credits if it is open."""
+    def open(self, key: bytes, credits: int, owner: bytes | None = None) -> None:
+        """Open the account of session ``key`` for connection ``owner`` (``key`` when None),
+        or set its credits if it is open."""
         acct = self._accounts.get(key)
         if acct is None:
-            self._accounts[key] = _Account(key, credits)
+            self._drained(self._draining.pop(key, None))
+            acct = _Account(key, key if owner is None else owner, credits)
+            self._accounts[key] = acct
+            self._by_owner.setdefault(acct.owner, set()).add(key)
         else:
             acct.credits = credits
 
     def close(self, key: bytes) -> int:
         """Close the account of ``key`` (no-op if closed); returns the queued requests dropped.
 
-        Its outstanding requests are forgotten: later settles of them return False.
+        Requests at a reader keep counting against the owner until they settle (later settles
+        of them return False).
         """
         acct = self._accounts.pop(key, None)
         if acct is None:
             return 0
         acct.closed = True
-        return len(acct.queued)
+        dropped = len(acct.queued)
+        acct.active.difference_update(d.req_id for d in acct.queued)
+        acct.queued.clear()
+        if acct.active:
+            self._draining[key] = acct
+        else:
+            self._drained(acct)
+        return dropped
+
+    def _drained(self, acct: _Account | None) -> None:
+        if acct is None:
+            return
+        keys = self._by_owner.get(acct.owner)
+        if keys is not None:
+            keys.discard(acct.key)
+            if not keys:
+                del self._by_owner[acct.owner]
+
+    def charged(self, key: bytes) -> int:
+        """Requests outstanding over every open or draining account of ``key``'s owner."""
+        owner = self._get(key).owner
+        return sum(len((self._accounts.get(k) or self._draining[k]).active)
+                   for k in self._by_owner[owner])
 
     def _get(self, key: bytes) -> _Account:
         acct = self._accounts.get(key)
@@ -135,15 +171,33 @@ class Ledger:
         if req_id in acct.active:
             return Refusal(RefusalReason.DUPLICATE_ID,
                            f"request id {req_id} is already outstanding")
-        if len(acct.active) >= self._slack * acct.credits:
+        charged = self.charged(key)
+        if charged >= self._slack * acct.credits:
             return Refusal(RefusalReason.OVER_CREDITS,
-                           f"credit exceeded: {len(acct.active)} request(s) outstanding and "
-                           f"{acct.credits} credit(s) granted")
+                           f"credit exceeded: {charged} request(s) outstanding on this "
+                           f"connection and {acct.credits} credit(s) granted")
         if not acct.queued:
             self._turns.append(acct)
-        acct.queued.append((req_id, ranges))
+        acct.queued.append(Dispatch(key, req_id, ranges))
         acct.active.add(req_id)
         return Admitted(len(acct.active))
+
+    def requeue(self, task: Dispatch) -> bool:
+        """Put ``task`` (dispatched to a reader that died) first in its session's queue, with
+        one more attempt counted.
+
+        Returns:
+            False when it has no open account or is no longer outstanding (nothing to do);
+            a draining account forgets it.
+        """
+        acct = self._accounts.get(task.key)
+        if acct is None or task.req_id not in acct.active:
+            self.settle(task.key, task.req_id)
+            return False
+        if not acct.queued:
+            self._turns.append(acct)
+        acct.queued.appendleft(Dispatch(task.key, task.req_id, task.ranges, task.attempts + 1))
+        return True
 
     def settle(self, key: bytes, req_id: int) -> bool:
         """Return the credit of request ``req_id`` of session ``key`` (its reply was sent).
@@ -153,7 +207,14 @@ class Ledger:
             already); see the module docstring.
         """
         acct = self._accounts.get(key)
-        if acct is None or req_id not in acct.active:
+        if acct is None:
+            draining = self._draining.get(key)
+            if draining is not None:
+                draining.active.discard(req_id)
+                if not draining.active:
+                    self._drained(self._draining.pop(key))
+            return False
+        if req_id not in acct.active:
             return False
         acct.active.discard(req_id)
         return True
@@ -164,12 +225,16 @@ class Ledger:
             acct = self._turns.popleft()
             if acct.closed or not acct.queued:
                 continue
-            req_id, ranges = acct.queued.popleft()
+            task = acct.queued.popleft()
             if acct.queued:
                 self._turns.append(acct)
-            return Dispatch(acct.key, req_id, ranges)
+            return task
         return None
 
     def queued(self) -> int:
         """Requests waiting for a reader, over all sessions."""
         return sum(len(a.queued) for a in self._accounts.values())
+
+    def draining(self) -> int:
+        """Closed accounts whose requests are still at a reader."""
+        return len(self._draining)

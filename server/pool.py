@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dataflow.errors import ServerStartError
+from dataflow.server.ledger import Dispatch
 from dataflow.server.worker import WorkerSpec, run_worker
-from dataflow.wire.internal import Task
 
 log = logging.getLogger("dataflow.server.pool")
 
@@ -29,7 +29,7 @@ class Worker:
     process: mp.process.BaseProcess
     slot: int
     ready: bool = False
-    tasks: dict[tuple[bytes, int], Task] = field(default_factory=dict)
+    tasks: dict[tuple[bytes, int], Dispatch] = field(default_factory=dict)
 
 
 class WorkerPool:
@@ -80,6 +80,7 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
+        """Worker process ids (for the ready line and logs; never sent to clients)."""
         return [w.process.pid for w in self._workers.values() if w.process.pid is not None]
 
     @property

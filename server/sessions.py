@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dataflow.wire import MAX_BATCH_SIZE
+
 
 @dataclass(frozen=True)
 class ParkedReply:
@@ -41,6 +43,8 @@ class Session:
         name: its self-description (for logs).
         credits: credits granted.
         last_seen: time of its last message (the caller's clock, seconds).
+        max_samples: most samples one of its REQUESTs may name.
+        probed: when the server last probed its connection (it had been silent).
         token: session token (32 ASCII hex bytes): the routing id of the client's data
             connections to the readers, and the key of its credit account.
         parked: replies refused by the client's full send queue, oldest first.
@@ -51,6 +55,8 @@ class Session:
     name: str
     credits: int
     last_seen: float
+    max_samples: int = MAX_BATCH_SIZE
+    probed: float = float("-inf")
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     parked: deque[ParkedReply] = field(default_factory=deque)
     parked_bytes: int = 0
@@ -86,8 +92,9 @@ class Sessions:
     def by_token(self, token: bytes) -> Session | None:
         return self._by_token.get(token)
 
-    def open(self, identity: bytes, name: str, credits: int, now: float) -> Session:
-        """The session of ``identity``: a new one, or the open one with name and credits set.
+    def open(self, identity: bytes, name: str, credits: int, now: float,
+             max_samples: int = MAX_BATCH_SIZE) -> Session:
+        """The session of ``identity``: a new one, or the open one with its settings renewed.
 
         A HELLO on a connection that has a session keeps that session (and its token).
         """
@@ -96,7 +103,7 @@ class Sessions:
             s = Session(identity, name, credits, now)
             self._by_identity[identity] = s
             self._by_token[s.token] = s
-        s.name, s.credits, s.last_seen = name, credits, now
+        s.name, s.credits, s.last_seen, s.max_samples = name, credits, now, max_samples
         return s
 
     def close(self, s: Session) -> None:

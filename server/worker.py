@@ -4,10 +4,11 @@ A worker is a process started with the ``spawn`` method. It has two sockets:
 
 * a DEALER connected to the frontend's private ``ipc://`` backend (tasks and notices);
 * a ROUTER *data* socket bound next to the server's client endpoint (``tcp://host:*``, or
-  ``<ipc path>.w<slot>``), with ``ROUTER_MANDATORY``. Each client connects one DEALER whose
-  routing id is its session token to every worker; replies go straight to the client, never
-  through the frontend. A replacement worker binds its predecessor's endpoint, so clients
-  reconnect to it by themselves.
+  ``<ipc path>.w<slot>``), with ``ROUTER_MANDATORY`` and ``ROUTER_HANDOVER`` (a client that
+  reconnects with its session token takes its data connection over). Each client connects one
+  DEALER whose routing id is its session token to every worker; replies go straight to the
+  client, never through the frontend. A replacement worker binds its predecessor's endpoint,
+  so clients reconnect to it by themselves.
 
 Messages:
 
@@ -18,7 +19,12 @@ Messages:
   were waiting for it) out. Replies wait per client: one client gone away never holds up
   another's.
 * worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED whose
-  message starts with the exception's class name (:mod:`dataflow.wire`).
+  message starts with the exception's class name (:mod:`dataflow.wire`). A BATCH's
+  ``skipped`` counts the samples of the request the readers left out as damaged
+  (``--on-error skip``: the change of each reader's ``skipped`` over the task), and
+  ``size + skipped`` must be the request's sample count (else an ``InternalError`` reply). A
+  batch over ``--max-reply-bytes`` is answered with ``ReplyTooLarge``. Shard paths in error
+  messages are relative to the dataset root.
 * client -> worker (data socket): HEARTBEAT, answered with a HEARTBEAT (the client waits for
   it before sending REQUESTs, so the first reply never finds the connection missing).
   Anything else is answered with an ERROR and otherwise ignored.
@@ -40,9 +46,12 @@ import numpy as np
 import zmq
 
 from dataflow import wire
+from dataflow.batch import batch_len
 from dataflow.errors import InternalError, ProtocolError
 from dataflow.readers import ShardReader, open_shard, read_ranges
 from dataflow.server.framing import SendResult, recv_bounded, try_send
+from dataflow.server.guard import GUARD_MS, InboundGuard
+from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.transform import Transform, apply_transform, load_transform
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, encode_internal
@@ -71,6 +80,9 @@ class WorkerSpec:
         on_error: reader policy for damaged samples.
         parent_pid: the server process; the worker exits when it is gone.
         log_level: logging level number.
+        max_reply_bytes: most bytes of one reply's arrays.
+        root: the dataset root, cut from shard paths in messages to clients.
+        max_connections: client data connections kept at once.
     """
 
     backend: str
@@ -81,6 +93,9 @@ class WorkerSpec:
     on_error: str
     parent_pid: int
     log_level: int
+    max_reply_bytes: int
+    root: str
+    max_connections: int
 
 
 class ReaderCache:
@@ -108,18 +123,78 @@ class ReaderCache:
             self._open.popitem()[1].close()
 
 
+class SkipMeter:
+    """Opens readers for one task and counts the samples each shard's readers skip meanwhile.
+
+    A reader's ``skipped`` is cumulative; the change from when the task first got it is this
+    task's. A reader closed by the LRU and opened again within the task counts from zero again.
+    """
+
+    def __init__(self, readers: ReaderCache) -> None:
+        self._readers = readers
+        self._seen: dict[int, list[tuple[ShardReader, int]]] = {}
+
+    def get(self, shard: int) -> ShardReader:
+        reader = self._readers.get(shard)
+        seen = self._seen.setdefault(shard, [])
+        if not seen or seen[-1][0] is not reader:
+            seen.append((reader, reader.skipped))
+        return reader
+
+    def skips(self) -> dict[int, int]:
+        """Samples skipped during the task, by shard (shards with none left out)."""
+        out = {shard: sum(r.skipped - before for r, before in seen)
+               for shard, seen in self._seen.items()}
+        return {shard: n for shard, n in out.items() if n}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The encoded reply to one task, and what the frontend counts of it.
+
+    Attributes:
+        frames: an encoded BATCH or ERROR.
+        skips: ``(shard, samples)`` left out as damaged.
+        too_large: whether the batch exceeded ``--max-reply-bytes``.
+    """
+
+    frames: list[wire.Buffer]
+    skips: tuple[tuple[int, int], ...] = ()
+    too_large: bool = False
+
+
+class ReplyTooLarge(Exception):
+    """A batch exceeds ``--max-reply-bytes``."""
+
+
 def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-               req_id: int, ranges: np.ndarray) -> list[wire.Buffer]:
-    """Encoded reply (BATCH or ERROR) to one task; never raises for bad data."""
+               req_id: int, ranges: np.ndarray) -> Reply:
+    """The reply (BATCH or ERROR) to one task; never raises for bad data."""
+    meter = SkipMeter(readers)
     try:
-        batch = read_ranges(readers.get, ranges)
+        batch = read_ranges(meter.get, ranges)
         if transform is not None:
             batch = apply_transform(transform, spec.transform or "", batch)
-        return wire.encode(wire.batch_to_message(req_id, batch))
+        skips = meter.skips()
+        skipped = sum(skips.values())
+        requested = int((ranges[:, 2] - ranges[:, 1]).sum())
+        if batch_len(batch) + skipped != requested:
+            raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
+                                f"for a request of {requested}")
+        msg = wire.batch_to_message(req_id, batch, skipped)
+        nbytes = sum(a.nbytes for a in msg.arrays)
+        if nbytes > spec.max_reply_bytes:
+            raise ReplyTooLarge(f"batch of {nbytes} bytes exceeds this server's "
+                                f"--max-reply-bytes {spec.max_reply_bytes}; ask for fewer "
+                                "samples a request")
+        return Reply(wire.encode(msg), tuple(sorted(skips.items())))
     except Exception as e:
         log.warning("request %d failed: %s: %s", req_id, type(e).__name__, e)
-        return wire.encode(wire.ErrorMsg(req_id, ErrorKind.READ_FAILED,
-                                         f"{type(e).__name__}: {e}"))
+        text = f"{type(e).__name__}: {e}"
+        if spec.root:
+            text = text.replace(spec.root, "")
+        return Reply(wire.encode(wire.ErrorMsg(req_id, ErrorKind.READ_FAILED, text)),
+                     too_large=isinstance(e, ReplyTooLarge))
 
 
 @dataclass(frozen=True)
@@ -145,10 +220,12 @@ class DataSender:
         self._control = control
         self.parked: dict[bytes, deque[_Parked]] = {}
 
-    def send(self, token: bytes, req_id: int, frames: list) -> None:
+    def send(self, token: bytes, req_id: int, reply: Reply) -> None:
         """Notify the frontend, then hand the reply to ZeroMQ (parked if the client is away)."""
+        frames = reply.frames
         nbytes = sum(memoryview(f).nbytes for f in frames)
-        self._control.send_multipart(encode_internal(Sent(token, req_id, nbytes)))
+        self._control.send_multipart(encode_internal(
+            Sent(token, req_id, nbytes, reply.skips, int(reply.too_large))))
         waiting = self.parked.get(token)
         if waiting is None and try_send(self._data, token, frames) is SendResult.OK:
             return
@@ -180,12 +257,14 @@ class DataSender:
         self._control.send_multipart(encode_internal(Lost(p.token, p.req_id, why)))
 
 
-def answer_data(sock: zmq.Socket) -> None:
+def answer_data(sock: zmq.Socket, guard: InboundGuard, peer_log: RateLimitedLog) -> None:
     """Answer one message from a client's data connection (HEARTBEAT -> HEARTBEAT)."""
-    frames, extra = recv_bounded(sock, 2)
+    inbound = recv_bounded(sock, 2)
+    frames = inbound.frames
     peer = frames[0].bytes
+    guard.delivered(frames[0].get(zmq.SRCFD), inbound.nbytes, inbound.count)
     try:
-        if extra or len(frames) != 2:
+        if inbound.extra or len(frames) != 2:
             raise ProtocolError("a data connection accepts only HEARTBEAT messages")
         msg = wire.decode(frames[1:])
         if not isinstance(msg, wire.Heartbeat):
@@ -193,7 +272,8 @@ def answer_data(sock: zmq.Socket) -> None:
                                 f"{wire.kind_of(msg).name}")
         reply = wire.encode(wire.Heartbeat())
     except ProtocolError as e:
-        log.warning("malformed message on the data socket from %s: %s", peer.hex(), e)
+        peer_log.warning("malformed message on the data socket from %s: %s", peer.hex()[:64],
+                         quote(str(e), 400))
         reply = wire.encode(wire.ErrorMsg(-1, ErrorKind.PROTOCOL, str(e)))
     try_send(sock, peer, reply)  # a peer that is gone or not reading loses its answer
 
@@ -219,23 +299,32 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
     data = ctx.socket(zmq.ROUTER)
     data.setsockopt(zmq.LINGER, 0)
     data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    data.setsockopt(zmq.ROUTER_HANDOVER, 1)
     data.setsockopt(zmq.SNDHWM, spec.data_sndhwm)
     data.setsockopt(zmq.MAXMSGSIZE, MAX_DATA_INBOUND)
     sender = DataSender(data, sock)
+    peer_log = RateLimitedLog(log)
+    guard = InboundGuard(data, MAX_DATA_INBOUND, spec.max_connections,
+                         tcp=data_bind.startswith("tcp://"), counters={"connections_cut": 0},
+                         peer_log=peer_log, limit_name="a data connection's limit")
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(data, zmq.POLLIN)
+    poller.register(guard.monitor, zmq.POLLIN)
     try:
         data.bind(data_bind)
         sock.send_multipart(encode_internal(Ready(data.getsockopt_string(zmq.LAST_ENDPOINT))))
         while True:
-            events = dict(poller.poll(RETRY_MS if sender.parked else PARENT_CHECK_MS))
+            busy = bool(sender.parked) or len(guard) > 0
+            events = dict(poller.poll(min(RETRY_MS, GUARD_MS) if busy else PARENT_CHECK_MS))
+            guard.check(time.monotonic())
+            peer_log.tick()
             if sender.parked:
                 sender.retry()
             if data in events:
-                answer_data(data)
+                answer_data(data, guard, peer_log)
             if sock not in events:
-                if not events and os.getppid() != spec.parent_pid:
+                if os.getppid() != spec.parent_pid:
                     log.info("parent %d is gone; exiting", spec.parent_pid)
                     return
                 continue
@@ -246,6 +335,7 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
             sender.send(task.token, task.req_id, reply)
     finally:
         readers.close()
+        guard.close()
         sock.close()
         data.close()
         ctx.term()

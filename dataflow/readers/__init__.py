@@ -11,7 +11,7 @@ import struct
 
 from dataflow.errors import ShardReadError
 from dataflow.readers.arrow import ArrowFileReader, ArrowStreamReader
-from dataflow.readers.base import ShardReader, check_on_error
+from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_on_error
 from dataflow.readers.cache import default_cache_dir
 from dataflow.readers.multi import read_ranges
 from dataflow.readers.parquet import ParquetReader
@@ -22,7 +22,9 @@ __all__ = [
     "ArrowFileReader",
     "ArrowStreamReader",
     "ParquetReader",
+    "MAX_SKIP_LOG",
     "ShardReader",
+    "SkipRecord",
     "TarReader",
     "detect_format",
     "open_shard",
@@ -93,7 +95,7 @@ def open_shard(
             gzipped tars are decompressed and remote Arrow/tar shards downloaded (once, then
             memory-mapped); default :func:`default_cache_dir`.
         on_error: ``"raise"`` on bad samples, or ``"skip"`` to drop them and count them in
-            ``reader.skipped``.
+            ``reader.skipped`` (see :class:`ShardReader`).
 
     Raises:
         ConfigError: ``on_error`` is invalid.
@@ -109,9 +111,9 @@ def open_shard(
     fmt = detect_format(url, head, size)
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     if fmt == "arrow-file":
-        return ArrowFileReader(url, cache_dir)
+        return ArrowFileReader(url, cache_dir, on_error)
     if fmt == "arrow-stream":
-        return ArrowStreamReader(url, cache_dir)
+        return ArrowStreamReader(url, cache_dir, on_error)
     if fmt == "parquet":
-        return ParquetReader(url)
+        return ParquetReader(url, on_error)
     return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz")

@@ -6,12 +6,23 @@ batches is built on open (for a stream, by reading it once; for a file, from its
 :meth:`read` slices them: a range inside one record batch is zero-copy, a range spanning
 several is concatenated (one copy). :meth:`read_many` converts each touched record batch once
 (zero-copy views, kept until close) and gathers the rows of every range with numpy (one copy).
+
+Arrow IPC stores no checksums, so damage is found only where it breaks the structure. A
+record batch whose metadata cannot be read fails the open (under ``on_error="skip"``: a
+file's batch is dropped, a stream's remaining batches are lost; their rows are not in the
+shard and cannot be counted, which a :class:`~dataflow.readers.base.SkipRecord` of count 0
+says). A record batch is fully validated (offsets in bounds, UTF-8, ...) the first time a
+read touches it; a read asking for rows of one that fails raises an error naming it and its
+first sample, or under ``on_error="skip"`` leaves its rows out, counted per read in
+``skipped``.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from abc import abstractmethod
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -19,18 +30,26 @@ import pyarrow as pa
 from dataflow.batch import Batch, Schema
 from dataflow.convert import schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
-from dataflow.readers.base import ShardReader, overlapping, range_rows
+from dataflow.readers.base import (
+    ShardReader,
+    empty_batch,
+    overlapping,
+    range_rows,
+    split_damaged,
+)
 from dataflow.readers.cache import local_copy
 from dataflow.readers.gather import take_rows
 from dataflow.sources import is_local, local_path
+
+log = logging.getLogger(__name__)
 
 
 class _ArrowReader(ShardReader):
     """Rows of a list of memory-mapped record batches."""
 
-    def __init__(self, url: str, cache_dir: str) -> None:
-        self.url = url
-        path = local_path(url) if is_local(url) else local_copy(url, cache_dir, gunzip=False)
+    def __init__(self, url: str, cache_dir: str, on_error: str = "raise") -> None:
+        super().__init__(url, on_error)
+        path = local_path(url) if is_local(url) else local_copy(url, cache_dir, gunzip=False).path
         try:
             self._source = pa.memory_map(path, "r")
         except (OSError, ValueError) as e:
@@ -43,11 +62,14 @@ class _ArrowReader(ShardReader):
             raise
         self._lengths = [b.num_rows for b in self._batches]
         self._bounds = [0, *itertools.accumulate(self._lengths)]
+        self._bounds_np = np.array(self._bounds, dtype=np.int64)
         self._views: dict[int, Batch] = {}
+        self._valid: set[int] = set()
+        self._bad: dict[int, ShardReadError] = {}
 
     @abstractmethod
     def _load(self, source: pa.MemoryMappedFile) -> tuple[pa.Schema, list[pa.RecordBatch]]:
-        """The schema and every record batch (views of ``source``)."""
+        """The schema and every readable record batch (views of ``source``)."""
 
     def _convert_schema(self, schema: pa.Schema) -> Schema:
         try:
@@ -58,9 +80,30 @@ class _ArrowReader(ShardReader):
     def __len__(self) -> int:
         return self._bounds[-1]
 
+    def _check(self, chunks: Iterable[int]) -> None:
+        """Fully validate record batches ``chunks`` not yet validated; remember the damaged."""
+        for i in chunks:
+            if i in self._valid or i in self._bad:
+                continue
+            try:
+                self._batches[i].validate(full=True)
+            except (pa.ArrowInvalid, OSError) as e:
+                lo, hi = self._bounds[i], self._bounds[i + 1]
+                err = ShardReadError(self.url, f"record batch {i} (samples {lo}..{hi - 1}) is "
+                                     f"damaged: {e}", index=lo)
+                err.__cause__ = e
+                log.warning("damage found: %s", err)
+                self._bad[i] = err
+                continue
+            self._valid.add(i)
+
     def _read(self, start: int, stop: int) -> Batch:
+        chunks = overlapping(self._bounds, start, stop)
+        self._check(chunks)
+        if any(i in self._bad for i in chunks):
+            return self._gather(np.arange(start, stop, dtype=np.int64))
         parts = []
-        for i in overlapping(self._bounds, start, stop):
+        for i in chunks:
             lo = max(start - self._bounds[i], 0)
             hi = min(stop - self._bounds[i], self._lengths[i])
             parts.append(self._batches[i].slice(lo, hi - lo))
@@ -68,8 +111,17 @@ class _ArrowReader(ShardReader):
         return self._from_arrow(table, start)
 
     def _read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
-        bounds = np.array(self._bounds, dtype=np.int64)
-        return take_rows(self.schema, self._view, bounds, range_rows(starts, stops))
+        return self._gather(range_rows(starts, stops))
+
+    def _gather(self, rows: np.ndarray) -> Batch:
+        """Rows ``rows`` (int64, shape ``(n,)``, any order), less those of damaged record
+        batches, which are counted."""
+        self._check(np.unique(np.searchsorted(self._bounds_np, rows, side="right") - 1).tolist())
+        rows, lost = split_damaged(rows, self._bounds_np, self._bad)
+        self._lose(lost, self._bad)
+        if not len(rows):
+            return empty_batch(self.schema)
+        return take_rows(self.schema, self._view, self._bounds_np, rows)
 
     def _view(self, i: int) -> Batch:
         """Record batch ``i`` as a batch of views of the map, converted once."""
@@ -100,7 +152,10 @@ class ArrowFileReader(_ArrowReader):
             try:
                 batches.append(reader.get_batch(i))
             except (pa.ArrowInvalid, OSError) as e:
-                raise ShardReadError(self.url, f"record batch {i} is damaged: {e}") from e
+                self._damaged(ShardReadError(
+                    self.url, f"record batch {i} of the file is unreadable, dropped with its "
+                    f"rows (how many is unknown): {e}", index=sum(b.num_rows for b in batches),
+                ))
         return reader.schema, batches
 
 
@@ -122,4 +177,9 @@ class ArrowStreamReader(_ArrowReader):
             except StopIteration:
                 return reader.schema, batches
             except (pa.ArrowInvalid, OSError) as e:
-                raise ShardReadError(self.url, f"damaged record batch: {e}", offset=offset) from e
+                self._damaged(ShardReadError(
+                    self.url, f"record batch {len(batches)} of the stream is unreadable: it and "
+                    f"the rest of the stream are lost (how many rows is unknown): {e}",
+                    offset=offset, index=sum(b.num_rows for b in batches),
+                ))
+                return reader.schema, batches

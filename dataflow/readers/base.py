@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
@@ -14,7 +17,40 @@ from dataflow.batch import Batch, Ragged, Schema, concat
 from dataflow.convert import from_arrow
 from dataflow.errors import ConfigError, DataflowError, ShardReadError
 
+log = logging.getLogger(__name__)
+
 ON_ERROR = ("raise", "skip")
+MAX_SKIP_LOG = 1000
+"""Most :class:`SkipRecord` a reader keeps (the latest ones)."""
+
+
+@dataclass(frozen=True)
+class SkipRecord:
+    """Samples of one shard not served because of damage (``on_error="skip"``).
+
+    Attributes:
+        shard: the shard's URL or path.
+        index: the first sample of the damaged unit (a Parquet row group, an Arrow record
+            batch: its row in the reader; a tar sample: its position among the tar's samples,
+            dropped ones included); ``None`` if unknown (damage between tar members).
+        offset: byte offset of the damage (of the decompressed tar for a gzipped one), when
+            known.
+        count: samples not served because of it: by one read (Parquet, Arrow), or dropped
+            from the shard when it was indexed (tar). 0 when the damage lost nothing that can
+            be counted (see the message).
+        message: what is wrong, naming the shard and the sample and/or byte offset.
+    """
+
+    shard: str
+    index: int | None
+    offset: int | None
+    count: int
+    message: str
+
+    @classmethod
+    def of(cls, err: ShardReadError, count: int) -> SkipRecord:
+        """The record of ``count`` samples lost to the damage ``err`` describes."""
+        return cls(err.shard, err.index, err.offset, count, str(err))
 
 
 def check_on_error(on_error: str) -> str:
@@ -34,7 +70,22 @@ class ShardReader(ABC):
     Attributes:
         url: the shard's URL or local path.
         schema: the type of every field, identical for every sample.
-        skipped: samples dropped because of bad input (``on_error="skip"``); 0 otherwise.
+        on_error: ``"raise"`` (damage raises :class:`ShardReadError`) or ``"skip"``.
+        skipped: samples of this shard not served because of damage (``on_error="skip"``;
+            always 0 under ``"raise"``), cumulative over the reader's life. Two parts:
+
+            * dropped when the shard was indexed (tar only, once per occurrence: a damaged
+              sample, a sample that lost members, a repeated key); such samples are not in
+              ``len(self)``, so no read asks for them, and this part is fixed once the reader
+              is open;
+            * asked for by a read but not returned (Parquet row groups and Arrow record
+              batches found damaged when decoded), counted per read: a sample asked for
+              twice and lost twice counts twice.
+
+            So across any :meth:`read` or :meth:`read_many` call, the increase of ``skipped``
+            plus the rows returned equals the rows asked for, exactly.
+        skip_log: the latest :data:`MAX_SKIP_LOG` :class:`SkipRecord`, oldest first; while
+            none has been dropped, their counts sum to ``skipped``.
         closed: whether :meth:`close` was called.
 
     A reader is not thread-safe: use one reader per thread. ``close()`` is idempotent.
@@ -42,8 +93,13 @@ class ShardReader(ABC):
 
     url: str
     schema: Schema
-    skipped: int = 0
     closed: bool = False
+
+    def __init__(self, url: str, on_error: str) -> None:
+        self.url = url
+        self.on_error = check_on_error(on_error)
+        self.skipped = 0
+        self.skip_log: deque[SkipRecord] = deque(maxlen=MAX_SKIP_LOG)
 
     @abstractmethod
     def __len__(self) -> int:
@@ -70,7 +126,8 @@ class ShardReader(ABC):
         """Samples ``[start, stop)`` of the shard as one batch.
 
         Any range can be read without reading from the start of the shard. Arrays may be
-        read-only views of a memory-mapped file.
+        read-only views of a memory-mapped file. Under ``on_error="skip"`` the rows of damaged
+        units are left out (the batch has fewer rows, in order) and counted in ``skipped``.
 
         Raises:
             ShardReadError: the reader is closed, the range is outside ``[0, len(self)]``, or
@@ -91,6 +148,8 @@ class ShardReader(ABC):
         Equal to concatenating ``read(starts[i], stops[i])`` for every ``i``, in order (ranges
         may overlap, repeat, be empty or come in any order), but gathered in one pass where
         the format allows: much faster than :meth:`read` per range for many small ranges.
+        Under ``on_error="skip"`` rows of damaged units are left out and counted, as in
+        :meth:`read`.
 
         Args:
             starts: int array of shape ``(n,)``, first row of each range.
@@ -121,6 +180,27 @@ class ShardReader(ABC):
             return self._read(int(starts[i]), int(stops[i]))
         return self._read_many(starts[keep], stops[keep])
 
+    def _damaged(self, err: ShardReadError) -> None:
+        """Damage found on open that loses rows not in ``len(self)`` (so not countable):
+        raised under ``on_error="raise"``, else logged and recorded with count 0."""
+        if self.on_error == "raise":
+            raise err
+        log.warning("skipping: %s", err)
+        self.skip_log.append(SkipRecord.of(err, 0))
+
+    def _lose(self, lost: Mapping[int, int], damage: Mapping[int, ShardReadError]) -> None:
+        """A read asked for ``lost[u]`` rows of each damaged unit ``u`` (damage ``damage[u]``):
+        under ``on_error="raise"`` raise the first such unit's error, else count them.
+
+        Damage found while decoding more than a read asked for (a read-ahead) is remembered
+        by the caller and only raised or counted when a read asks for those rows.
+        """
+        if lost and self.on_error == "raise":
+            raise damage[min(lost)]
+        for unit, n in lost.items():
+            self.skipped += n
+            self.skip_log.append(SkipRecord.of(damage[unit], n))
+
     def _from_arrow(self, table: pa.Table | pa.RecordBatch, start: int) -> Batch:
         """Convert rows of this shard starting at ``start`` to a batch of ``self.schema``."""
         try:
@@ -141,6 +221,27 @@ class ShardReader(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, samples={len(self)})"
+
+
+def split_damaged(rows: np.ndarray, bounds: np.ndarray,
+                  damaged: Mapping[int, object]) -> tuple[np.ndarray, dict[int, int]]:
+    """The rows outside damaged units, and how many rows fell in each damaged unit.
+
+    Args:
+        rows: int64 of shape ``(n,)``: rows of the shard, any order, repeats allowed.
+        bounds: int64 of shape ``(units + 1,)``: cumulative unit lengths with a leading 0.
+        damaged: the damaged units (keys).
+
+    Returns:
+        ``rows`` without those in damaged units (order kept), and ``{unit: rows lost}`` for
+        every damaged unit that held some of ``rows``.
+    """
+    if not damaged:
+        return rows, {}
+    unit = np.searchsorted(bounds, rows, side="right") - 1
+    bad = np.isin(unit, np.fromiter(damaged, dtype=np.int64, count=len(damaged)))
+    units, counts = np.unique(unit[bad], return_counts=True)
+    return rows[~bad], dict(zip(units.tolist(), counts.tolist(), strict=True))
 
 
 def empty_batch(schema: Schema) -> Batch:

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import zlib
 from collections.abc import Callable, Mapping
-from typing import IO
+from typing import IO, NamedTuple
 
 import fsspec
 
@@ -22,6 +22,9 @@ from dataflow.errors import ShardReadError
 from dataflow.sources import is_local, local_path
 
 _COPY_CHUNK = 8 << 20
+_GUNZIP_STEP = 16 << 10
+"""Compressed bytes decompressed per step: a damaged stream keeps what the steps before the
+damage decoded."""
 _FILE_MODE = 0o644
 
 
@@ -88,63 +91,98 @@ def write_atomic(path: str, write: Callable[[IO[bytes]], object]) -> None:
         raise
 
 
-def local_copy(url: str, cache_dir: str, *, gunzip: bool) -> str:
+class LocalCopy(NamedTuple):
+    """A local copy of a shard.
+
+    Attributes:
+        path: where it is.
+        damage: for a gzipped shard whose compressed stream is damaged, what is wrong and
+            where (the copy then holds what was decompressed before the damage); else
+            ``None``.
+    """
+
+    path: str
+    damage: str | None
+
+
+def local_copy(url: str, cache_dir: str, *, gunzip: bool) -> LocalCopy:
     """A local, uncompressed copy of a remote and/or gzipped shard, made once.
 
-    The copy lives in ``cache_dir`` with a sidecar ``.id`` file holding the shard's identity
-    and the copy's size; a copy whose identity or size no longer matches is replaced.
+    The copy lives in ``cache_dir`` with a sidecar ``.id`` file holding the shard's identity,
+    the copy's size and any damage to the gzip stream; a copy whose identity or size no
+    longer matches is replaced.
 
-    A gzip stream that ends early yields the data decompressed so far: the tar reader then
-    reports the truncation at its offset in the decompressed tar (and ``on_error="skip"`` keeps
-    the complete samples before it).
+    A gzip stream that ends early, or is damaged, yields the data decompressed so far (a
+    damaged stream cannot be decoded past the damage): the tar reader then reports the
+    truncation at its offset in the decompressed tar (and ``on_error="skip"`` keeps the
+    complete samples before it). gzip's CRC covers a whole member, so damage that still
+    decodes is only found at the member's end, after the damaged data was written.
 
     Args:
         url: the shard.
         cache_dir: directory for the copy (created if missing).
         gunzip: decompress while copying.
 
-    Returns:
-        Path of the copy.
-
     Raises:
-        ShardReadError: the shard cannot be read or is not valid gzip.
+        ShardReadError: the shard cannot be read.
     """
     ident = identity(url)
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, cache_name(url, ".tar" if gunzip else ".copy"))
     id_path = path + ".id"
+    stamp = f"{ident}\ncopy_size="
     try:
         with open(id_path, encoding="utf-8") as f:
-            if f.read() == f"{ident}\ncopy_size={os.path.getsize(path)}":
-                return path
+            head, _, noted = f.read().partition("\ndamage=")
+        if head == f"{stamp}{os.path.getsize(path)}":
+            return LocalCopy(path, noted or None)
     except OSError:
         pass
+    found: list[str] = []
 
     def copy(dst: IO[bytes]) -> None:
         opener = open(local_path(url), "rb") if is_local(url) else fsspec.open(url, "rb").open()
         with opener as raw:
             if gunzip:
-                _gunzip(raw, dst)
+                bad = _gunzip(raw, dst)
+                if bad is not None:
+                    found.append(bad)
             else:
                 shutil.copyfileobj(raw, dst, _COPY_CHUNK)
 
     try:
         write_atomic(path, copy)
-    except (OSError, zlib.error) as e:
+    except OSError as e:
         what = "decompress" if gunzip else "copy"
         raise ShardReadError(url, f"cannot {what} shard into {cache_dir}: {e}") from e
-    stamp = f"{ident}\ncopy_size={os.path.getsize(path)}"
+    damage = found[0] if found else None
+    stamp += str(os.path.getsize(path)) + (f"\ndamage={damage}" if damage else "")
     write_atomic(id_path, lambda f: f.write(stamp.encode("utf-8")))
-    return path
+    return LocalCopy(path, damage)
 
 
-def _gunzip(src: IO[bytes], dst: IO[bytes]) -> None:
-    """Decompress every gzip member of ``src`` into ``dst``; stop quietly where input ends."""
+def _gunzip(src: IO[bytes], dst: IO[bytes]) -> str | None:
+    """Decompress every gzip member of ``src`` into ``dst``; stop quietly where input ends.
+
+    Returns:
+        ``None``, or where and how the compressed stream is damaged (decompression stops
+        there).
+    """
     dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    while chunk := src.read(_COPY_CHUNK):
+    read = written = 0
+    while chunk := src.read(_GUNZIP_STEP):
+        read += len(chunk)
         while chunk:
-            dst.write(dec.decompress(chunk))
+            try:
+                out = dec.decompress(chunk)
+            except zlib.error as e:
+                return (f"gzip stream damaged (found within compressed bytes "
+                        f"{read - len(chunk)}..{read - 1}, after {written} decompressed bytes; "
+                        f"damage found only by the CRC lies anywhere before): {e}")
+            dst.write(out)
+            written += len(out)
             chunk = dec.unused_data if dec.eof else b""
             if dec.eof:
                 dec = zlib.decompressobj(16 + zlib.MAX_WBITS)
     dst.write(dec.flush())
+    return None

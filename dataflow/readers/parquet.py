@@ -9,6 +9,14 @@ its rows from that span when they all lie in it, else decodes every row group th
 touch (only those) together, once. A sample-level shuffle touches most row groups of a shard
 for a few rows each, so there decoding dominates: Parquet suits it less than Arrow or tar.
 
+Pages are read with CRC verification on (``page_checksum_verification``): a page whose
+stored CRC does not match is damage, caught whenever the writer stored CRCs
+(``write_page_checksum=True``); pages without a CRC are not checked. A row group that fails to
+decode is remembered as damaged and never decoded again. A read asking for its rows then
+raises an error naming the row group and its first sample, or under ``on_error="skip"``
+leaves them out (counted per read in ``skipped``); reads of other rows go on (a damaged row
+group met only in a read-ahead fails nothing).
+
 Parquet has no tensor type: a fixed-size list field whose Arrow field metadata carries
 ``b"dataflow.shape"`` (a JSON list, e.g. ``b"[3,64,64]"``) is read as that shape.
 """
@@ -19,6 +27,7 @@ import bisect
 import dataclasses
 import itertools
 import json
+import logging
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -30,9 +39,17 @@ import pyarrow.parquet as pq
 from dataflow.batch import Batch, FieldSpec, Schema
 from dataflow.convert import field_spec
 from dataflow.errors import DataflowError, ShardReadError
-from dataflow.readers.base import ShardReader, range_rows
+from dataflow.readers.base import (
+    ShardReader,
+    empty_batch,
+    overlapping,
+    range_rows,
+    split_damaged,
+)
 from dataflow.readers.gather import take_rows
 from dataflow.sources import is_local, local_path, open_file
+
+log = logging.getLogger(__name__)
 
 SHAPE_KEY = b"dataflow.shape"
 READ_AHEAD_ROWS = 1024
@@ -68,15 +85,21 @@ class _Span(NamedTuple):
     table: pa.Table
 
 
+class _NewDamage(Exception):
+    """Decoding found row groups not known to be damaged (now recorded): plan the read again."""
+
+
 class ParquetReader(ShardReader):
     """A Parquet file; local shards are memory-mapped, remote ones read through fsspec."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, on_error: str = "raise") -> None:
+        super().__init__(url, on_error)
         self._span: _Span | None = None
+        self._bad: dict[int, ShardReadError] = {}
         remote = None if is_local(url) else open_file(url)
         try:
-            self._file = pq.ParquetFile(remote or local_path(url), memory_map=remote is None)
+            self._file = pq.ParquetFile(remote or local_path(url), memory_map=remote is None,
+                                        page_checksum_verification=True)
             self.schema: Schema = tuple(shaped_field_spec(f) for f in self._file.schema_arrow)
         except (OSError, pa.ArrowInvalid, DataflowError) as e:
             if remote is not None:
@@ -86,19 +109,41 @@ class ParquetReader(ShardReader):
         meta = self._file.metadata
         self._lengths = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self._bounds = [0, *itertools.accumulate(self._lengths)]
+        self._bounds_np = np.array(self._bounds, dtype=np.int64)
 
     def __len__(self) -> int:
         return self._bounds[-1]
 
     def _decode(self, groups: Sequence[int]) -> pa.Table:
-        """Row groups ``groups`` (ascending), decoded together (in parallel)."""
+        """Row groups ``groups`` (ascending, none known damaged), decoded together (in
+        parallel).
+
+        Raises:
+            _NewDamage: after recording the damaged row groups.
+        """
         try:
             return self._file.read_row_groups(groups)
         except (OSError, pa.ArrowInvalid) as e:
-            first, last = groups[0], groups[-1]
-            raise ShardReadError(
-                self.url, f"row groups {first}..{last} are damaged: {e}", index=self._bounds[first]
-            ) from e
+            if len(groups) == 1:
+                self._found_damage(groups[0], e)
+                raise _NewDamage from e
+        for g in groups:  # which of them: decode one by one (only ever on damage)
+            try:
+                self._file.read_row_groups([g])
+            except (OSError, pa.ArrowInvalid) as e:
+                self._found_damage(g, e)
+        if not any(g in self._bad for g in groups):
+            raise ShardReadError(self.url, f"row groups {groups[0]}..{groups[-1]} fail to decode "
+                                 "together but not one by one", index=self._bounds[groups[0]])
+        raise _NewDamage
+
+    def _found_damage(self, group: int, e: Exception) -> None:
+        lo, hi = self._bounds[group], self._bounds[group + 1]
+        err = ShardReadError(self.url, f"row group {group} (samples {lo}..{hi - 1}) is "
+                             f"damaged: {e}", index=lo)
+        err.__cause__ = e
+        log.warning("damage found: %s", err)
+        self._bad[group] = err
 
     def _rows(self, start: int, stop: int) -> pa.Table:
         """Rows ``[start, stop)`` as a table, reusing the decoded span where it overlaps."""
@@ -112,7 +157,7 @@ class ParquetReader(ShardReader):
             kept, first = None, bisect.bisect_right(bounds, start) - 1
             row0 = bounds[first]
         last = first
-        while last + 1 < len(self._lengths) and (
+        while last + 1 < len(self._lengths) and last + 1 not in self._bad and (
             bounds[last + 1] < stop or bounds[last + 1] - row0 < READ_AHEAD_ROWS
         ):
             last += 1
@@ -122,10 +167,30 @@ class ParquetReader(ShardReader):
         return table.slice(start - row0, stop - start)
 
     def _read(self, start: int, stop: int) -> Batch:
-        return self._from_arrow(self._rows(start, stop), start)
+        while True:
+            try:
+                if any(g in self._bad for g in overlapping(self._bounds, start, stop)):
+                    return self._gather(np.arange(start, stop, dtype=np.int64))
+                return self._from_arrow(self._rows(start, stop), start)
+            except _NewDamage:
+                continue  # at most once per row group: each retry knows one more damaged
 
     def _read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
-        rows = range_rows(starts, stops)
+        while True:
+            try:
+                return self._gather(range_rows(starts, stops))
+            except _NewDamage:
+                continue
+
+    def _gather(self, rows: np.ndarray) -> Batch:
+        """Rows ``rows`` (int64, shape ``(n,)``, any order) less those of damaged row groups,
+        which raise or are counted (once the read succeeds, so a retried read counts once)."""
+        rows, lost = split_damaged(rows, self._bounds_np, self._bad)
+        batch = self._take(rows) if len(rows) else empty_batch(self.schema)
+        self._lose(lost, self._bad)
+        return batch
+
+    def _take(self, rows: np.ndarray) -> Batch:
         span = self._span
         if span is not None and span.start <= rows.min() and rows.max() < span.stop:
             table, origins = span.table, np.arange(span.start, span.stop, dtype=np.int64)
@@ -147,7 +212,7 @@ class ParquetReader(ShardReader):
         Returns:
             The table and, per table row, its row in the shard (int64, ascending).
         """
-        bounds = np.array(self._bounds, dtype=np.int64)
+        bounds = self._bounds_np
         groups = np.unique(np.searchsorted(bounds, rows, side="right") - 1)
         table = self._decode(groups.tolist())
         first, last = int(groups[0]), int(groups[-1])

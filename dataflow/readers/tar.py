@@ -12,6 +12,12 @@ shard's identity and replaced when the shard changes; that copy is then memory-m
 
 A zero-byte tar, like a tar holding only its end-of-archive blocks, is a shard of zero
 samples and no fields.
+
+Damage is dealt with when the index is built (see :mod:`dataflow.readers.tarindex`): under
+``on_error="skip"`` the damaged samples are left out of the index and counted once, so reads
+never meet them. A cached index is trusted only when it verifies (identity, digest, fit to
+the tar, sampled headers); one that does not is rebuilt, with a warning when the shard's
+identity matched (a damaged or tampered index).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataflow.batch import Batch, Column, Ragged
 from dataflow.errors import ShardReadError
 from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
-from dataflow.readers.tarindex import TarIndex, build_index, gather_fixed
+from dataflow.readers.tarindex import OutdatedIndex, TarIndex, build_index, gather_fixed
 from dataflow.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
@@ -68,12 +74,17 @@ class TarReader(ShardReader):
     """
 
     def __init__(self, url: str, *, cache_dir: str, on_error: str, gzipped: bool) -> None:
-        self.url = url
+        super().__init__(url, on_error)
         ident = identity(url)
+        damage = None
         if gzipped or not is_local(url):
-            path = local_copy(url, cache_dir, gunzip=gzipped)
+            path, damage = local_copy(url, cache_dir, gunzip=gzipped)
         else:
             path = local_path(url)
+        if damage is not None:
+            self._damaged(ShardReadError(url, f"{damage}: the rest of the shard, from the first "
+                                         "damage the tar walk meets, is lost (its samples "
+                                         "cannot be counted)"))
         try:
             with open(path, "rb") as f:
                 empty = os.fstat(f.fileno()).st_size == 0
@@ -83,11 +94,11 @@ class TarReader(ShardReader):
         data: bytes | mmap.mmap = b"" if self._mm is None else self._mm
         self._buf = np.frombuffer(data, dtype=np.uint8)
         paths = _index_paths(url, cache_dir)
-        self.index_path, index = self._find_index(paths, ident, on_error)
+        self.index_path, index = self._find_index(paths, ident, data)
         self.index_built = index is None
         if index is None:
             try:
-                index = build_index(url, data, ident, on_error)
+                index = build_index(url, data, ident, on_error, resync=damage is None)
             except BaseException:
                 self.close()
                 raise
@@ -95,20 +106,35 @@ class TarReader(ShardReader):
         self._index = index
         self.schema = index.schema
         self.skipped = index.skipped
+        self.skip_log.extend(index.skips)
 
     def _find_index(
-        self, paths: list[str], ident: str, on_error: str
+        self, paths: list[str], ident: str, data: bytes | mmap.mmap
     ) -> tuple[str | None, TarIndex | None]:
-        """The first cached index that is current and fits the tar, with its path."""
+        """The first cached index that is current and verifies against the tar, with its
+        path; a rejected one that claims to be current is logged."""
         for path in paths:
-            index = TarIndex.load(path)
-            if (
-                index is not None
-                and index.identity == ident
-                and (on_error == "skip" or index.skipped == 0)
-                and index.fits(len(self._buf))
-            ):
+            try:
+                index = TarIndex.load(path, self.url)
+            except FileNotFoundError:
+                continue
+            except OutdatedIndex as e:
+                log.info("%s: cached tar index %s is outdated, rebuilding: %s", self.url, path, e)
+                continue
+            except ValueError as e:
+                log.warning("%s: cached tar index %s rejected, rebuilding: %s", self.url, path, e)
+                continue
+            if index.identity != ident:
+                log.debug("%s: cached tar index %s is of another version of the shard",
+                          self.url, path)
+                continue
+            if self.on_error == "raise" and index.skips:
+                continue  # built under "skip": it hides damage that must raise
+            problem = index.problem(data)
+            if problem is None:
                 return path, index
+            log.warning("%s: cached tar index %s rejected, rebuilding: %s", self.url, path,
+                        problem)
         return None, None
 
     def __len__(self) -> int:

@@ -1,8 +1,14 @@
 """The member index of a WebDataset tar: where every field of every sample lies.
 
 Built once by walking the tar headers (:mod:`dataflow.readers.tarwalk`), then
-saved as a small ``.npz`` file (loaded with ``allow_pickle=False``) and reused until the
-shard's identity (size, mtime or ETag) changes.
+saved as a small ``.npz`` file (loaded with ``allow_pickle=False``) with a SHA-256 digest of
+its content, and reused while the shard's identity (size, mtime or ETag) is unchanged, the
+digest matches, and the index fits the tar (:meth:`TarIndex.problem`).
+
+Under ``on_error="skip"``, damage to the tar's structure does not end the walk: it resumes at
+the next valid header, so only the samples whose members were damaged are lost. Those
+samples, like samples with bad fields and repeated keys, are dropped from the index and
+counted, one per occurrence.
 
 Samples are runs of consecutive members sharing a key: the member path up to the first dot
 of its base name (``dir/000017.image.npy`` -> key ``dir/000017``, extension ``image.npy``).
@@ -15,10 +21,14 @@ extension (``jpg``).
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import logging
 import math
 import mmap
+import zipfile
+from collections import Counter
 from dataclasses import dataclass
 from typing import IO, NamedTuple
 
@@ -26,11 +36,14 @@ import numpy as np
 
 from dataflow.batch import FieldSpec, Schema, schema_from_json, schema_to_json
 from dataflow.errors import ShardReadError
-from dataflow.readers.tarwalk import Member, walk
+from dataflow.readers.base import MAX_SKIP_LOG, SkipRecord
+from dataflow.readers.tarwalk import Damage, Member, valid_header, walk
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+VERIFY_HEADERS = 64
+"""Sample headers checked when a cached index is loaded (see :meth:`TarIndex.problem`)."""
 INT_CODECS = frozenset({"cls", "cls2", "index", "inx", "id", "label"})
 TEXT_CODECS = frozenset({"txt", "text"})
 
@@ -67,14 +80,18 @@ class TarIndex:
     """Where every field of every sample of one tar lies.
 
     Attributes:
-        schema: the fields, in the first sample's member order.
+        schema: the fields, in member order.
         codecs: per field, ``npy:<stored dtype>`` (e.g. ``npy:<f4``), ``int``, ``str`` or
             ``bytes``.
         offsets: int64 ``(samples, fields)``: byte offset of each field's data (for ``npy``
             fields, of the array payload after the ``.npy`` header).
         sizes: int64 ``(samples, fields)``: byte length at ``offsets``.
         ints: int64 ``(samples, fields)``: decoded values of ``int`` fields (0 elsewhere).
-        skipped: samples (and keyless members) dropped while building with ``on_error="skip"``.
+        headers: int64 ``(samples,)``: byte offset of each sample's first tar header.
+        skipped: samples dropped while building with ``on_error="skip"``, one per occurrence
+            (a bad sample, a sample that lost members to damage, a repeated key, a keyless
+            member).
+        skips: what was dropped, the latest :data:`~dataflow.readers.base.MAX_SKIP_LOG`.
         identity: identity of the shard the index was built from.
     """
 
@@ -83,24 +100,49 @@ class TarIndex:
     offsets: np.ndarray
     sizes: np.ndarray
     ints: np.ndarray
+    headers: np.ndarray
     skipped: int
+    skips: tuple[SkipRecord, ...]
     identity: str
 
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def fits(self, nbytes: int) -> bool:
-        """Whether the arrays agree with the schema and every field lies within ``nbytes``."""
-        shape = (len(self.offsets), len(self.schema))
-        if not (self.offsets.shape == self.sizes.shape == self.ints.shape == shape
+    def problem(self, data: bytes | mmap.mmap) -> str | None:
+        """Why this index does not fit the tar ``data``, or ``None`` if it does.
+
+        Checks the array shapes, that every field lies within the tar, that sample headers
+        ascend, and that the headers of up to :data:`VERIFY_HEADERS` samples (evenly spread,
+        first and last included) are valid tar headers (magic and checksum).
+        """
+        n, nbytes = len(self.offsets), len(data)
+        if not (self.offsets.shape == self.sizes.shape == self.ints.shape
+                == (n, len(self.schema)) and self.headers.shape == (n,)
                 and len(self.codecs) == len(self.schema)):
-            return False
-        return not self.offsets.size or bool(
-            self.offsets.min() >= 0 and (self.offsets + self.sizes).max() <= nbytes
-        )
+            return "array shapes do not agree with the schema"
+        if not n:
+            return None
+        if self.offsets.min() < 0 or (self.offsets + self.sizes).max() > nbytes:
+            return f"a field lies outside the tar's {nbytes} bytes"
+        if (np.diff(self.headers) <= 0).any() or self.headers[0] < 0:
+            return "sample headers do not ascend"
+        for i in np.unique(np.linspace(0, n - 1, min(n, VERIFY_HEADERS)).astype(np.int64)):
+            if not valid_header(data, int(self.headers[i])):
+                return f"no valid tar header at byte offset {self.headers[i]} (sample {i})"
+        return None
+
+    def _digest(self) -> str:
+        """SHA-256 over everything the index holds."""
+        h = hashlib.sha256(json.dumps(
+            [INDEX_VERSION, schema_to_json(self.schema), self.codecs, self.skipped,
+             _skips_to_json(self.skips), self.identity]).encode("utf-8"))
+        for a in (self.offsets, self.sizes, self.ints, self.headers):
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
 
     def save(self, f: IO[bytes]) -> None:
-        """Write the index as an ``.npz`` file (no pickled objects)."""
+        """Write the index as an ``.npz`` file (no pickled objects), with its digest."""
         np.savez(
             f,
             version=np.int64(INDEX_VERSION),
@@ -109,29 +151,59 @@ class TarIndex:
             offsets=self.offsets,
             sizes=self.sizes,
             ints=self.ints,
+            headers=self.headers,
             skipped=np.int64(self.skipped),
+            skips=np.array(_skips_to_json(self.skips)),
             identity=np.array(self.identity),
+            digest=np.array(self._digest()),
         )
 
     @classmethod
-    def load(cls, path: str) -> TarIndex | None:
-        """Read an index saved by :meth:`save`; ``None`` if it is unreadable or outdated."""
+    def load(cls, path: str, url: str) -> TarIndex:
+        """Read an index saved by :meth:`save` for shard ``url``.
+
+        Raises:
+            FileNotFoundError: there is no index at ``path``.
+            OutdatedIndex: the index is of another :data:`INDEX_VERSION`.
+            ValueError: the file is unreadable, or its content does not match its digest
+                (the message says which).
+        """
         try:
             with np.load(path, allow_pickle=False) as z:
                 if int(z["version"]) != INDEX_VERSION:
-                    return None
+                    raise OutdatedIndex(f"index version {int(z['version'])}, not {INDEX_VERSION}")
                 codecs = str(z["codecs"])
-                return cls(
+                index = cls(
                     schema=schema_from_json(str(z["schema"])),
                     codecs=tuple(codecs.split(",")) if codecs else (),
                     offsets=z["offsets"],
                     sizes=z["sizes"],
                     ints=z["ints"],
+                    headers=z["headers"],
                     skipped=int(z["skipped"]),
+                    skips=_skips_from_json(url, str(z["skips"])),
                     identity=str(z["identity"]),
                 )
-        except (OSError, ValueError, KeyError):
-            return None
+                digest = str(z["digest"])
+        except FileNotFoundError:
+            raise
+        except (OSError, KeyError, TypeError, zipfile.BadZipFile) as e:
+            raise ValueError(f"unreadable: {type(e).__name__}: {e}") from e
+        if index._digest() != digest:
+            raise ValueError("content does not match its digest (modified after it was saved)")
+        return index
+
+
+class OutdatedIndex(ValueError):
+    """A cached index written by another version of this module (rebuilt, no harm done)."""
+
+
+def _skips_to_json(skips: tuple[SkipRecord, ...]) -> str:
+    return json.dumps([[r.index, r.offset, r.count, r.message] for r in skips])
+
+
+def _skips_from_json(url: str, text: str) -> tuple[SkipRecord, ...]:
+    return tuple(SkipRecord(url, i, o, int(c), str(m)) for i, o, c, m in json.loads(text))
 
 
 def gather_fixed(buf: np.ndarray, offsets: np.ndarray, size: int) -> np.ndarray:
@@ -194,92 +266,133 @@ def _read_npy_header(mm: bytes | mmap.mmap, offset: int, size: int) -> _NpyHeade
     return _npy_header(mm[offset : offset + total])
 
 
+class _Sample(NamedTuple):
+    number: int
+    key: str
+    fields: dict[str, Member]
+
+
 class _Builder:
     """Groups members into samples and decodes/validates fields, honouring ``on_error``."""
 
-    def __init__(self, url: str, mm: bytes | mmap.mmap, on_error: str) -> None:
+    def __init__(self, url: str, mm: bytes | mmap.mmap, on_error: str, resync: bool) -> None:
         self.url = url
         self.mm = mm
         self.buf = np.frombuffer(mm, dtype=np.uint8)
+        self.resync = resync
         self.skip = on_error == "skip"
         self.skipped = 0
+        self.skips: list[SkipRecord] = []
 
-    def bad(self, err: ShardReadError) -> None:
+    def bad(self, err: ShardReadError, count: int = 1) -> None:
+        """Raise ``err``, or under ``on_error="skip"`` log it and count ``count`` samples."""
         if not self.skip:
             raise err
         log.warning("skipping: %s", err)
-        self.skipped += 1
+        self.skipped += count
+        self.skips.append(SkipRecord.of(err, count))
 
     def members(self) -> list[tuple[str, str, Member]]:
-        out = []
-        try:
-            for m in walk(self.url, self.mm):
-                parts = split_name(m.name)
-                if parts is None:
-                    self.bad(ShardReadError(
-                        self.url, f"tar member {m.name!r} has no key/extension", offset=m.header
-                    ))
-                    continue
-                out.append((parts[0], parts[1], m))
-        except ShardReadError as e:
-            if not self.skip:
-                raise
-            log.warning("skipping the rest of the shard: %s", e)
+        """``(key, extension, member)`` of every intact member with a key, in tar order."""
+        out: list[tuple[str, str, Member]] = []
+        last: Member | None = None
+        for m in walk(self.mm):
+            if isinstance(m, Damage):
+                self.damage(m, out, last)
+                if m.resume is None or not self.resync:
+                    break
+                continue
+            last = m
+            parts = split_name(m.name)
+            if parts is None:
+                self.bad(ShardReadError(
+                    self.url, f"tar member {m.name!r} has no key/extension", offset=m.header
+                ))
+                continue
+            out.append((parts[0], parts[1], m))
         return out
 
-    def samples(self) -> list[tuple[int, dict[str, Member]]]:
-        """``(sample index, {extension: member})`` per sample."""
-        groups: list[tuple[int, dict[str, Member]]] = []
-        key = None
-        dup = False
-        count = 0
+    def damage(self, d: Damage, out: list[tuple[str, str, Member]], last: Member | None) -> None:
+        """Raise damage, or under ``on_error="skip"`` record it (count 0: the samples it leaves
+        incomplete are counted when they are dropped) and drop the member it retracts."""
+        if not self.skip:
+            raise ShardReadError(self.url, d.message, offset=d.offset)
+        if d.resume is None or not self.resync:
+            what = "the rest of the tar is lost (samples wholly in it cannot be counted)"
+        else:
+            what = f"resumed at the next valid header, byte offset {d.resume}"
+        if d.retract and last is not None:
+            what += (f"; member {last.name!r} before it looks cut short (its data runs into a "
+                     "header, or the next header is off its 512-byte grid), dropped")
+            if out and out[-1][2] is last:
+                out.pop()
+        self.bad(ShardReadError(self.url, f"{d.message}; {what}", offset=d.offset), count=0)
+
+    def samples(self) -> list[_Sample]:
+        """Runs of consecutive members sharing a key, numbered in tar order; a run repeating
+        a member, or repeating the key of an earlier run, is dropped (counted)."""
+        groups: list[_Sample] = []
+        repeated: dict[int, Member] = {}
         for k, ext, m in self.members():
-            if k != key:
-                if dup:
-                    groups.pop()
-                groups.append((count, {}))
-                count += 1
-                key, dup = k, False
-            fields = groups[-1][1]
-            if ext in fields and not dup:
-                self.bad(ShardReadError(self.url, f"duplicate member {m.name!r}",
-                                        offset=m.header, index=groups[-1][0]))
-                dup = True
+            if not groups or k != groups[-1].key:
+                groups.append(_Sample(len(groups), k, {}))
+            fields = groups[-1].fields
+            if ext in fields:
+                repeated.setdefault(len(groups) - 1, m)
             fields[ext] = m
-        if dup:
-            groups.pop()
-        return groups
+        kept = []
+        seen: dict[str, int] = {}
+        for g in groups:
+            head = min(m.header for m in g.fields.values())
+            if g.number in repeated:
+                m = repeated[g.number]
+                self.bad(ShardReadError(self.url, f"duplicate member {m.name!r}",
+                                        offset=m.header, index=g.number))
+            elif g.key in seen:
+                self.bad(ShardReadError(
+                    self.url, f"key {g.key!r} repeats: first at byte offset {seen[g.key]}, "
+                    f"again at byte offset {head}, not adjacent", offset=head, index=g.number,
+                ))
+            else:
+                seen[g.key] = head
+                kept.append(g)
+        return kept
 
     def build(self, ident: str) -> TarIndex:
         samples = self.samples()
         if not samples:
             empty = np.zeros((0, 0), dtype=np.int64)
-            return TarIndex((), (), empty, empty, empty, self.skipped, ident)
-        exts = list(samples[0][1])
+            return TarIndex((), (), empty, empty, empty, np.zeros(0, dtype=np.int64),
+                            self.skipped, tuple(self.skips[-MAX_SKIP_LOG:]), ident)
+        counts = Counter(frozenset(s.fields) for s in samples)
+        want = counts.most_common(1)[0][0]
+        exts = list(next(s.fields for s in samples if s.fields.keys() == want))
         names = [field_of(e) for e in exts]
         seen: dict[str, str] = {}
         for ext, (name, _) in zip(exts, names, strict=True):
             if name in seen:
                 raise ShardReadError(
                     self.url, f"extensions {seen[name]!r} and {ext!r} both map to field {name!r}",
-                    index=samples[0][0],
+                    index=samples[0].number,
                 )
             seen[name] = ext
         kept = []
-        want = samples[0][1].keys()
-        for index, fields in samples:
-            if fields.keys() != want:
+        for sample in samples:
+            if sample.fields.keys() != want:
                 self.bad(ShardReadError(
-                    self.url, f"sample has members {sorted(fields)}, the shard's first sample "
-                    f"has {sorted(want)}",
-                    offset=min(m.header for m in fields.values()), index=index,
+                    self.url, f"sample {sample.key!r} has members {sorted(sample.fields)}, "
+                    f"{'all other' if counts[want] == len(samples) - 1 else 'most'} samples "
+                    f"have {sorted(want)}",
+                    offset=min(m.header for m in sample.fields.values()), index=sample.number,
                 ))
                 continue
-            kept.append((index, fields))
+            kept.append(sample)
         n, nf = len(kept), len(exts)
-        where = np.array([i for i, _ in kept], dtype=np.int64)
-        offsets = np.array([[f[e].data for e in exts] for _, f in kept], dtype=np.int64)
-        sizes = np.array([[f[e].size for e in exts] for _, f in kept], dtype=np.int64)
+        where = np.array([s.number for s in kept], dtype=np.int64)
+        headers = np.array([min(m.header for m in s.fields.values()) for s in kept],
+                           dtype=np.int64)
+        offsets = np.array([[s.fields[e].data for e in exts] for s in kept], dtype=np.int64)
+        sizes = np.array([[s.fields[e].size for e in exts] for s in kept], dtype=np.int64)
         offsets, sizes = offsets.reshape(n, nf), sizes.reshape(n, nf)
         ints = np.zeros((n, nf), dtype=np.int64)
         ok = np.ones(n, dtype=bool)
@@ -296,8 +409,8 @@ class _Builder:
             else:
                 schema.append(FieldSpec(name, "uint8", ragged=codec))
         return TarIndex(
-            tuple(schema), tuple(codecs), offsets[ok], sizes[ok], ints[ok],
-            self.skipped, ident,
+            tuple(schema), tuple(codecs), offsets[ok], sizes[ok], ints[ok], headers[ok],
+            self.skipped, tuple(self.skips[-MAX_SKIP_LOG:]), ident,
         )
 
     def _npy(self, name: str, offs: np.ndarray, sizes: np.ndarray, where: np.ndarray,
@@ -351,7 +464,8 @@ class _Builder:
                     ok[i] = False
 
 
-def build_index(url: str, mm: bytes | mmap.mmap, ident: str, on_error: str) -> TarIndex:
+def build_index(url: str, mm: bytes | mmap.mmap, ident: str, on_error: str, *,
+                resync: bool = True) -> TarIndex:
     """Walk the tar in ``mm`` once and index its samples.
 
     Args:
@@ -359,9 +473,12 @@ def build_index(url: str, mm: bytes | mmap.mmap, ident: str, on_error: str) -> T
         mm: the whole uncompressed tar (usually a memory map).
         ident: the shard's identity, stored in the index.
         on_error: ``"raise"``, or ``"skip"`` to drop bad samples (counted in ``skipped``).
+        resync: after damage to the tar's structure, go on from the next valid header;
+            ``False``: stop there (for a tar decompressed from a damaged gzip stream, where
+            what follows the first damage cannot be trusted).
 
     Raises:
         ShardReadError: bad input with ``on_error="raise"``, naming offset and/or sample index;
             also, in either mode, a first sample that cannot define the schema.
     """
-    return _Builder(url, mm, on_error).build(ident)
+    return _Builder(url, mm, on_error, resync).build(ident)

@@ -14,6 +14,8 @@ This package never imports pyarrow or torch.
 from dataflow.wire.arrays import batch_to_message, message_to_batch
 from dataflow.wire.codec import SPECS, MessageSpec, decode, decode_header, encode, kind_of
 from dataflow.wire.fields import (
+    MAX_BATCH_SIZE,
+    MAX_COUNTER_LIST,
     MAX_CREDITS,
     MAX_HEADER_BYTES,
     MAX_INDEX_BYTES,
@@ -43,7 +45,8 @@ from dataflow.wire.messages import (
 )
 
 __all__ = [
-    "ALIGN", "DTYPES", "MAGIC", "MAX_CREDITS", "MAX_FRAME_BYTES", "MAX_HEADER_BYTES",
+    "ALIGN", "DTYPES", "MAGIC", "MAX_BATCH_SIZE", "MAX_COUNTER_LIST", "MAX_CREDITS",
+    "MAX_FRAME_BYTES", "MAX_HEADER_BYTES",
     "MAX_INDEX_BYTES", "MAX_NAME", "MAX_RANGES", "MAX_TEXT", "SPECS",
     "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "Buffer", "Bye", "ErrorKind",
     "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",

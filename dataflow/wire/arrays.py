@@ -150,8 +150,9 @@ def _native(name: str, arr: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def batch_to_message(req_id: int, batch: Batch) -> BatchMsg:
-    """The BATCH message carrying ``batch`` as the reply to request ``req_id``.
+def batch_to_message(req_id: int, batch: Batch, skipped: int = 0) -> BatchMsg:
+    """The BATCH message carrying ``batch`` as the reply to request ``req_id``, of which
+    ``skipped`` samples were not served (damaged, ``--on-error skip``).
 
     Raises:
         ProtocolError: a column has an unsupported type or dtype, or columns disagree on length.
@@ -176,7 +177,7 @@ def batch_to_message(req_id: int, batch: Batch) -> BatchMsg:
         for n, a in parts:
             specs.append(ArraySpec(n, a.dtype.name, tuple(a.shape)))
             data.append(a)
-    return BatchMsg(req_id, size, tuple(specs), tuple(ragged), tuple(data))
+    return BatchMsg(req_id, size, tuple(specs), tuple(ragged), tuple(data), skipped)
 
 
 def message_to_batch(msg: BatchMsg) -> Batch:

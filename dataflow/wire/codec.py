@@ -27,6 +27,7 @@ from dataflow.errors import ProtocolError
 from dataflow.wire.arrays import ArraysBody, array_specs, check_batch, ragged_fields
 from dataflow.wire.fields import (
     INT64_MAX,
+    MAX_BATCH_SIZE,
     MAX_CREDITS,
     MAX_HEADER_BYTES,
     MAX_INDEX_BYTES,
@@ -127,6 +128,7 @@ SPECS: dict[Kind, MessageSpec] = {
     Kind.HELLO: MessageSpec(Hello, (
         FieldSpec("credits", integer(1, MAX_CREDITS)),
         FieldSpec("client", text(MAX_NAME), dump=lambda s: s[:MAX_NAME]),
+        FieldSpec("batch_size", integer(1, MAX_BATCH_SIZE), optional=True),
     )),
     Kind.INDEX: MessageSpec(Index, (
         FieldSpec("credits", integer(1, MAX_CREDITS)),
@@ -141,6 +143,7 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("arrays", array_specs,
                   dump=lambda a: [[s.name, s.dtype, list(s.shape)] for s in a]),
         FieldSpec("ragged", ragged_fields, dump=lambda r: [list(p) for p in r]),
+        FieldSpec("skipped", integer(0, INT64_MAX), optional=True, omit=0),
     ), ArraysBody(), check_batch),
     Kind.ERROR: MessageSpec(ErrorMsg, (
         FieldSpec("req_id", integer(-1, INT64_MAX)),
@@ -180,7 +183,8 @@ def encode(msg: Message) -> list[Buffer]:
     kind = kind_of(msg)
     spec = SPECS[kind]
     header: dict[str, Any] = {"magic": MAGIC, "version": VERSION, "kind": int(kind)}
-    header.update((f.name, f.dump(getattr(msg, f.attr))) for f in spec.fields)
+    header.update((f.name, f.dump(getattr(msg, f.attr))) for f in spec.fields
+                  if not (f.optional and getattr(msg, f.attr) == f.omit))
     frames: list[Buffer] = []
     if spec.body is not None:
         described, frames = spec.body.encode(msg)
@@ -238,10 +242,10 @@ def _parse(header: Any) -> tuple[MessageSpec, Message, dict[str, Any]]:
     for key in h:
         if key not in names and key not in ("magic", "version", "kind"):
             raise ProtocolError(f"{kind.name} header: unexpected field `{key}`"[:400])
-    for key in names:
-        if key not in h:
-            raise ProtocolError(f"{kind.name} header: missing field `{key}`")
-    values = {f.attr: _field(kind, f, h[f.name]) for f in spec.fields}
+    for f in (*spec.fields, *described_fields):
+        if f.name not in h and not f.optional:
+            raise ProtocolError(f"{kind.name} header: missing field `{f.name}`")
+    values = {f.attr: _field(kind, f, h[f.name]) for f in spec.fields if f.name in h}
     described = {f.attr: _field(kind, f, h[f.name]) for f in described_fields}
     if spec.body is not None:
         values[spec.body.attr] = spec.body.empty

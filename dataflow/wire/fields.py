@@ -24,6 +24,7 @@ MAX_CREDITS = 1 << 16
 MAX_WORKERS = 1 << 20
 MAX_COUNTERS = 256
 MAX_COUNTER_LIST = 4096
+MAX_BATCH_SIZE = 1 << 24
 INT64_MAX = 2**63 - 1
 
 Validator = Callable[[Any], Any]
@@ -102,12 +103,18 @@ class FieldSpec:
         check: validator of the JSON value (returns the attribute's value).
         key: its name in the header (``attr`` when empty).
         dump: attribute value -> JSON value.
+        optional: the field may be missing (the dataclass default applies); it is left out of
+            the header when the attribute equals ``omit``, so peers that predate the field
+            read and write the same headers as before it existed.
+        omit: the attribute value written as "missing" (only with ``optional``).
     """
 
     attr: str
     check: Validator
     key: str = ""
     dump: Callable[[Any], Any] = _same
+    optional: bool = False
+    omit: Any = None
 
     @property
     def name(self) -> str:

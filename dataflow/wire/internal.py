@@ -5,12 +5,14 @@ Each message is a tag frame then one frame per field, fixed by the tag's entry i
 
     TASK  [b"T", token, req_id, ranges]    frontend -> reader: serve one REQUEST
     READY [b"R", endpoint]                 reader -> frontend, once: my data endpoint
-    SENT  [b"S", token, req_id, nbytes]    reader -> frontend: reply handed to ZeroMQ
+    SENT  [b"S", token, req_id, nbytes, skips, too_large]  reader -> frontend: reply handed
+                                           to ZeroMQ
     LOST  [b"L", token, req_id, why]       reader -> frontend: reply dropped
 
 ``token`` is the client's session token (the routing id of its data connections, and the key
 of its session at the frontend); integers are 8 little-endian bytes, in ``[0, 2**63)``;
-``ranges`` the REQUEST's int64 (n, 3) array, passed on without decoding it again. A ROUTER
+``ranges`` the REQUEST's int64 (n, 3) array, passed on without decoding it again; ``skips``
+int64 ``(shard, samples)`` pairs, the damaged samples of each shard the reply left out. A ROUTER
 prepends the peer's routing id, which is not part of these messages.
 """
 
@@ -55,11 +57,17 @@ class Sent:
 
     Attributes:
         nbytes: bytes of the reply.
+        skips: ``(shard, samples)`` for each shard of which the reply left damaged samples out
+            (``--on-error skip``); empty when none were.
+        too_large: 1 when the reply is an ERROR because the batch exceeded
+            ``--max-reply-bytes``, else 0.
     """
 
     token: bytes
     req_id: int
     nbytes: int
+    skips: tuple[tuple[int, int], ...] = ()
+    too_large: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,12 +115,23 @@ def _ranges(data: Any) -> np.ndarray:
     return as_ranges(np.frombuffer(data, dtype="<i8").reshape(-1, 3))
 
 
+def _skips(data: Any) -> tuple[tuple[int, int], ...]:
+    if memoryview(data).nbytes % 16:
+        raise ValueError("must be whole int64 pairs")
+    pairs = np.frombuffer(data, dtype="<i8").reshape(-1, 2)
+    if (pairs < 0).any():
+        raise ValueError("must be non-negative (shard, samples) pairs")
+    return tuple((int(a), int(b)) for a, b in pairs.tolist())
+
+
 _Codec = tuple[Callable[[Any], bytes], Callable[[Any], Any]]
 _CODECS: dict[str, _Codec] = {
     "token": (bytes, _token),
     "req_id": (_count_bytes, _count),
     "nbytes": (_count_bytes, _count),
+    "too_large": (_count_bytes, _count),
     "ranges": (lambda v: np.ascontiguousarray(v, dtype="<i8").tobytes(), _ranges),
+    "skips": (lambda v: np.asarray(v, dtype="<i8").reshape(-1, 2).tobytes(), _skips),
     "endpoint": (lambda v: v.encode("utf-8"), _text),
     "why": (lambda v: v[:MAX_TEXT].encode("utf-8"), _text),
 }

@@ -53,6 +53,11 @@ class ErrorKind(str, Enum):
         UNDELIVERABLE: the reply could not be handed to the client's data connection.
         READ_FAILED: reading or transforming the data raised; the message starts with the
             server-side exception class name (``"ShardReadError: ..."``).
+        SERVER_STOPPING: the server is shutting down (SIGTERM/SIGINT); sent once to every
+            session with ``req_id == -1`` before it closes. Outstanding requests will not be
+            answered: send them to another server now.
+        SERVER_BUSY: HELLO refused: the server already holds ``--max-sessions`` sessions
+            (``req_id == -1``); try another server or later.
     """
 
     PROTOCOL = "ProtocolError"
@@ -61,6 +66,8 @@ class ErrorKind(str, Enum):
     WORKER_UNAVAILABLE = "WorkerUnavailable"
     UNDELIVERABLE = "Undeliverable"
     READ_FAILED = "ReadFailed"
+    SERVER_STOPPING = "ServerStopping"
+    SERVER_BUSY = "ServerBusy"
 
     def __str__(self) -> str:
         return self.value
@@ -77,10 +84,14 @@ class Hello:
         credits: requests the client may keep outstanding (its prefetch depth); the server
             grants ``min(credits, --max-credits)``.
         client: free-form client description for the server's logs (e.g. ``"rank 3"``).
+        batch_size: most samples the client will ask for in one REQUEST, or None (not on the
+            wire; a client that predates the field): the server's ``--max-request-samples``
+            applies. A REQUEST of more samples is refused.
     """
 
     credits: int
     client: str = ""
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,9 @@ class BatchMsg:
             field ``f`` is two: ``f`` (1-D values) then ``f.offsets`` (int64, ``size + 1``).
         ragged: ``(field, kind)`` for every ragged field.
         data: the arrays (C-contiguous, matching ``arrays``); empty in a header-only decode.
+        skipped: samples of the request not served because they were damaged (server
+            ``--on-error skip``); ``size + skipped`` is the request's sample count. Not on the
+            wire when 0.
     """
 
     req_id: int
@@ -189,6 +203,7 @@ class BatchMsg:
     arrays: tuple[ArraySpec, ...]
     ragged: tuple[tuple[str, str], ...] = ()
     data: tuple[np.ndarray, ...] = field(default=(), compare=False)
+    skipped: int = 0
 
 
 @dataclass(frozen=True, init=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import zmq
 
@@ -14,12 +15,17 @@ class RawClient:
 
     On an INDEX it connects data DEALERs to the readers (as the DataLoader does) and waits for
     their HEARTBEAT answers; :meth:`recv` returns the next message from any of its sockets.
+    :meth:`stats` opens a session first when it has none (the server answers STATS only to
+    sessions).
     """
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, routing_id: bytes | None = None) -> None:
         self.sock = self._socket()
+        if routing_id is not None:
+            self.sock.setsockopt(zmq.ROUTING_ID, routing_id)
         self.sock.connect(endpoint)
         self.data: list[zmq.Socket] = []
+        self.session: str | None = None
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
 
@@ -40,8 +46,10 @@ class RawClient:
         if not events:
             raise TimeoutError(f"no message within {timeout} s")
         msg = wire.decode(next(iter(events)).recv_multipart())
-        if isinstance(msg, wire.Index) and not self.data:
-            self._attach(msg, timeout)
+        if isinstance(msg, wire.Index):
+            self.session = msg.session
+            if not self.data:
+                self._attach(msg, timeout)
         return msg
 
     def _attach(self, index: wire.Index, timeout: float) -> None:
@@ -61,6 +69,8 @@ class RawClient:
         return self.recv(timeout)
 
     def stats(self) -> dict:
+        if self.session is None:
+            assert isinstance(self.call(wire.Hello(1, "stats probe")), wire.Index)
         reply = self.call(wire.Stats())
         assert isinstance(reply, wire.StatsReply)
         return dict(reply.counters)
@@ -92,3 +102,45 @@ def repo_env(extra_path: str) -> dict[str, str]:
     """Environment adding ``extra_path`` to PYTHONPATH (for transform modules)."""
     return {"PYTHONPATH": os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH"))
                                           if p)}
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("peer closed during the ZMTP handshake")
+        buf += chunk
+    return buf
+
+
+def zmtp_connect(endpoint: str, timeout: float = 10.0) -> socket.socket:
+    """A raw TCP connection to ``endpoint`` (``tcp://host:port``) past the ZMTP 3.0 NULL
+    handshake as a DEALER: what follows is up to the caller (see :func:`zmtp_frame`)."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout)
+    sock.sendall(b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32)
+    _recv_exact(sock, 64)
+    ready = b"\x05READY\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
+    sock.sendall(bytes([0x04, len(ready)]) + ready)
+    return sock
+
+
+def zmtp_frame(payload: bytes, *, more: bool) -> bytes:
+    """One ZMTP 3.0 message frame (long form) carrying ``payload``."""
+    return bytes([0x02 | (0x01 if more else 0)]) + len(payload).to_bytes(8, "big") + payload
+
+
+def reset_peak_rss(pid: int) -> None:
+    """Reset ``pid``'s peak RSS (VmHWM) to its current RSS (/proc/<pid>/clear_refs)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Peak resident set size of ``pid`` since start or :func:`reset_peak_rss` (VmHWM)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from dataflow.client.handoff import Handoff, StartEpoch, Stop
+from dataflow.client.handoff import COUNTERS, Handoff, StartEpoch, Stop
 from dataflow.errors import DataflowError, InternalError, ServerUnavailable
 from dataflow.plan import Batches
 
@@ -51,7 +51,17 @@ def test_many_abandoned_generations_never_overflow() -> None:
         h.deliver(gen, 0, f"g{gen}")
         h.deliver(gen, 1, f"g{gen}")
     assert h.take(49, 0.01, _alive) == (0, "g49")
-    assert h.stats() == {"delivered": 98, "discarded": 96, "waiting": 1}
+    assert h.stats() == {"delivered": 98, "discarded": 96, "waiting": 1,
+                         **dict.fromkeys(COUNTERS, 0)}
+
+
+def test_io_thread_counters_add_up() -> None:
+    h, _ = _handoff(capacity=2)
+    h.count("skipped", 3)
+    h.count("skipped")
+    h.count("servers_lost")
+    stats = h.stats()
+    assert stats["skipped"] == 4 and stats["servers_lost"] == 1 and stats["rejoined"] == 0
 
 
 def test_delivery_beyond_capacity_is_loud() -> None:

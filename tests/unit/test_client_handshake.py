@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dataflow import wire
-from dataflow.client.handshake import Handshake
-from dataflow.errors import ProtocolError, RemoteError, ServerUnavailable
+from dataflow.client.handshake import Handshake, Join
+from dataflow.errors import DatasetMismatchError, ProtocolError, RemoteError, ServerUnavailable
+from dataflow.index import DatasetIndex
 
 EPS = ["tcp://a:1", "tcp://0.0.0.0:2"]
 
@@ -63,3 +64,26 @@ def test_deadline_names_the_silent_servers_then_the_silent_readers() -> None:
     hs.on_data(0, 0, wire.Heartbeat())
     hs.check(99.0)
     assert hs.left(99.0) == 0.0
+
+
+def _dataset(sizes: tuple[int, ...]) -> DatasetIndex:
+    return DatasetIndex(tuple(f"s{i}" for i in range(len(sizes))), sizes, (),
+                        tuple(f"id{i}" for i in range(len(sizes))))
+
+
+def test_join_again_needs_the_same_dataset() -> None:
+    same, other = _dataset((3, 4)), _dataset((3, 5))
+    assert same.fingerprint != other.fingerprint
+    join = Join("tcp://a:1", fingerprint=same.fingerprint)
+    good = wire.Index(2, 1, same.to_json(), "tok", ("tcp://0.0.0.0:7",))
+    assert join.on_control(good) == ["tcp://a:7"] and not join.done
+    join.on_data(0, wire.Heartbeat())
+    assert join.done and join.index == good
+    bad = wire.Index(2, 1, other.to_json(), "tok", ("tcp://a:7",))
+    with pytest.raises(DatasetMismatchError, match=f"tcp://a:1 now serves dataset "
+                                                   f"{other.fingerprint}"):
+        Join("tcp://a:1", fingerprint=same.fingerprint).on_control(bad)
+    first = Join("tcp://a:1")  # the first handshake: the DataLoader compares datasets itself
+    first.on_control(bad)
+    with pytest.raises(RemoteError, match="ServerBusy"):
+        Join("tcp://a:1").on_control(wire.ErrorMsg(-1, wire.ErrorKind.SERVER_BUSY, "full"))

@@ -1,10 +1,11 @@
-"""The client's request scheduler: credits, window, choice of server, liveness (fake clock)."""
+"""The client's request scheduler: credits, window, choice of server, liveness and failover
+(fake clock)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dataflow.client.scheduler import Scheduler, Slot
+from dataflow.client.scheduler import CONTROL, Scheduler, Slot, State
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches, Range
 
@@ -15,8 +16,9 @@ def _batches(n: int) -> Batches:
     return Batches.of([[Range(0, 4 * i, 4 * i + 4)] for i in range(n)])
 
 
-def _sched(credits=(2, 2), timeout: float = 10.0) -> Scheduler:
-    s = Scheduler(EPS[: len(credits)], timeout=timeout, heartbeat_s=1.0)
+def _sched(credits=(2, 2), timeout: float = 10.0, grace: float = 5.0) -> Scheduler:
+    s = Scheduler(EPS[: len(credits)], timeout=timeout, heartbeat_s=1.0, silent_s=3.0,
+                  grace=grace)
     for i, c in enumerate(credits):
         s.grant(i, c, now=0.0)
     return s
@@ -39,7 +41,7 @@ def test_credits_bound_outstanding_per_server() -> None:
     assert [a.server for a in got] == [0, 1, 1, 1]
     assert s.outstanding(0) == 1 and s.outstanding(1) == 3
     assert s.assignments(taken=4, now=0.0) == []  # every credit in use
-    assert s.on_reply(0, got[0].req_id, now=0.1) == Slot(1, 0)
+    assert s.on_reply(0, got[0].req_id, now=0.1) == Slot(1, 0, 4)
     (nxt,) = s.assignments(taken=4, now=0.1)
     assert nxt.server == 0 and nxt.index == 4
 
@@ -73,7 +75,7 @@ def test_abandoned_epoch_keeps_credits_until_answered_and_is_stale() -> None:
     assert s.assignments(taken=0, now=0.0) == []  # the server still holds the old request
     assert s.on_reply(0, old.req_id, now=0.1) is None
     (new,) = s.assignments(taken=0, now=0.1)
-    assert new.index == 0 and s.on_reply(0, new.req_id, now=0.2) == Slot(2, 0)
+    assert new.index == 0 and s.on_reply(0, new.req_id, now=0.2) == Slot(2, 0, 4)
 
 
 def test_generations_only_grow() -> None:
@@ -95,21 +97,6 @@ def test_zero_credits_are_refused() -> None:
         _sched(credits=(0,))
 
 
-def test_liveness_counts_time_without_progress() -> None:
-    s = _sched(credits=(2,), timeout=5.0)
-    s.check(100.0)  # nothing outstanding: never unavailable
-    s.start_epoch(1, _batches(4), first=0)
-    a, b = s.assignments(taken=0, now=10.0)
-    s.check(15.0)
-    assert s.next_deadline(14.0) == pytest.approx(0.0)  # a heartbeat is overdue
-    s.on_reply(0, a.req_id, now=14.0)  # progress restarts the clock
-    s.check(19.0)
-    with pytest.raises(ServerUnavailable, match="tcp://a:1.*1 request"):
-        s.check(19.5)
-    s.on_reply(0, b.req_id, now=19.5)
-    s.check(1000.0)
-
-
 def test_heartbeats_are_due_every_interval() -> None:
     s = _sched()
     assert s.heartbeats_due(0.5) == []
@@ -117,3 +104,242 @@ def test_heartbeats_are_due_every_interval() -> None:
     assert s.heartbeats_due(1.5) == []
     assert s.next_deadline(1.5) == pytest.approx(0.5)
     assert s.heartbeats_due(2.0) == [0, 1]
+
+
+def _running(s: Scheduler, n: int = 10, now: float = 0.0):
+    s.start_epoch(1, _batches(n), first=0)
+    return s.assignments(taken=0, now=now)
+
+
+def _serve_all(s: Scheduler, now: float) -> list[int]:
+    """Answer every outstanding request: the batch indexes accepted, in answer order."""
+    got = []
+    for server in range(len(EPS)):
+        for a in list(s._servers[server].outstanding):  # noqa: SLF001
+            slot = s.on_reply(server, a, now)
+            if slot is not None:
+                got.append(slot.index)
+    return got
+
+
+def test_disconnected_server_is_suspect_and_its_batches_go_to_the_others_at_once() -> None:
+    s = _sched()
+    first = _running(s)
+    assert [a.server for a in first] == [0, 1, 0, 1]
+    s.link(1, CONTROL, up=False, now=1.0)
+    assert s.check(1.0) == [] and s.state(1) is State.SUSPECT
+    # batches 1 and 3 (held by server 1) are re-requested before batch 4, from server 0 only
+    for a in first:
+        if a.server == 0:
+            s.on_reply(0, a.req_id, now=1.1)
+    again = s.assignments(taken=0, now=1.1)
+    assert [(a.index, a.server, a.retry) for a in again] == [(1, 0, True), (3, 0, True)]
+    # server 0 answers first: accepted; server 1's late replies are discarded
+    assert [s.on_reply(0, a.req_id, now=1.2).index for a in again] == [1, 3]
+    assert [s.on_reply(1, a.req_id, now=1.3) for a in first if a.server == 1] == [None, None]
+
+
+def test_each_batch_is_accepted_once_whoever_answers_first() -> None:
+    s = _sched()
+    first = _running(s)
+    s.link(1, CONTROL, up=False, now=1.0)
+    s.check(1.0)
+    again = s.assignments(taken=0, now=1.0)  # server 0 has credit for nothing: 0, 2 held
+    assert again == []
+    # the suspect server answers after all (a short cut): accepted, nothing re-requested
+    assert s.on_reply(1, first[1].req_id, now=1.5) == Slot(1, 1, 4)
+    s.on_reply(0, first[0].req_id, now=1.5)
+    (nxt,) = s.assignments(taken=0, now=1.5)
+    assert (nxt.index, nxt.retry) == (3, True)
+    assert s.on_reply(1, first[3].req_id, now=1.6) == Slot(1, 3, 4)
+    assert s.on_reply(0, nxt.req_id, now=1.7) is None  # the duplicate
+
+
+def test_suspect_server_back_within_grace_keeps_its_session() -> None:
+    s = _sched(credits=(2,), grace=5.0)
+    a, b = _running(s)
+    s.link(0, CONTROL, up=False, now=1.0)
+    s.check(1.0)
+    assert s.state(0) is State.SUSPECT and s.assignments(taken=0, now=1.0) == []
+    s.link(0, CONTROL, up=True, now=3.0)
+    s.check(3.0)
+    assert s.state(0) is State.SUSPECT  # connected, but not heard from since
+    s.heard(0, now=3.5)
+    assert s.check(3.5) == [] and s.state(0) is State.UP
+    # its connection broke, so replies in flight may be gone: both batches asked again
+    again = s.assignments(taken=0, now=3.5)
+    assert [(x.index, x.retry) for x in again] == [(0, True), (1, True)]
+    assert s.on_reply(0, a.req_id, now=3.6) is None  # a late reply of a forgotten request
+    assert [s.on_reply(0, x.req_id, now=3.7).index for x in again] == [0, 1]
+    assert s.on_reply(0, b.req_id, now=3.8) is None
+
+
+def test_silent_server_is_suspect_until_it_answers_and_keeps_its_requests() -> None:
+    s = _sched(credits=(2,))
+    a, _ = _running(s)
+    assert s.heartbeats_due(1.0) == [0]
+    s.heartbeats_due(2.0)
+    s.check(4.0)
+    assert s.state(0) is State.UP  # the HEARTBEAT of 1.0 is unanswered for 3.0 s only
+    s.check(4.1)
+    assert s.state(0) is State.SUSPECT
+    s.heard(0, now=4.5)  # an answer: the connection never broke, its requests still count
+    s.check(4.5)
+    assert s.state(0) is State.UP and s.outstanding(0) == 2
+    assert s.on_reply(0, a.req_id, now=4.6) == Slot(1, 0, 4)
+
+
+def test_a_slow_reply_is_not_a_dead_server_while_heartbeats_are_answered() -> None:
+    s = _sched(credits=(1,), timeout=5.0)
+    (a,) = _running(s)
+    for t in range(1, 200):  # 200 s for one reply, far beyond `timeout`
+        s.heartbeats_due(float(t))
+        s.heard(0, now=t + 0.1)
+        assert s.check(t + 0.2) == [] and s.state(0) is State.UP
+    assert s.on_reply(0, a.req_id, now=200.0) == Slot(1, 0, 4)
+
+
+def test_suspect_longer_than_grace_is_lost_and_joins_again_when_reconnected() -> None:
+    s = _sched(grace=5.0)
+    first = _running(s)
+    s.link(1, CONTROL, up=False, now=1.0)
+    s.check(1.0)
+    assert s.check(6.0) == [] and s.check(6.1) == [1]
+    assert s.state(1) is State.DOWN and s.outstanding(1) == 0
+    assert s.hellos_due(7.0) == []  # its control connection is still down
+    s.link(1, CONTROL, up=True, now=8.0)
+    assert s.hellos_due(8.0) == [1] and s.state(1) is State.JOINING
+    assert s.hellos_due(8.1) == []
+    s.grant(1, 3, now=8.5)
+    assert s.state(1) is State.UP and s.window == 4  # the window is the first join's
+    assert s.on_reply(1, first[1].req_id, now=8.6) is None  # forgotten when lost
+    for a in first:
+        if a.server == 0:
+            s.on_reply(0, a.req_id, now=8.6)
+    got = s.assignments(taken=2, now=8.7)
+    assert [(a.index, a.retry) for a in got] == [(1, True), (3, True), (4, False), (5, False)]
+    assert {a.server for a in got} == {0, 1}
+
+
+def test_session_lost_means_lost_at_once_and_a_hello_at_once() -> None:
+    s = _sched()
+    first = _running(s)
+    s.lost(0, now=1.0)
+    assert s.state(0) is State.DOWN and s.hellos_due(1.0) == [0]
+    for a in first:
+        if a.server == 1:
+            s.on_reply(1, a.req_id, now=1.1)
+    got = s.assignments(taken=0, now=1.1)
+    assert [(a.index, a.server) for a in got] == [(0, 1), (2, 1)]
+
+
+def test_stopping_server_is_asked_to_join_only_after_it_reconnects() -> None:
+    s = _sched()
+    _running(s)
+    s.lost(0, now=1.0, hello=False)
+    assert s.hellos_due(100.0) == []
+    s.link(0, CONTROL, up=False, now=101.0)
+    s.link(0, CONTROL, up=True, now=102.0)
+    assert s.hellos_due(102.0) == [0]
+
+
+def test_join_that_times_out_or_fails_is_retried_later() -> None:
+    s = _sched(timeout=10.0)
+    _running(s)
+    s.lost(0, now=1.0)
+    assert s.hellos_due(1.0) == [0]
+    assert s.check(11.0) == [] and s.check(11.1) == [0] and s.state(0) is State.DOWN
+    assert s.hellos_due(21.0) == [] and s.hellos_due(21.2) == [0]
+    s.join_failed(0, now=22.0, retry=False)  # e.g. another dataset: stays out
+    assert s.hellos_due(1e9) == []
+
+
+def test_undeliverable_reply_is_requested_again() -> None:
+    s = _sched(credits=(2,))
+    a, b = _running(s)
+    s.undelivered(0, a.req_id, now=1.0)
+    (again,) = s.assignments(taken=0, now=1.0)
+    assert (again.index, again.retry) == (0, True)
+    assert s.on_reply(0, again.req_id, now=1.1) == Slot(1, 0, 4, retry=True)
+
+
+def test_unavailable_only_after_timeout_with_no_usable_server_and_work_left() -> None:
+    s = _sched(timeout=5.0, grace=100.0)
+    s.check(0.0)
+    s.link(0, CONTROL, up=False, now=1.0)
+    s.link(1, CONTROL, up=False, now=1.0)
+    s.check(1.0)
+    s.check(50.0)  # no epoch: nothing waits
+    _running(s, now=50.0)
+    s.check(50.0)
+    assert s.next_deadline(50.0) == pytest.approx(0.0)  # heartbeats are overdue
+    s.check(55.0)
+    with pytest.raises(ServerUnavailable, match=r"tcp://a:1, tcp://b:2: no server usable for "
+                                                r"5.1 s \(timeout 5.0 s; states: suspect, "
+                                                r"suspect\)") as info:
+        s.check(55.1)
+    assert info.value.endpoint == "tcp://a:1, tcp://b:2"
+
+
+def test_unavailable_clock_restarts_when_a_server_is_usable() -> None:
+    s = _sched(credits=(1,), timeout=5.0, grace=100.0)
+    _running(s)
+    s.link(0, CONTROL, up=False, now=1.0)
+    s.check(1.0)
+    s.check(5.0)
+    s.link(0, CONTROL, up=True, now=5.5)
+    s.heard(0, now=5.6)
+    s.check(5.6)
+    s.link(0, CONTROL, up=False, now=6.0)
+    s.check(6.0)
+    s.check(10.9)  # 4.9 s since it was last usable
+
+
+def test_consumer_not_taking_is_not_a_stall() -> None:
+    s = _sched(credits=(1,), timeout=5.0, grace=100.0)
+    (a,) = _running(s, n=3)
+    s.on_reply(0, a.req_id, now=0.5)
+    s.link(0, CONTROL, up=False, now=1.0)
+    s.check(1.0)
+    s.check(60.0)  # window full (1 batch received, not taken): no server is needed now
+
+
+def test_exactly_once_over_random_failures() -> None:
+    rng = __import__("random").Random(7)
+    for trial in range(30):
+        s = _sched(credits=(2, 3), grace=2.0)
+        n = 40
+        s.start_epoch(1, _batches(n), first=0)
+        got: list[int] = []
+        now = 0.0
+        while len(got) < n:
+            now += 0.25
+            s.assignments(taken=len(got), now=now)
+            for server in range(2):
+                for req in list(s._servers[server].outstanding):  # noqa: SLF001
+                    if rng.random() < 0.5 and s.state(server) is not State.DOWN:
+                        slot = s.on_reply(server, req, now)
+                        if slot is not None:
+                            got.append(slot.index)
+                if rng.random() < 0.05:
+                    s.link(server, CONTROL, up=False, now=now)
+                elif rng.random() < 0.3:
+                    s.link(server, CONTROL, up=True, now=now)
+                    s.heard(server, now)
+            for server in s.hellos_due(now):
+                s.grant(server, 2, now)
+            s.check(now)
+        assert sorted(got) == list(range(n)), trial
+
+
+def test_batch_size_plus_skipped_must_be_the_request() -> None:
+    s = _sched(credits=(1,))
+    (a,) = _running(s)
+    slot = s.on_reply(0, a.req_id, now=0.1)
+    slot.check_size("tcp://a:1", a.req_id, 4, 0)
+    slot.check_size("tcp://a:1", a.req_id, 1, 3)  # short under --on-error skip
+    with pytest.raises(ProtocolError, match=r"tcp://a:1: BATCH 1 has 3 samples and 0 skipped; "
+                                            r"the request asked for 4"):
+        slot.check_size("tcp://a:1", a.req_id, 3, 0)
+    with pytest.raises(ProtocolError, match="asked for 4"):
+        slot.check_size("tcp://a:1", a.req_id, 4, 1)

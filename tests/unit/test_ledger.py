@@ -140,3 +140,48 @@ def test_sessions_count_parked_replies_of_open_sessions() -> None:
     sessions.close(b)
     assert sessions.parked() == 1 and sessions.parked_bytes() == 10
     assert list(sessions) == [a]
+
+
+def test_bye_and_hello_on_one_connection_never_buys_more_requests_at_the_readers() -> None:
+    ledger = Ledger()
+    for round_ in range(5):
+        key = b"session-%d" % round_
+        ledger.open(key, 1, owner=b"conn")
+        admitted = [isinstance(ledger.admit(key, i, RANGES), Admitted) for i in range(2)]
+        while ledger.next_request() is not None:  # handed to readers, which never answer
+            pass
+        assert admitted == [round_ == 0] * 2
+        ledger.close(key)
+    assert ledger.draining() == 1
+    ledger.open(b"other", 1, owner=b"other-conn")
+    assert isinstance(ledger.admit(b"other", 0, RANGES), Admitted)
+
+
+def test_a_draining_account_frees_its_owner_once_its_requests_settle() -> None:
+    ledger = Ledger()
+    ledger.open(b"old", 1, owner=b"conn")
+    ledger.admit(b"old", 0, RANGES)
+    ledger.admit(b"old", 1, RANGES)
+    ledger.next_request()
+    assert ledger.close(b"old") == 1  # the queued one is dropped, the dispatched one drains
+    ledger.open(b"new", 1, owner=b"conn")
+    assert ledger.charged(b"new") == 1
+    assert not ledger.settle(b"old", 0)
+    assert ledger.draining() == 0 and ledger.charged(b"new") == 0
+    assert isinstance(ledger.admit(b"new", 0, RANGES), Admitted)
+    assert isinstance(ledger.admit(b"new", 1, RANGES), Admitted)
+
+
+def test_a_requeued_task_goes_first_and_counts_its_attempts() -> None:
+    ledger = Ledger()
+    ledger.open(b"s", 4)
+    for req_id in range(3):
+        ledger.admit(b"s", req_id, RANGES)
+    first = ledger.next_request()
+    assert first is not None and first.attempts == 0
+    assert ledger.requeue(first)
+    again = ledger.next_request()
+    assert again is not None and (again.req_id, again.attempts) == (0, 1)
+    assert ledger.outstanding(b"s") == 3
+    ledger.close(b"s")
+    assert not ledger.requeue(again) and ledger.draining() == 0

@@ -95,7 +95,8 @@ def test_read_ranges_across_shards_in_request_order(tmp_path, kind: str) -> None
 
 
 def test_parquet_read_many_decodes_only_touched_row_groups(tmp_path) -> None:
-    """Row group 1 is damaged: ranges around it read fine, a range inside it names it."""
+    """Row group 1 is damaged: ranges around it read fine, a range inside it names it and
+    its first sample (not the first row group decoded with it)."""
     path = str(tmp_path / "g.parquet")
     n = 30
     table = pa.table({"x": np.arange(n), "s": [f"row {i} " * 20 for i in range(n)]})
@@ -108,9 +109,10 @@ def test_parquet_read_many_decodes_only_touched_row_groups(tmp_path) -> None:
         got = r.read_many(np.array([25, 2, 9]), np.array([27, 3, 10]))
         np.testing.assert_array_equal(got["x"], [25, 26, 2, 9])
         assert got["s"][2] == "row 2 " * 20 and got["s"][1] == "row 26 " * 20
-        with pytest.raises(ShardReadError, match=r"row groups 0\.\.1 are damaged") as e:
+        with pytest.raises(ShardReadError, match=r"row group 1 \(samples 10\.\.19\) is "
+                           "damaged") as e:
             r.read_many(np.array([2, 15]), np.array([3, 16]))
-        assert e.value.shard == path
+        assert e.value.shard == path and e.value.index == 10
 
 
 def test_read_many_bounds_and_close(tmp_path) -> None:
@@ -152,7 +154,7 @@ def test_unexpected_errors_name_the_shard_and_ranges(tmp_path) -> None:
             t.addfile(info, io.BytesIO(f.getvalue()))
     with open_shard(path) as r:
         index_path = r.index_path
-    good = TarIndex.load(index_path)
+    good = TarIndex.load(index_path, path)
     damaged = dataclasses.replace(good, codecs=("npy:<not-a-dtype",))
     with open(index_path, "wb") as f:
         damaged.save(f)

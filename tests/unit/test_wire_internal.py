@@ -11,6 +11,7 @@ from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, enc
 
 @pytest.mark.parametrize("msg", [
     Sent(b"ab" * 16, 7, 1 << 40),
+    Sent(b"tok", 1, 10, ((0, 3), (5, 1)), 1),
     Lost(b"tok", 0, "the client's data connection was missing"),
     Ready("tcp://127.0.0.1:5555"),
 ], ids=repr)
@@ -28,11 +29,13 @@ def test_task_passes_ranges_as_one_int64_array() -> None:
 @pytest.mark.parametrize("frames, match", [
     ([], "empty"),
     ([b"X"], "tag"),
-    ([b"S", b"tok", b"\0" * 8], "3 frames|4 frames"),
-    ([b"S", b"", b"\0" * 8, b"\0" * 8], "`token`"),
-    ([b"S", b"tok", b"\0" * 7, b"\0" * 8], "`req_id`"),
-    ([b"S", b"tok", b"\0" * 8, b"\0"], "`nbytes`"),
-    ([b"S", b"tok", b"\xff" * 8, b"\0" * 8], "`req_id`"),
+    ([b"S", b"tok", b"\0" * 8], "must have 6 frames"),
+    ([b"S", b"", b"\0" * 8, b"\0" * 8, b"", b"\0" * 8], "`token`"),
+    ([b"S", b"tok", b"\0" * 7, b"\0" * 8, b"", b"\0" * 8], "`req_id`"),
+    ([b"S", b"tok", b"\0" * 8, b"\0", b"", b"\0" * 8], "`nbytes`"),
+    ([b"S", b"tok", b"\xff" * 8, b"\0" * 8, b"", b"\0" * 8], "`req_id`"),
+    ([b"S", b"tok", b"\0" * 8, b"\0" * 8, b"\0" * 8, b"\0" * 8], "`skips`"),
+    ([b"S", b"tok", b"\0" * 8, b"\0" * 8, b"\xff" * 16, b"\0" * 8], "`skips`"),
     ([b"L", b"tok", b"\0" * 8, b"\xff"], "`why`"),
     ([b"T", b"tok", b"\0" * 8, b"\0" * 20], "`ranges`"),
     ([b"R", b"\xfe"], "`endpoint`"),

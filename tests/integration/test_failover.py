@@ -1,0 +1,221 @@
+"""Failover: an epoch survives servers killed, stopped, restarted and cut off, sample-exact.
+
+Every test reads a whole epoch with ``shuffle=False``, so "exact" is ``ids == range(total)``:
+every sample once, in plan order. The servers run a transform that sleeps per batch; where a
+test needs the victim to hold requests when it dies (a server that answered everything would
+leave nothing to re-request), the victim is the slower one: the bottleneck always holds its
+credits' worth of requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from netns import server_in, unavailable, veth_pair
+from srvtools import RawClient, repo_env
+
+from dataflow.client import DataLoader
+from dataflow.errors import ServerUnavailable
+
+SLOW = '''
+import os, time
+
+def slow(batch):
+    time.sleep(float(os.environ["SLOW_S"]))
+    return batch
+'''
+BEFORE_FAULT = 5  # batches taken before the fault
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _slow_server(servers, demo, tmp_path, delay: float = 0.05, **kw):
+    """A server taking ``delay`` seconds more per batch."""
+    (tmp_path / "slow_transform.py").write_text(SLOW)
+    return servers([str(p) for p in demo.paths], env={**repo_env(str(tmp_path)),
+                                                      "SLOW_S": str(delay)},
+                   extra_args=["--transform", "slow_transform:slow"], **kw)
+
+
+def _replies(endpoint: str) -> int:
+    c = RawClient(endpoint)
+    try:
+        return int(c.stats()["replies"])
+    finally:
+        c.close()
+
+
+def _loader(endpoints, **kw) -> DataLoader:
+    kw = {"batch_size": 4, "rank": 0, "world_size": 1, "shuffle": False, "prefetch": 2,
+          "timeout": 20, **kw}
+    return DataLoader(endpoints, **kw)
+
+
+@pytest.mark.timeout(90)
+def test_killed_server_loses_nothing(demo_data, servers, tmp_path, record_property) -> None:
+    demo = demo_data("arrow")
+    a = _slow_server(servers, demo, tmp_path, delay=0.02)
+    b = _slow_server(servers, demo, tmp_path, delay=0.3)
+    with _loader([a.endpoint, b.endpoint]) as dl:
+        it = iter(dl)
+        ids = [i for _ in range(BEFORE_FAULT) for i in next(it)["id"].tolist()]
+        os.kill(b.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        recovered_s = None
+        for batch in it:
+            ids += batch["id"].tolist()
+            if recovered_s is None and dl.stats()["recovered"]:
+                recovered_s = time.monotonic() - killed
+        stats = dl.stats()
+    assert ids == list(range(demo.total))
+    assert stats["rerequested"] >= 1 and stats["recovered"] >= 1, stats
+    assert recovered_s is not None and recovered_s < 5
+    record_property("kill_to_first_rerequested_batch_s", round(recovered_s, 3))
+    print(f"\nkill -> first re-requested batch received: {recovered_s:.3f} s; {stats}")
+
+
+@pytest.mark.timeout(120)
+def test_restarted_server_joins_again_and_serves(demo_data, servers, tmp_path) -> None:
+    demo = demo_data("arrow")
+    bind = f"tcp://127.0.0.1:{_free_port()}"
+    a = _slow_server(servers, demo, tmp_path, bind=bind)
+    b = _slow_server(servers, demo, tmp_path)
+    with _loader([bind, b.endpoint]) as dl:
+        it = iter(dl)
+        ids = [i for _ in range(BEFORE_FAULT) for i in next(it)["id"].tolist()]
+        os.kill(a.pid, signal.SIGKILL)
+        a.close(grace=5)
+        again = _slow_server(servers, demo, tmp_path, bind=bind)
+        deadline = time.monotonic() + 30
+        while dl.stats()["rejoined"] == 0:  # the consumer waits; the I/O thread rejoins
+            assert time.monotonic() < deadline, dl.stats()
+            time.sleep(0.05)
+        for batch in it:
+            ids += batch["id"].tolist()
+        stats = dl.stats()
+    assert ids == list(range(demo.total))
+    assert stats["servers_lost"] == 1 and stats["rejoined"] == 1, stats
+    assert _replies(again.endpoint) > 0
+
+
+@pytest.mark.timeout(90)
+def test_stopped_server_loses_nothing(demo_data, servers, tmp_path) -> None:
+    demo = demo_data("arrow")
+    a, b = _slow_server(servers, demo, tmp_path), _slow_server(servers, demo, tmp_path)
+    with _loader([a.endpoint, b.endpoint]) as dl:
+        it = iter(dl)
+        ids = [i for _ in range(BEFORE_FAULT) for i in next(it)["id"].tolist()]
+        os.kill(a.pid, signal.SIGTERM)
+        for batch in it:
+            ids += batch["id"].tolist()
+        stats = dl.stats()
+    assert ids == list(range(demo.total))
+    assert stats["servers_lost"] == 1, stats  # ServerStopping: lost at once, no grace
+
+
+@pytest.mark.timeout(60)
+def test_all_servers_dead_gives_server_unavailable_within_timeout(demo_data, servers,
+                                                                  tmp_path) -> None:
+    demo = demo_data("arrow")
+    a, b = _slow_server(servers, demo, tmp_path), _slow_server(servers, demo, tmp_path)
+    with _loader([a.endpoint, b.endpoint], timeout=2, grace=30) as dl:
+        it = iter(dl)
+        next(it)
+        os.kill(a.pid, signal.SIGKILL)
+        os.kill(b.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(ServerUnavailable) as info:
+            for _ in it:
+                pass
+        waited = time.monotonic() - start
+    assert a.endpoint in str(info.value) and b.endpoint in str(info.value)
+    assert "no server usable for" in str(info.value)
+    assert 2 <= waited < 6
+
+
+_TRAINER = textwrap.dedent("""
+    import json, sys, time
+    from dataflow.client import DataLoader
+
+    with DataLoader(sys.argv[1], batch_size=4, rank=0, world_size=1, shuffle=False,
+                    prefetch=2, timeout=30, grace=float(sys.argv[2])) as dl:
+        ids, gaps, last = [], [], time.monotonic()
+        for i, batch in enumerate(dl):
+            ids += batch["id"].tolist()
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+            print("batch", i, flush=True)
+            time.sleep(0.02)
+        print("done", json.dumps({"ids": ids, "max_gap": max(gaps), **dl.stats()}), flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cut_s", [1.5, 5.0])
+def test_network_cut_shorter_than_grace_loses_nothing(demo_data, tmp_path, cut_s: float,
+                                                      record_property) -> None:
+    """A cut shorter than the ZMTP heartbeat timeout (1.5 s: the TCP connections survive) and
+    a longer one (5 s: they are dropped and made again, the session kept)."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    demo = demo_data("arrow")
+    with veth_pair() as pair, server_in(pair, [str(p) for p in demo.paths], 5555) as endpoint:
+        trainer = subprocess.Popen(
+            pair.exec_args(pair.client, [sys.executable, "-c", _TRAINER, endpoint, "10"]),
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert trainer.stdout is not None
+            for line in trainer.stdout:  # bounded by the test's timeout
+                if line.startswith(f"batch {BEFORE_FAULT}"):
+                    break
+            pair.cut()
+            time.sleep(cut_s)
+            pair.mend()
+            out, err = trainer.communicate(timeout=60)
+        finally:
+            trainer.kill()
+            trainer.wait()
+    assert trainer.returncode == 0, err[-4000:]
+    result = json.loads(out.split("done ", 1)[1])
+    assert result["ids"] == list(range(demo.total))
+    assert result["servers_lost"] == 0, result
+    record_property("max_batch_gap_s", round(result["max_gap"], 3))
+    print(f"\ncut {cut_s} s: longest wait for a batch {result['max_gap']:.2f} s; "
+          f"{ {k: v for k, v in result.items() if k != 'ids'} }")
+
+
+@pytest.mark.timeout(60)
+def test_skipped_samples_are_counted(servers, tmp_path) -> None:
+    """``--on-error skip``: a damaged row group (10 rows) is left out; batches are short and
+    ``size + skipped`` adds up to each request."""
+    path = str(tmp_path / "p.parquet")
+    table = pa.table({"x": np.arange(60, dtype=np.int64)})
+    pq.write_table(table, path, row_group_size=10, compression="none", use_dictionary=False,
+                   write_page_checksum=True)
+    col = pq.ParquetFile(path).metadata.row_group(2).column(0)
+    with open(path, "r+b") as f:
+        f.seek(col.data_page_offset + col.total_compressed_size - 8)
+        f.write(b"\x63")  # a flipped value: the page checksum no longer matches
+    server = servers([path], extra_args=["--on-error", "skip"])
+    with _loader(server.endpoint, batch_size=8) as dl:
+        xs = [x for batch in dl for x in batch["x"].tolist()]
+        stats = dl.stats()
+    assert xs == [i for i in range(60) if not 20 <= i < 30]
+    assert stats["skipped"] == 10

@@ -1,0 +1,35 @@
+"""Server flags for the caps: defaults, validation, --help."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataflow.errors import ConfigError
+from dataflow.server import ServerConfig
+from dataflow.server.config import build_parser, parse_args
+
+
+def test_caps_have_defaults_that_fit_together() -> None:
+    config = parse_args(["--data", "x"])
+    assert config.max_sessions == 256 and config.session_idle_timeout == 300.0
+    assert config.max_inbound_bytes >= 24 * config.max_request_samples
+    assert config.max_connections == 2 * 256 + 64
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_request_samples": 1 << 20, "max_inbound_bytes": 1 << 20}, "`max_inbound_bytes`"),
+    ({"client_ttl": 10, "session_idle_timeout": 5}, "`session_idle_timeout` must be greater"),
+    ({"max_sessions": 0}, "`max_sessions` must be in"),
+    ({"max_request_samples": 0}, "`max_request_samples` must be in"),
+    ({"max_reply_bytes": 0}, "`max_reply_bytes` must be in"),
+])
+def test_caps_are_validated_with_the_value_found(kwargs, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ServerConfig(("x",), **kwargs)
+
+
+def test_help_documents_every_cap() -> None:
+    text = build_parser().format_help()
+    for flag in ("--max-sessions", "--session-idle-timeout", "--max-request-samples",
+                 "--max-reply-bytes", "--max-inbound-bytes"):
+        assert flag in text

@@ -1,0 +1,58 @@
+"""Optional header fields: HELLO ``batch_size`` and BATCH ``skipped``; new ERROR kinds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dataflow import wire
+from dataflow.errors import ProtocolError
+
+
+def _header(frames: list) -> dict:
+    return json.loads(bytes(frames[0]))
+
+
+def test_hello_without_batch_size_is_the_old_header_and_decodes_to_none() -> None:
+    frames = wire.encode(wire.Hello(4, "rank 0"))
+    assert "batch_size" not in _header(frames)
+    assert wire.decode(frames) == wire.Hello(4, "rank 0", None)
+
+
+def test_hello_batch_size_round_trips_and_is_validated() -> None:
+    frames = wire.encode(wire.Hello(4, "rank 0", batch_size=256))
+    assert _header(frames)["batch_size"] == 256
+    assert wire.decode(frames).batch_size == 256
+    for bad in (0, -1, True, "256", wire.MAX_BATCH_SIZE + 1):
+        header = {**_header(frames), "batch_size": bad}
+        with pytest.raises(ProtocolError, match="HELLO header field `batch_size`"):
+            wire.decode([json.dumps(header).encode()])
+
+
+def test_batch_skipped_is_left_out_when_zero_and_round_trips() -> None:
+    batch = {"x": np.arange(3, dtype=np.int64)}
+    plain = wire.encode(wire.batch_to_message(1, batch))
+    assert "skipped" not in _header(plain) and wire.decode(plain).skipped == 0
+    frames = wire.encode(wire.batch_to_message(1, batch, skipped=2))
+    assert _header(frames)["skipped"] == 2
+    msg = wire.decode(frames)
+    assert isinstance(msg, wire.BatchMsg) and (msg.size, msg.skipped) == (3, 2)
+    header = {**_header(frames), "skipped": -1}
+    with pytest.raises(ProtocolError, match="`skipped`"):
+        wire.decode([json.dumps(header).encode(), *frames[1:]])
+
+
+def test_required_fields_stay_required() -> None:
+    header = _header(wire.encode(wire.Hello(4)))
+    del header["credits"]
+    with pytest.raises(ProtocolError, match="missing field `credits`"):
+        wire.decode([json.dumps(header).encode()])
+
+
+@pytest.mark.parametrize("kind", [wire.ErrorKind.SERVER_STOPPING, wire.ErrorKind.SERVER_BUSY])
+def test_new_error_kinds_round_trip(kind: wire.ErrorKind) -> None:
+    msg = wire.ErrorMsg(-1, kind, "bye")
+    assert wire.decode(wire.encode(msg)) == msg
+    assert _header(wire.encode(msg))["error"] == kind.value
