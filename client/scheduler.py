@@ -15,16 +15,12 @@ time passed in, so every rule here is unit-tested with a fake clock:
   accepted; only the first reply for an open batch of the current epoch is accepted, every
   other one (a late reply from a server it was taken away from, a duplicate) is discarded.
 * **Liveness** is judged by each server's connections, never by how long a reply takes (a
-  56 MB reply on a slow link may take longer than ``timeout`` while bytes flow). A HEARTBEAT
-  is due at every joined server each ``heartbeat_s``; the server answers on its control
-  connection. A server is *suspect* while one of its connections is down (a socket monitor
-  saw it disconnect) or when a HEARTBEAT stayed unanswered for ``silent_s``: it gets no new
-  requests and its open batches are re-requested from the other servers at once. It is usable
-  again once every connection is up and it was heard from since; if a connection broke in
-  between, replies in flight on it may be gone, so its outstanding requests are forgotten
-  (their late replies are discarded). A server suspect for longer than ``grace``, one that
-  lost this client's session (restarted) or one that is stopping is *lost*: everything it
-  held is forgotten, and it must join again (HELLO) before it gets work.
+  56 MB reply on a slow link may take longer than ``timeout`` while bytes flow): the rules are
+  :mod:`dataflow.client.servers`. A suspect server gets no new requests and its open batches
+  are re-requested from the other servers at once; if a connection broke meanwhile, replies
+  in flight on it may be gone, so its outstanding requests are forgotten when it is usable
+  again (their late replies are discarded). A lost server's requests are all forgotten, and
+  it must join again (HELLO) before it gets work.
 * **Unavailable.** When the current epoch needs a server and none was usable for ``timeout``
   seconds, :class:`~dataflow.errors.ServerUnavailable` names every endpoint.
 """
@@ -34,84 +30,20 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
-import numpy as np
-
+from dataflow.client.servers import (
+    CONTROL,
+    ServerRecord,
+    State,
+    Transition,
+    deadline,
+    transition,
+)
+from dataflow.client.slots import Assignment, Slot
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches
 
-CONTROL = "control"
-
-
-class State(Enum):
-    """Where a server stands with this client."""
-
-    JOINING = "joining"  # HELLO sent, handshake under way
-    UP = "up"  # joined and usable (when it has credit)
-    SUSPECT = "suspect"  # joined, but a connection is down or it is silent
-    DOWN = "down"  # lost: must join again
-
-
-@dataclass(frozen=True)
-class Slot:
-    """What an outstanding request is for: batch ``index`` of epoch generation ``gen``.
-
-    Attributes:
-        samples: samples the batch holds (the sum of its ranges' ``stop - start``).
-        retry: the request asks again for a batch requested before (from a lost server).
-    """
-
-    gen: int
-    index: int
-    samples: int
-    retry: bool = False
-
-    def check_size(self, endpoint: str, req_id: int, size: int, skipped: int) -> None:
-        """Check a BATCH for this request: ``size`` samples served plus ``skipped`` left out
-        (damaged, server ``--on-error skip``) must be the samples asked for.
-
-        Raises:
-            ProtocolError: naming the endpoint, the request and the counts.
-        """
-        if size + skipped != self.samples:
-            raise ProtocolError(f"{endpoint}: BATCH {req_id} has {size} samples and {skipped} "
-                                f"skipped; the request asked for {self.samples}")
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Send a REQUEST for batch ``index`` to server number ``server``.
-
-    Attributes:
-        ranges: int64 array of shape ``(n, 3)``: the batch's ``(shard, start, stop)`` rows.
-        retry: the batch was requested before (from a lost server).
-    """
-
-    server: int
-    req_id: int
-    index: int
-    ranges: np.ndarray
-    retry: bool
-
-
-@dataclass
-class _Server:
-    endpoint: str
-    state: State = State.JOINING
-    credits: int = 0
-    share: int = 0  # credits granted at the first join: this server's part of the window
-    outstanding: dict[int, Slot] = field(default_factory=dict)
-    forgotten: set[int] = field(default_factory=set)  # requests whose replies are discarded
-    down_links: set[Hashable] = field(default_factory=set)
-    heard: float = 0.0  # last message from the server
-    link_up: float = 0.0  # last time one of its connections came up
-    unanswered: float | None = None  # when the oldest unanswered HEARTBEAT was sent
-    since: float = 0.0  # when the current state began
-    broken: bool = False  # a connection went down while suspect
-    next_heartbeat: float = 0.0
-    next_hello: float = 0.0  # a lost server is asked to join again from then on
-
+__all__ = ["CONTROL", "Assignment", "Scheduler", "Slot", "State"]
 
 @dataclass
 class _Epoch:
@@ -139,7 +71,7 @@ class Scheduler:
 
     def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
                  silent_s: float, grace: float) -> None:
-        self._servers = [_Server(e) for e in endpoints]
+        self._servers = [ServerRecord(e) for e in endpoints]
         self._timeout = timeout
         self._heartbeat_s = heartbeat_s
         self._silent_s = silent_s
@@ -163,7 +95,7 @@ class Scheduler:
         s.unanswered = None
         s.broken = False
         s.heard = now
-        self._enter(s, State.UP, now)
+        s.enter(State.UP, now)
         s.next_heartbeat = now + self._heartbeat_s
 
     def state(self, server: int) -> State:
@@ -180,19 +112,13 @@ class Scheduler:
     def hellos_due(self, now: float) -> list[int]:
         """Lost servers to send a HELLO to now (each is then JOINING until :meth:`grant`, or
         until ``timeout`` passes or :meth:`join_failed`)."""
-        due = []
-        for i, s in enumerate(self._servers):
-            if s.state is State.DOWN and CONTROL not in s.down_links and now >= s.next_hello:
-                self._enter(s, State.JOINING, now)
-                s.down_links.intersection_update({CONTROL})  # its readers are connected anew
-                due.append(i)
-        return due
+        return [i for i, s in enumerate(self._servers) if s.hello_due(now)]
 
     def join_failed(self, server: int, now: float, *, retry: bool) -> None:
         """The join of ``server`` failed: it is lost again; asked to join again after
         ``timeout`` when ``retry``, else only once its connection comes up anew."""
         s = self._servers[server]
-        self._enter(s, State.DOWN, now)
+        s.enter(State.DOWN, now)
         s.next_hello = now + self._timeout if retry else float("inf")
 
     # -- epochs ---------------------------------------------------------------------------------
@@ -213,7 +139,7 @@ class Scheduler:
         """Generation of the current epoch, or None before the first."""
         return None if self._epoch is None else self._epoch.gen
 
-    def _usable(self, s: _Server) -> bool:
+    def _usable(self, s: ServerRecord) -> bool:
         return s.state is State.UP and len(s.outstanding) < s.credits
 
     def assignments(self, taken: int, now: float) -> list[Assignment]:
@@ -300,24 +226,14 @@ class Scheduler:
 
     def heard(self, server: int, now: float) -> None:
         """A message (any) arrived from ``server``."""
-        s = self._servers[server]
-        s.heard = now
-        s.unanswered = None
+        self._servers[server].heard_from(now)
 
     def link(self, server: int, link: Hashable, up: bool, now: float) -> None:
         """Connection ``link`` of ``server`` (:data:`CONTROL` or a reader's) went up or down.
 
         A lost server whose control connection comes up is asked to join again at once.
         """
-        s = self._servers[server]
-        if up:
-            s.down_links.discard(link)
-            s.link_up = now
-            if link == CONTROL and s.state is State.DOWN:
-                s.next_hello = now
-        else:
-            s.down_links.add(link)
-            s.broken = True  # replies in flight on it may be gone
+        self._servers[server].link(link, up, now)
 
     def lost(self, server: int, now: float, *, hello: bool = True) -> None:
         """``server`` is lost (stopping, restarted, or suspect for longer than ``grace``).
@@ -332,10 +248,10 @@ class Scheduler:
             self._requeue(s)
             s.forgotten.update(s.outstanding)
             s.outstanding.clear()
-        self._enter(s, State.DOWN, now)
+        s.enter(State.DOWN, now)
         s.next_hello = now if hello else float("inf")
 
-    def _requeue(self, s: _Server) -> None:
+    def _requeue(self, s: ServerRecord) -> None:
         ep = self._epoch
         if ep is None:
             return
@@ -346,22 +262,10 @@ class Scheduler:
                     and slot.index not in ep.retry):
                 heapq.heappush(ep.retry, slot.index)
 
-    @staticmethod
-    def _enter(s: _Server, state: State, now: float) -> None:
-        s.state = state
-        s.since = now
-
     def heartbeats_due(self, now: float) -> list[int]:
         """Joined servers to send a HEARTBEAT to now (each is then due again in
         ``heartbeat_s``)."""
-        due = []
-        for i, s in enumerate(self._servers):
-            if s.state in (State.UP, State.SUSPECT) and now >= s.next_heartbeat:
-                s.next_heartbeat = now + self._heartbeat_s
-                if s.unanswered is None:
-                    s.unanswered = now
-                due.append(i)
-        return due
+        return [i for i, s in enumerate(self._servers) if s.heartbeat_due(now, self._heartbeat_s)]
 
     def check(self, now: float) -> list[int]:
         """Apply the liveness rules at ``now``.
@@ -376,21 +280,21 @@ class Scheduler:
         """
         gone = []
         for i, s in enumerate(self._servers):
-            silent = s.unanswered is not None and now - s.unanswered > self._silent_s
-            if s.state is State.UP and (s.down_links or s.broken or silent):
-                self._enter(s, State.SUSPECT, now)
+            change = transition(s, now, silent_s=self._silent_s, grace=self._grace,
+                                timeout=self._timeout)
+            if change is Transition.SUSPECTED:
+                s.enter(State.SUSPECT, now)
                 self._requeue(s)
-            elif s.state is State.SUSPECT:
-                if not s.down_links and s.heard > s.since and s.heard >= s.link_up:
-                    if s.broken:
-                        s.forgotten.update(s.outstanding)
-                        s.outstanding.clear()
-                        s.broken = False
-                    self._enter(s, State.UP, now)
-                elif now - s.since > self._grace:
-                    self.lost(i, now)
-                    gone.append(i)
-            elif s.state is State.JOINING and now - s.since > self._timeout:
+            elif change is Transition.RECOVERED:
+                if s.broken:
+                    s.forgotten.update(s.outstanding)
+                    s.outstanding.clear()
+                    s.broken = False
+                s.enter(State.UP, now)
+            elif change is Transition.LOST:
+                self.lost(i, now)
+                gone.append(i)
+            elif change is Transition.JOIN_EXPIRED:
                 self.join_failed(i, now, retry=True)
                 gone.append(i)
         self._check_stall(now)
@@ -419,18 +323,9 @@ class Scheduler:
 
     def next_deadline(self, now: float) -> float:
         """Seconds until a heartbeat or a liveness rule is due (for the poll)."""
-        soonest = float("inf")
-        for s in self._servers:
-            if s.state in (State.UP, State.SUSPECT):
-                soonest = min(soonest, s.next_heartbeat - now)
-            if s.unanswered is not None and s.state is State.UP:
-                soonest = min(soonest, s.unanswered + self._silent_s - now)
-            if s.state is State.SUSPECT:
-                soonest = min(soonest, s.since + self._grace - now)
-            if s.state is State.JOINING:
-                soonest = min(soonest, s.since + self._timeout - now)
-            if s.state is State.DOWN and CONTROL not in s.down_links:
-                soonest = min(soonest, s.next_hello - now)
+        soonest = min((deadline(s, now, silent_s=self._silent_s, grace=self._grace,
+                                timeout=self._timeout) for s in self._servers),
+                      default=float("inf"))
         if self._stalled_since is not None:
             soonest = min(soonest, self._stalled_since + self._timeout - now)
         return max(soonest, 0.0)

@@ -19,8 +19,8 @@ from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.server.pool import WorkerPool
+from dataflow.server.tasks import WorkerSpec
 from dataflow.server.transform import load_transform
-from dataflow.server.worker import WorkerSpec
 
 log = logging.getLogger("dataflow.server")
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from dataflow.errors import ServerStartError
 from dataflow.server.ledger import Dispatch
-from dataflow.server.worker import WorkerSpec, run_worker
+from dataflow.server.tasks import WorkerSpec
+from dataflow.server.worker import run_worker
 
 log = logging.getLogger("dataflow.server.pool")
 

@@ -1,4 +1,4 @@
-"""Reader worker processes: read ranges of shards, transform, encode, send to the client.
+"""Reader worker processes: serve tasks (:mod:`dataflow.server.tasks`), send replies to clients.
 
 A worker is a process started with the ``spawn`` method. It has two sockets:
 
@@ -39,24 +39,21 @@ import logging
 import os
 import signal
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
 import zmq
 
 from dataflow import wire
-from dataflow.batch import batch_len
 from dataflow.errors import InternalError, ProtocolError
-from dataflow.readers import ShardReader, open_shard, read_ranges
 from dataflow.server.framing import SendResult, recv_bounded, try_send
 from dataflow.server.guard import GUARD_MS, InboundGuard
 from dataflow.server.peerlog import RateLimitedLog, quote
-from dataflow.server.transform import Transform, apply_transform, load_transform
+from dataflow.server.tasks import ReaderCache, Reply, WorkerSpec, serve_task
+from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, encode_internal
 
-MAX_OPEN_SHARDS = 32
 PARENT_CHECK_MS = 500
 RETRY_MS = 20
 UNREACHABLE_S = 5.0
@@ -64,137 +61,6 @@ MAX_PARKED = 8
 MAX_DATA_INBOUND = 64 * 1024
 
 log = logging.getLogger("dataflow.server.worker")
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What every worker process needs (sent to the child by multiprocessing at spawn).
-
-    Attributes:
-        backend: the frontend's ipc:// endpoint.
-        data_sndhwm: send high-water mark of the data socket per client (messages); above the
-            most replies a client can have outstanding, so sends never meet a full queue.
-        shards: shard URLs in index order.
-        cache_dir: reader cache directory.
-        transform: optional ``module:function``.
-        on_error: reader policy for damaged samples.
-        parent_pid: the server process; the worker exits when it is gone.
-        log_level: logging level number.
-        max_reply_bytes: most bytes of one reply's arrays.
-        root: the dataset root, cut from shard paths in messages to clients.
-        max_connections: client data connections kept at once.
-    """
-
-    backend: str
-    data_sndhwm: int
-    shards: tuple[str, ...]
-    cache_dir: str | None
-    transform: str | None
-    on_error: str
-    parent_pid: int
-    log_level: int
-    max_reply_bytes: int
-    root: str
-    max_connections: int
-
-
-class ReaderCache:
-    """An LRU of open shard readers (at most ``capacity`` open at once). Not thread-safe."""
-
-    def __init__(self, spec: WorkerSpec, capacity: int = MAX_OPEN_SHARDS) -> None:
-        self._spec = spec
-        self._capacity = capacity
-        self._open: OrderedDict[int, ShardReader] = OrderedDict()
-
-    def get(self, shard: int) -> ShardReader:
-        reader = self._open.get(shard)
-        if reader is not None:
-            self._open.move_to_end(shard)
-            return reader
-        reader = open_shard(self._spec.shards[shard], cache_dir=self._spec.cache_dir,
-                            on_error=self._spec.on_error)
-        self._open[shard] = reader
-        while len(self._open) > self._capacity:
-            self._open.popitem(last=False)[1].close()
-        return reader
-
-    def close(self) -> None:
-        while self._open:
-            self._open.popitem()[1].close()
-
-
-class SkipMeter:
-    """Opens readers for one task and counts the samples each shard's readers skip meanwhile.
-
-    A reader's ``skipped`` is cumulative; the change from when the task first got it is this
-    task's. A reader closed by the LRU and opened again within the task counts from zero again.
-    """
-
-    def __init__(self, readers: ReaderCache) -> None:
-        self._readers = readers
-        self._seen: dict[int, list[tuple[ShardReader, int]]] = {}
-
-    def get(self, shard: int) -> ShardReader:
-        reader = self._readers.get(shard)
-        seen = self._seen.setdefault(shard, [])
-        if not seen or seen[-1][0] is not reader:
-            seen.append((reader, reader.skipped))
-        return reader
-
-    def skips(self) -> dict[int, int]:
-        """Samples skipped during the task, by shard (shards with none left out)."""
-        out = {shard: sum(r.skipped - before for r, before in seen)
-               for shard, seen in self._seen.items()}
-        return {shard: n for shard, n in out.items() if n}
-
-
-@dataclass(frozen=True)
-class Reply:
-    """The encoded reply to one task, and what the frontend counts of it.
-
-    Attributes:
-        frames: an encoded BATCH or ERROR.
-        skips: ``(shard, samples)`` left out as damaged.
-        too_large: whether the batch exceeded ``--max-reply-bytes``.
-    """
-
-    frames: list[wire.Buffer]
-    skips: tuple[tuple[int, int], ...] = ()
-    too_large: bool = False
-
-
-class ReplyTooLarge(Exception):
-    """A batch exceeds ``--max-reply-bytes``."""
-
-
-def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-               req_id: int, ranges: np.ndarray) -> Reply:
-    """The reply (BATCH or ERROR) to one task; never raises for bad data."""
-    meter = SkipMeter(readers)
-    try:
-        batch = read_ranges(meter.get, ranges)
-        if transform is not None:
-            batch = apply_transform(transform, spec.transform or "", batch)
-        skips = meter.skips()
-        skipped = sum(skips.values())
-        requested = int((ranges[:, 2] - ranges[:, 1]).sum())
-        if batch_len(batch) + skipped != requested:
-            raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
-                                f"for a request of {requested}")
-        msg = wire.batch_to_message(req_id, batch, skipped)
-        nbytes = sum(a.nbytes for a in msg.arrays)
-        if nbytes > spec.max_reply_bytes:
-            raise ReplyTooLarge(f"batch of {nbytes} bytes exceeds this server's "
-                                f"--max-reply-bytes {spec.max_reply_bytes}; ask for fewer "
-                                "samples a request")
-        return Reply(wire.encode(msg), tuple(sorted(skips.items())))
-    except Exception as e:
-        log.warning("request %d failed: %s: %s", req_id, type(e).__name__, e)
-        text = f"{type(e).__name__}: {e}"
-        if spec.root:
-            text = text.replace(spec.root, "")
-        return Reply(wire.encode(wire.ErrorMsg(req_id, ErrorKind.READ_FAILED, text)),
-                     too_large=isinstance(e, ReplyTooLarge))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 from dataflow import wire
 from dataflow.batch import Batch
 from dataflow.readers import ShardReader
-from dataflow.server.worker import ReaderCache, WorkerSpec, serve_task
+from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 
 
 class LossyReader(ShardReader):

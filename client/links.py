@@ -1,0 +1,83 @@
+"""The ZeroMQ connections of one DataLoader, each with ZMTP heartbeats and a socket monitor.
+
+Per server, one control DEALER and one data DEALER per reader process. Every socket sends ZMTP
+heartbeats (a vanished host is noticed in ``ZMTP_TIMEOUT_MS``) and has a monitor whose
+connect / disconnect events :meth:`Links.changes` reports as ``(server, link, up)``, for the
+scheduler's liveness rules (:mod:`dataflow.client.servers`).
+
+Thread invariant: used by the client's I/O thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Mapping
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+ZMTP_HEARTBEAT_MS = 1000
+ZMTP_TIMEOUT_MS = 3000
+MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+
+class Links:
+    """Opens, watches and closes the sockets of one loader, registered on ``poller``.
+
+    Attributes:
+        data: each open data socket -> ``(server, reader)``.
+    """
+
+    def __init__(self, ctx: zmq.Context, poller: zmq.Poller) -> None:
+        self._ctx = ctx
+        self._poller = poller
+        self._monitors: dict[zmq.Socket, tuple[int, Hashable, zmq.Socket]] = {}
+        self.data: dict[zmq.Socket, tuple[int, int]] = {}
+
+    def open(self, server: int, link: Hashable, routing_id: bytes, endpoint: str) -> zmq.Socket:
+        """A DEALER with ZMTP heartbeats and a monitor, connected to ``endpoint``; a data
+        socket when ``link`` is a reader number."""
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_TIMEOUT_MS)
+        monitor = sock.get_monitor_socket(MONITOR_EVENTS)
+        self._monitors[monitor] = (server, link, sock)
+        self._poller.register(monitor, zmq.POLLIN)
+        sock.connect(endpoint)
+        self._poller.register(sock, zmq.POLLIN)
+        if isinstance(link, int):
+            self.data[sock] = (server, link)
+        return sock
+
+    def close(self, sock: zmq.Socket, linger: int) -> None:
+        """Close ``sock`` and its monitor."""
+        for monitor, (_, _, watched) in list(self._monitors.items()):
+            if watched is sock:
+                self._poller.unregister(monitor)
+                del self._monitors[monitor]
+                sock.disable_monitor()
+                monitor.close(linger=0)
+        self._poller.unregister(sock)
+        self.data.pop(sock, None)
+        sock.close(linger=linger)
+
+    def drop_data(self, server: int) -> None:
+        """Close every data socket of ``server``."""
+        for sock in [s for s, (srv, _) in self.data.items() if srv == server]:
+            self.close(sock, 0)
+
+    def changes(self, events: Mapping) -> Iterator[tuple[int, Hashable, bool]]:
+        """``(server, link, up)`` for each connection a polled monitor saw come up or go
+        down."""
+        for monitor in [m for m in self._monitors if events.get(m)]:
+            server, link, _ = self._monitors[monitor]
+            while True:
+                try:
+                    event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+                except zmq.Again:
+                    break
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    yield server, link, True
+                elif event == zmq.EVENT_DISCONNECTED:
+                    yield server, link, False

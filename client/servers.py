@@ -1,0 +1,130 @@
+"""What a client knows of each server's liveness, and the pure rules that change it.
+
+A server is JOINING (HELLO sent), UP (joined and usable when it has credit), SUSPECT (joined,
+but one of its connections is down — a socket monitor saw it — or a HEARTBEAT stayed
+unanswered for ``silent_s``) or DOWN (lost: it must join again). A SUSPECT server is UP again
+once every connection is up and it was heard from since; it is lost once suspect for longer
+than ``grace``. A join that takes longer than ``timeout`` fails. No clock is read here: time
+is passed in, so the rules are unit-tested with a fake clock (through
+:class:`~dataflow.client.scheduler.Scheduler`, which owns the records and acts on the
+transitions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from dataflow.client.slots import Slot
+
+CONTROL = "control"
+
+
+class State(Enum):
+    """Where a server stands with this client."""
+
+    JOINING = "joining"  # HELLO sent, handshake under way
+    UP = "up"  # joined and usable (when it has credit)
+    SUSPECT = "suspect"  # joined, but a connection is down or it is silent
+    DOWN = "down"  # lost: must join again
+
+
+class Transition(Enum):
+    """A change of state :func:`transition` found due."""
+
+    SUSPECTED = "suspected"  # UP -> SUSPECT: its open batches go to other servers
+    RECOVERED = "recovered"  # SUSPECT -> UP
+    LOST = "lost"  # SUSPECT for longer than grace
+    JOIN_EXPIRED = "join expired"  # JOINING for longer than timeout
+
+
+@dataclass
+class ServerRecord:
+    """One server as this client sees it (see the module for the states)."""
+
+    endpoint: str
+    state: State = State.JOINING
+    credits: int = 0
+    share: int = 0  # credits granted at the first join: this server's part of the window
+    outstanding: dict[int, Slot] = field(default_factory=dict)
+    forgotten: set[int] = field(default_factory=set)  # requests whose replies are discarded
+    down_links: set[Hashable] = field(default_factory=set)
+    heard: float = 0.0  # last message from the server
+    link_up: float = 0.0  # last time one of its connections came up
+    unanswered: float | None = None  # when the oldest unanswered HEARTBEAT was sent
+    since: float = 0.0  # when the current state began
+    broken: bool = False  # a connection went down while suspect
+    next_heartbeat: float = 0.0
+    next_hello: float = 0.0  # a lost server is asked to join again from then on
+
+    def enter(self, state: State, now: float) -> None:
+        self.state = state
+        self.since = now
+
+    def heard_from(self, now: float) -> None:
+        """A message (any) arrived from the server."""
+        self.heard = now
+        self.unanswered = None
+
+    def heartbeat_due(self, now: float, heartbeat_s: float) -> bool:
+        """Whether a HEARTBEAT is due now (then it is due again ``heartbeat_s`` later)."""
+        if self.state not in (State.UP, State.SUSPECT) or now < self.next_heartbeat:
+            return False
+        self.next_heartbeat = now + heartbeat_s
+        if self.unanswered is None:
+            self.unanswered = now
+        return True
+
+    def hello_due(self, now: float) -> bool:
+        """Whether a lost server is to be sent HELLO now (then it is JOINING)."""
+        if self.state is not State.DOWN or CONTROL in self.down_links or now < self.next_hello:
+            return False
+        self.enter(State.JOINING, now)
+        self.down_links.intersection_update({CONTROL})  # its readers are connected anew
+        return True
+
+    def link(self, link: Hashable, up: bool, now: float) -> None:
+        """Connection ``link`` (:data:`CONTROL` or a reader's) went up or down; a lost
+        server whose control connection comes up may join again at once."""
+        if up:
+            self.down_links.discard(link)
+            self.link_up = now
+            if link == CONTROL and self.state is State.DOWN:
+                self.next_hello = now
+        else:
+            self.down_links.add(link)
+            self.broken = True  # replies in flight on it may be gone
+
+
+def transition(s: ServerRecord, now: float, *, silent_s: float, grace: float,
+               timeout: float) -> Transition | None:
+    """The change of state due for ``s`` at ``now``, if any (not applied)."""
+    silent = s.unanswered is not None and now - s.unanswered > silent_s
+    if s.state is State.UP and (s.down_links or s.broken or silent):
+        return Transition.SUSPECTED
+    if s.state is State.SUSPECT:
+        if not s.down_links and s.heard > s.since and s.heard >= s.link_up:
+            return Transition.RECOVERED
+        if now - s.since > grace:
+            return Transition.LOST
+    if s.state is State.JOINING and now - s.since > timeout:
+        return Transition.JOIN_EXPIRED
+    return None
+
+
+def deadline(s: ServerRecord, now: float, *, silent_s: float, grace: float,
+             timeout: float) -> float:
+    """Seconds until a heartbeat to ``s`` or a rule of :func:`transition` is due."""
+    soonest = float("inf")
+    if s.state in (State.UP, State.SUSPECT):
+        soonest = min(soonest, s.next_heartbeat - now)
+    if s.unanswered is not None and s.state is State.UP:
+        soonest = min(soonest, s.unanswered + silent_s - now)
+    if s.state is State.SUSPECT:
+        soonest = min(soonest, s.since + grace - now)
+    if s.state is State.JOINING:
+        soonest = min(soonest, s.since + timeout - now)
+    if s.state is State.DOWN and CONTROL not in s.down_links:
+        soonest = min(soonest, s.next_hello - now)
+    return soonest
