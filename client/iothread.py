@@ -40,6 +40,7 @@ from dataflow.client.reorder import Reorder
 from dataflow.client.scheduler import CONTROL, Scheduler, State
 from dataflow.errors import DatasetMismatchError, ProtocolError, RemoteError
 from dataflow.index import DatasetIndex
+from dataflow.security import HANDSHAKE_FAILURES, ClientCurve, handshake_failure, secure_client
 from dataflow.wire import ErrorKind
 
 log = logging.getLogger("dataflow.client")
@@ -51,7 +52,7 @@ ZMTP_TIMEOUT_MS = 3000
 MAX_POLL_MS = 250
 BYE_LINGER_MS = 100
 DRAIN_PER_WAKE = 64
-MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILURES
 # Replies to these request errors are not the request's answer: the batch goes elsewhere.
 SERVER_GONE = (ErrorKind.SERVER_STOPPING, ErrorKind.UNKNOWN_CLIENT)
 
@@ -67,16 +68,19 @@ class IOThread(threading.Thread):
         grace: seconds a server may be disconnected or silent before it is lost.
         sink: where batches are received.
         name: client description sent in HELLO.
+        curve: CURVE keys applied to every socket (None: clear text); a refused handshake
+            raises :class:`~dataflow.errors.ServerUnavailable` at once.
     """
 
     def __init__(self, endpoints: Sequence[str], credits: int, timeout: float, grace: float,
-                 sink: HostSink | CudaSink, name: str) -> None:
+                 sink: HostSink | CudaSink, name: str, curve: ClientCurve | None = None) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._endpoints = list(endpoints)
         self._credits = credits
         self._timeout = timeout
         self._sink = sink
         self._client_name = name
+        self._curve = curve
         self._routing_id = secrets.token_hex(8).encode()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -121,6 +125,7 @@ class IOThread(threading.Thread):
         sock.setsockopt(zmq.ROUTING_ID, routing_id)
         sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_TIMEOUT_MS)
+        secure_client(sock, self._curve)
         monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         self._monitors[monitor] = (server, link, sock)
         self._poller.register(monitor, zmq.POLLIN)
@@ -142,9 +147,13 @@ class IOThread(threading.Thread):
         server, link, _ = self._monitors[monitor]
         while True:
             try:
-                event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+                note = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
+            event = note["event"]
+            refused = handshake_failure(event, note["value"], self._endpoints[server])
+            if refused is not None:
+                raise refused
             up = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
             if not up and event != zmq.EVENT_DISCONNECTED:
                 continue

@@ -49,6 +49,8 @@ from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.errors import InternalError, ProtocolError
 from dataflow.readers import ShardReader, open_shard, read_ranges
+from dataflow.security import ServerCurve, secure_server
+from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
 from dataflow.server.framing import SendResult, recv_bounded, try_send
 from dataflow.server.guard import GUARD_MS, InboundGuard
 from dataflow.server.peerlog import RateLimitedLog, quote
@@ -83,6 +85,7 @@ class WorkerSpec:
         max_reply_bytes: most bytes of one reply's arrays.
         root: the dataset root, cut from shard paths in messages to clients.
         max_connections: client data connections kept at once.
+        curve: the server's CURVE policy for the data socket (None: clear text).
     """
 
     backend: str
@@ -96,6 +99,7 @@ class WorkerSpec:
     max_reply_bytes: int
     root: str
     max_connections: int
+    curve: ServerCurve | None = None
 
 
 class ReaderCache:
@@ -302,6 +306,8 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
     data.setsockopt(zmq.ROUTER_HANDOVER, 1)
     data.setsockopt(zmq.SNDHWM, spec.data_sndhwm)
     data.setsockopt(zmq.MAXMSGSIZE, MAX_DATA_INBOUND)
+    secure_server(data, spec.curve)
+    gate = start_gatekeeper(ctx, spec.curve)
     sender = DataSender(data, sock)
     peer_log = RateLimitedLog(log)
     guard = InboundGuard(data, MAX_DATA_INBOUND, spec.max_connections,
@@ -338,4 +344,5 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
         guard.close()
         sock.close()
         data.close()
+        stop_gatekeeper(gate)
         ctx.term()
