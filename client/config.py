@@ -9,6 +9,7 @@ import torch
 
 from dataflow.errors import ConfigError
 from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WINDOW
+from dataflow.security import ClientCurve
 from dataflow.shuffle import shuffle_mode
 
 
@@ -65,6 +66,7 @@ class LoaderConfig:
     shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
     block_size: int = DEFAULT_BLOCK_SIZE
     window: int = DEFAULT_WINDOW
+    curve: ClientCurve | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))

@@ -41,6 +41,7 @@ from dataflow.client.receive import drain, receive_header
 from dataflow.client.scheduler import CONTROL, Scheduler
 from dataflow.errors import ProtocolError
 from dataflow.index import DatasetIndex
+from dataflow.security import ClientCurve
 
 log = logging.getLogger("dataflow.client")
 
@@ -61,10 +62,12 @@ class IOThread(threading.Thread):
         grace: seconds a server may be disconnected or silent before it is lost.
         sink: where batches are received.
         name: client description sent in HELLO.
+        curve: CURVE keys applied to every socket (None: clear text); a refused handshake
+            raises :class:`~dataflow.errors.ServerUnavailable` at once.
     """
 
     def __init__(self, endpoints: Sequence[str], credits: int, timeout: float, grace: float,
-                 sink: HostSink | CudaSink, name: str) -> None:
+                 sink: HostSink | CudaSink, name: str, curve: ClientCurve | None = None) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._endpoints = list(endpoints)
         self._credits = credits
@@ -79,7 +82,7 @@ class IOThread(threading.Thread):
                                     silent_s=SILENT_S, grace=grace)
         self._control: list[zmq.Socket] = []
         self._poller = zmq.Poller()
-        self._links = Links(zmq.Context.instance(), self._poller)
+        self._links = Links(zmq.Context.instance(), self._poller, curve, self._endpoints)
         self._data = self._links.data
         self._dispatch = Dispatch(self._endpoints, credits, name, self._scheduler, self.handoff,
                                   self._links, self._control, sink)

@@ -10,26 +10,32 @@ Thread invariant: used by the client's I/O thread only.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from dataflow.security import HANDSHAKE_FAILURES, ClientCurve, handshake_failure, secure_client
+
 ZMTP_HEARTBEAT_MS = 1000
 ZMTP_TIMEOUT_MS = 3000
-MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILURES
 
 
 class Links:
-    """Opens, watches and closes the sockets of one loader, registered on ``poller``.
+    """Opens, watches and closes the sockets of one loader, registered on ``poller``, each under
+    the CURVE policy ``curve`` (None: clear text).
 
     Attributes:
         data: each open data socket -> ``(server, reader)``.
     """
 
-    def __init__(self, ctx: zmq.Context, poller: zmq.Poller) -> None:
+    def __init__(self, ctx: zmq.Context, poller: zmq.Poller, curve: ClientCurve | None,
+                 servers: Sequence[str]) -> None:
+        self._servers = list(servers)
         self._ctx = ctx
         self._poller = poller
+        self._curve = curve
         self._monitors: dict[zmq.Socket, tuple[int, Hashable, zmq.Socket]] = {}
         self.data: dict[zmq.Socket, tuple[int, int]] = {}
 
@@ -41,6 +47,7 @@ class Links:
         sock.setsockopt(zmq.ROUTING_ID, routing_id)
         sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_TIMEOUT_MS)
+        secure_client(sock, self._curve)
         monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         self._monitors[monitor] = (server, link, sock)
         self._poller.register(monitor, zmq.POLLIN)
@@ -69,14 +76,22 @@ class Links:
 
     def changes(self, events: Mapping) -> Iterator[tuple[int, Hashable, bool]]:
         """``(server, link, up)`` for each connection a polled monitor saw come up or go
-        down."""
+        down.
+
+        Raises:
+            ServerUnavailable: a server refused this client's CURVE handshake (naming it).
+        """
         for monitor in [m for m in self._monitors if events.get(m)]:
             server, link, _ = self._monitors[monitor]
             while True:
                 try:
-                    event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+                    note = recv_monitor_message(monitor, zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                event = note["event"]
+                refused = handshake_failure(event, note["value"], self._servers[server])
+                if refused is not None:
+                    raise refused
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     yield server, link, True
                 elif event == zmq.EVENT_DISCONNECTED:

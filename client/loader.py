@@ -36,6 +36,7 @@ from dataflow.plan import (
     epoch_size,
     rank_batches,
 )
+from dataflow.security import client_curve
 
 GET_POLL_S = 0.5
 
@@ -131,6 +132,13 @@ class DataLoader:
         shuffle_window: samples shuffled together by the ``"sample"`` shuffle.
         block_size: samples per block of the ``"block"`` shuffle.
         window: shards whose blocks the ``"block"`` shuffle mixes.
+        curve_key: this client's CurveZMQ secret key file (``NAME.key_secret`` from
+            ``python -m dataflow keygen``; its ``NAME.key`` must be in the servers'
+            ``--curve-allowed-keys``); with ``server_key``, every connection (control and
+            data) is encrypted and authenticated. A refused key raises
+            :class:`~dataflow.errors.ServerUnavailable` ("authentication refused") within
+            about a second, not after ``timeout``.
+        server_key: the servers' public key file (``NAME.key``); both or neither.
 
     Raises:
         ConfigError: an argument is invalid.
@@ -157,6 +165,8 @@ class DataLoader:
         shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
         block_size: int = DEFAULT_BLOCK_SIZE,
         window: int = DEFAULT_WINDOW,
+        curve_key: str | os.PathLike | None = None,
+        server_key: str | os.PathLike | None = None,
     ) -> None:
         endpoints = normalize_servers(servers)
         rank, world_size = dist_env(rank, world_size)
@@ -165,6 +175,7 @@ class DataLoader:
             shuffle=shuffle, seed=seed, drop_last=drop_last, device=normalize_device(device),
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             shuffle_window=shuffle_window, block_size=block_size, window=window,
+            curve=client_curve(curve_key, server_key),
         )
         cfg = self.config
         if cfg.device is not None:
@@ -172,7 +183,7 @@ class DataLoader:
         else:
             sink = HostSink(pin=pin_memory and torch.cuda.is_available())
         self._io = IOThread(cfg.endpoints, cfg.prefetch, cfg.timeout, cfg.grace, sink,
-                            f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}")
+                            f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}", cfg.curve)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._gen = 0

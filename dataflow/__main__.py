@@ -1,4 +1,4 @@
-"""Command line: ``python -m dataflow make-demo ...`` and ``python -m dataflow read ...``."""
+"""Command line: ``python -m dataflow make-demo ...``, ``... read ...`` and ``... keygen ...``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataflow.errors import ConfigError, DataflowError
 from dataflow.readers import open_shard
 from dataflow.readers.base import ON_ERROR
 from dataflow.scan import build_index
+from dataflow.security import generate_keys
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,7 +69,28 @@ def _parser() -> argparse.ArgumentParser:
                       "beside the shard (default $XDG_CACHE_HOME/dataflow or ~/.cache/dataflow)")
     read.add_argument("--on-error", choices=ON_ERROR, default="raise",
                       help="raise on bad samples, or skip and count them (default raise)")
+    keygen = sub.add_parser(
+        "keygen",
+        help="write a CurveZMQ key pair for --curve-secret-key / curve_key",
+        description=(
+            "Write a CurveZMQ key pair: DIR/NAME.key (public: give it to the peers) and "
+            "DIR/NAME.key_secret (secret, mode 0600: keep it on this host). A server uses its "
+            "NAME.key_secret with --curve-secret-key and clients use its NAME.key as "
+            "server_key; a client uses its NAME.key_secret as curve_key, and its NAME.key goes "
+            "into the server's --curve-allowed-keys directory. Existing files are never "
+            "overwritten."
+        ),
+    )
+    keygen.add_argument("dir", help="output directory (created if missing)")
+    keygen.add_argument("--name", default="dataflow",
+                        help="file name stem (default: %(default)s)")
     return p
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    public, secret = generate_keys(args.dir, args.name)
+    print(f"public key: {public}\nsecret key: {secret} (mode 0600)")
+    return 0
 
 
 def _make_demo(args: argparse.Namespace) -> int:
@@ -106,6 +128,8 @@ def _read(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "keygen":
+            return _keygen(args)
         return _make_demo(args) if args.command == "make-demo" else _read(args)
     except DataflowError as e:
         print(f"error: {e}", file=sys.stderr)

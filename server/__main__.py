@@ -84,7 +84,7 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
         pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
                                      config.level, config.max_reply_bytes, index.root,
-                                     config.max_connections),
+                                     config.max_connections, config.curve),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
         frontend = Frontend(config, index, pool, ctx, backend)

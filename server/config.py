@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dataflow.errors import ConfigError
+from dataflow.security import ServerCurve, server_curve
 from dataflow.wire import MAX_BATCH_SIZE
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
@@ -61,6 +62,7 @@ class ServerConfig:
         max_inbound_bytes: most bytes one client connection may have sent that the server has
             not received as whole messages (e.g. a multipart message never finished); the
             connection is cut beyond it. Also the largest frame accepted (``MAXMSGSIZE``).
+        curve: CURVE keys of every client link (:mod:`dataflow.security`); None: clear text.
     """
 
     data: tuple[str, ...]
@@ -79,6 +81,7 @@ class ServerConfig:
     max_request_samples: int = DEFAULT_MAX_REQUEST_SAMPLES
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
     max_inbound_bytes: int = DEFAULT_MAX_INBOUND_BYTES
+    curve: ServerCurve | None = None
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -214,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
                            "server has not received as whole messages (a multipart message "
                            "never finished), and the largest frame; the connection is cut "
                            "beyond (STATS connections_cut) (default: %(default)s)")
+    sec = p.add_argument_group(
+        "security", "CurveZMQ on every client link (control and data): encrypted, and only "
+                    "clients whose public key is allowed get a session or data; keys from "
+                    "`python -m dataflow keygen`; both flags or neither")
+    sec.add_argument("--curve-secret-key", default=None, metavar="PATH",
+                     help="this server's secret key file (NAME.key_secret); clients need "
+                          "its public NAME.key")
+    sec.add_argument("--curve-allowed-keys", default=None, metavar="DIR",
+                     help="directory of the client public keys (*.key) accepted, read at "
+                          "start; refusals are logged and counted (STATS auth_refused)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
@@ -234,6 +247,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             max_sessions=ns.max_sessions, session_idle_timeout=ns.session_idle_timeout,
             max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
             max_inbound_bytes=ns.max_inbound_bytes,
+            curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -41,6 +41,8 @@ import zmq
 
 from dataflow.errors import ServerStartError
 from dataflow.index import DatasetIndex
+from dataflow.security import secure_server
+from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
 from dataflow.server.backend import WorkerHandler
 from dataflow.server.clients import ClientHandler
 from dataflow.server.config import ServerConfig
@@ -101,6 +103,8 @@ class Frontend:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        secure_server(self.router, config.curve)
+        self._gate = start_gatekeeper(ctx, config.curve)
         self.router.setsockopt(zmq.SNDHWM, CREDIT_SLACK * config.max_credits + 16)
         self.router.setsockopt(zmq.RCVHWM, 4096)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_inbound_bytes)
@@ -144,6 +148,7 @@ class Frontend:
         self._guard.close()
         self.router.close(linger=linger_ms)
         self.backend.close(linger=0)
+        stop_gatekeeper(self._gate)
 
     def stopping(self) -> None:
         """Tell every session the server is stopping; :meth:`close` with a linger sends it."""
@@ -202,6 +207,7 @@ class Frontend:
             "workers": len(self._pool),
             "worker_restarts": self._pool.restarts,
             "log_lines_suppressed": self._peer_log.suppressed,
+            "auth_refused": self._gate.refused if self._gate is not None else 0,
             "skipped_per_shard": [x for pair in per_shard[: MAX_COUNTER_LIST // 2]
                                   for x in pair],
         }

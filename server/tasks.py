@@ -16,6 +16,7 @@ from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.errors import InternalError
 from dataflow.readers import ShardReader, open_shard, read_ranges
+from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
 from dataflow.wire import ErrorKind
 
@@ -41,6 +42,7 @@ class WorkerSpec:
         max_reply_bytes: most bytes of one reply's arrays.
         root: the dataset root, cut from shard paths in messages to clients.
         max_connections: client data connections kept at once.
+        curve: the server's CURVE policy for the data socket (None: clear text).
     """
 
     backend: str
@@ -54,6 +56,7 @@ class WorkerSpec:
     max_reply_bytes: int
     root: str
     max_connections: int
+    curve: ServerCurve | None = None
 
 
 class ReaderCache:

@@ -46,6 +46,8 @@ import zmq
 
 from dataflow import wire
 from dataflow.errors import InternalError, ProtocolError
+from dataflow.security import secure_server
+from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
 from dataflow.server.framing import SendResult, recv_bounded, try_send
 from dataflow.server.guard import GUARD_MS, InboundGuard
 from dataflow.server.peerlog import RateLimitedLog, quote
@@ -168,6 +170,8 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
     data.setsockopt(zmq.ROUTER_HANDOVER, 1)
     data.setsockopt(zmq.SNDHWM, spec.data_sndhwm)
     data.setsockopt(zmq.MAXMSGSIZE, MAX_DATA_INBOUND)
+    secure_server(data, spec.curve)
+    gate = start_gatekeeper(ctx, spec.curve)
     sender = DataSender(data, sock)
     peer_log = RateLimitedLog(log)
     guard = InboundGuard(data, MAX_DATA_INBOUND, spec.max_connections,
@@ -204,4 +208,5 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
         guard.close()
         sock.close()
         data.close()
+        stop_gatekeeper(gate)
         ctx.term()
