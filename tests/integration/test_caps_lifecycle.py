@@ -93,13 +93,13 @@ def test_tasks_of_a_killed_reader_are_served_by_its_replacement(demo_data, serve
     reader = server.ready["worker_pids"][0]
     with DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, prefetch=4,
                     timeout=30) as dl:
-        it = iter(dl)
-        ids = next(it)["id"].tolist()
+        # Stopped before the pass asks for anything: whatever the machine's load, the reader
+        # then holds exactly --worker-queue (2) requests, none of them served.
         os.kill(reader, signal.SIGSTOP)
-        # The loader prefetches; the stopped reader holds --worker-queue (2) of its requests.
+        it = iter(dl)
         _wait_for(lambda: probe.stats()["in_flight"] == 2, 10, "two tasks at the reader")
         os.kill(reader, signal.SIGKILL)
-        ids += torch.cat([b["id"] for b in it]).tolist()
+        ids = torch.cat([b["id"] for b in it]).tolist()
     assert sorted(ids) == list(range(demo.total))
     stats = probe.stats()
     assert stats["worker_restarts"] == 1 and stats["tasks_requeued"] == 2
