@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Callable
 
 import zmq
 
@@ -144,3 +146,12 @@ def peak_rss_bytes(pid: int) -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``pred`` until true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)

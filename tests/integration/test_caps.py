@@ -17,6 +17,7 @@ from srvtools import (
     peak_rss_bytes,
     reset_peak_rss,
     rss_bytes,
+    wait_for,
     zmtp_connect,
     zmtp_frame,
 )
@@ -26,14 +27,6 @@ from dataflow.client import DataLoader
 from dataflow.index import DatasetIndex
 
 RSS_BOUND = 100 * 1024 * 1024
-
-
-def _wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _epoch_ids(endpoint: str, batch_size: int = 16) -> list[int]:
@@ -121,7 +114,7 @@ def test_hello_beyond_max_sessions_is_refused_with_server_busy(demo_data, server
     assert busy.req_id == -1 and "--max-sessions" in busy.message
     assert isinstance(first.call(wire.Hello(1)), wire.Index)  # its own session: not refused
     second.send(wire.Bye())
-    _wait_for(lambda: first.stats()["clients"] == 1, 10, "the BYE")
+    wait_for(lambda: first.stats()["clients"] == 1, 10, "the BYE")
     assert isinstance(third.call(wire.Hello(1)), wire.Index)
     assert first.stats()["sessions_refused"] == 1
 
@@ -169,7 +162,7 @@ def test_bye_and_hello_on_one_connection_never_exceed_twice_the_credits(
             greedy.send(wire.Request(2 * round_, ((0, 0, 4),)))
             greedy.send(wire.Request(2 * round_ + 1, ((0, 0, 4),)))
             if round_ == 0:  # both at the stopped reader (it holds --worker-queue 2 tasks)
-                _wait_for(lambda: probe.stats()["in_flight"] == 2, 10, "two tasks dispatched")
+                wait_for(lambda: probe.stats()["in_flight"] == 2, 10, "two tasks dispatched")
             else:
                 refusals = [greedy.recv(), greedy.recv()]
                 assert all(isinstance(r, wire.ErrorMsg) and "credit" in r.message
@@ -180,7 +173,7 @@ def test_bye_and_hello_on_one_connection_never_exceed_twice_the_credits(
         assert stats["draining_sessions"] == 1
     finally:
         os.kill(reader, signal.SIGCONT)
-    _wait_for(lambda: probe.stats()["draining_sessions"] == 0, 10, "the old requests to settle")
+    wait_for(lambda: probe.stats()["draining_sessions"] == 0, 10, "the old requests to settle")
 
 
 @pytest.mark.timeout(60)
@@ -212,7 +205,7 @@ def test_peer_text_is_escaped_and_malformed_messages_are_logged_at_a_bounded_rat
     for i in range(100):
         evil.send_raw([b"\n-- garbage %d\n" % i])
     probe = raw_client(server.endpoint)
-    _wait_for(lambda: probe.stats()["malformed"] == 100, 10, "100 malformed messages")
+    wait_for(lambda: probe.stats()["malformed"] == 100, 10, "100 malformed messages")
     log = server.stderr_tail(200_000)
     assert "'rank 0\\nERROR server[1] forged line'" in log
     assert not any(line.startswith(("ERROR server[1]", "-- garbage")) for line in log.splitlines())

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from srvtools import pid_alive, rss_bytes
+from srvtools import pid_alive, rss_bytes, wait_for
 
 from dataflow import wire
 from dataflow.client import DataLoader
@@ -147,14 +147,6 @@ def _socket(endpoint: str, routing_id: bytes) -> zmq.Socket:
     return sock
 
 
-def _wait_for(pred: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def _discard_replies(sock: zmq.Socket) -> None:
     while sock.poll(0):
         sock.recv_multipart()
@@ -185,7 +177,7 @@ def test_fuzzed_messages_leave_the_server_serving_with_exact_counters(demo_data,
                 expected_malformed += malformed
                 _discard_replies(sock)
                 if i % SYNC_EVERY == SYNC_EVERY - 1 or i == len(messages) - 1:
-                    _wait_for(lambda n=expected_malformed: probe.stats()["malformed"] == n,
+                    wait_for(lambda n=expected_malformed: probe.stats()["malformed"] == n, 10.0,
                               f"{expected_malformed} malformed messages counted")
         finally:
             sock.close()

@@ -9,19 +9,12 @@ import time
 
 import pytest
 import torch
+from srvtools import wait_for
 
 from dataflow import wire
 from dataflow.client import DataLoader
 from dataflow.errors import ServerUnavailable
 from dataflow.server import launch
-
-
-def _wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.timeout(60)
@@ -97,7 +90,7 @@ def test_tasks_of_a_killed_reader_are_served_by_its_replacement(demo_data, serve
         # then holds exactly --worker-queue (2) requests, none of them served.
         os.kill(reader, signal.SIGSTOP)
         it = iter(dl)
-        _wait_for(lambda: probe.stats()["in_flight"] == 2, 10, "two tasks at the reader")
+        wait_for(lambda: probe.stats()["in_flight"] == 2, 10, "two tasks at the reader")
         os.kill(reader, signal.SIGKILL)
         ids = torch.cat([b["id"] for b in it]).tolist()
     assert sorted(ids) == list(range(demo.total))

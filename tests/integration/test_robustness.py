@@ -14,18 +14,10 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from srvtools import rss_bytes
+from srvtools import rss_bytes, wait_for
 
 from dataflow import wire
 from dataflow.client import DataLoader
-
-
-def _wait_for(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.mark.timeout(90)
@@ -68,7 +60,7 @@ def test_stalled_client_does_not_grow_server_memory(demo_data, servers, raw_clie
         admitted = probe.stats()["requests"] + 2
         for req_id in (1, 2):
             greedy.send(wire.Request(req_id, whole_shard))
-        _wait_for(lambda: probe.stats()["requests"] == admitted, 10, "two requests admitted")
+        wait_for(lambda: probe.stats()["requests"] == admitted, 10, "two requests admitted")
         refused = greedy.call(wire.Request(3, whole_shard))
         assert isinstance(refused, wire.ErrorMsg) and refused.req_id == 3
         assert refused.kind == wire.ErrorKind.PROTOCOL and "credit" in refused.message
@@ -104,7 +96,7 @@ def test_killed_client_state_is_freed(tmp_path, demo_data, servers, raw_client) 
         assert probe.stats()["clients"] == 2  # the killed client's session and the probe's
         proc.kill()
         proc.wait(10)
-        _wait_for(lambda: probe.stats()["clients"] == 1, 10, "the killed client to expire")
+        wait_for(lambda: probe.stats()["clients"] == 1, 10, "the killed client to expire")
         stats = probe.stats()
         assert stats["clients_expired"] == 1 and stats["queued"] == 0
         assert stats["bytes_buffered"] == 0
