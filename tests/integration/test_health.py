@@ -1,4 +1,5 @@
-"""`dataflow-server health` against real servers: healthy, no session left, dead, refused."""
+"""The health probe (`dataflow-server health`, and :func:`probe` in process for repeats) against
+real servers: healthy, no session left, dead, silent, refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dataflow.security import generate_keys
+from dataflow.errors import ServerUnavailable
+from dataflow.security import ClientCurve, generate_keys
+from dataflow.server.health import HealthConfig, probe
 
 PROBE_TIMEOUT_S = 20.0
 
@@ -29,18 +32,17 @@ def _free_port() -> int:
 def test_a_serving_server_is_healthy_and_keeps_no_session(demo_data, servers,
                                                           raw_client) -> None:
     server = servers([str(p) for p in demo_data("arrow").paths])
+    done = _health("--endpoint", server.endpoint, "--timeout", str(PROBE_TIMEOUT_S))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"healthy: {server.endpoint} answers the dataflow protocol\n"
     for _ in range(3):
-        done = _health("--endpoint", server.endpoint, "--timeout", str(PROBE_TIMEOUT_S))
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == f"healthy: {server.endpoint} answers the dataflow protocol"
+        probe(HealthConfig(server.endpoint, PROBE_TIMEOUT_S))
     stats = raw_client(server.endpoint).stats()
     assert stats["clients"] == 1  # the stats client's own session; the probes left none
     assert stats["malformed"] == 0
     server.close(grace=10)
-    done = _health("--endpoint", server.endpoint, "--timeout", "2")
-    assert done.returncode == 1
-    assert done.stderr.count("\n") == 1
-    assert done.stderr.startswith(f"unhealthy: {server.endpoint}: could not connect")
+    with pytest.raises(ServerUnavailable, match=f"^{server.endpoint}: could not connect"):
+        probe(HealthConfig(server.endpoint, 2.0))
 
 
 @pytest.mark.timeout(60)
@@ -59,16 +61,8 @@ def test_a_silent_peer_is_unhealthy() -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         endpoint = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
-        done = _health("--endpoint", endpoint, "--timeout", "1")
-    assert done.returncode == 1
-    assert done.stderr.startswith(f"unhealthy: {endpoint}: connected, but no answer")
-
-
-def test_a_bad_endpoint_is_a_usage_error() -> None:
-    done = _health("--endpoint", "127.0.0.1:5555")
-    assert done.returncode == 2
-    assert "`endpoint` must be tcp://HOST:PORT or ipc://PATH. Found: '127.0.0.1:5555'" in (
-        done.stderr)
+        with pytest.raises(ServerUnavailable, match=f"^{endpoint}: connected, but no answer"):
+            probe(HealthConfig(endpoint, 1.0))
 
 
 @pytest.mark.timeout(90)
@@ -83,11 +77,8 @@ def test_curve_probe_needs_an_allowed_key(tmp_path: Path, demo_data, servers) ->
     ok = _health("--endpoint", server.endpoint, "--timeout", str(PROBE_TIMEOUT_S),
                  "--curve-secret-key", str(probe_secret), "--curve-server-key", str(server_public))
     assert ok.returncode == 0, ok.stderr
-    refused = _health("--endpoint", server.endpoint, "--timeout", str(PROBE_TIMEOUT_S),
-                      "--curve-secret-key", str(stranger_secret),
-                      "--curve-server-key", str(server_public))
-    assert refused.returncode == 1
-    assert refused.stderr.startswith(f"unhealthy: {server.endpoint}: authentication refused "
-                                     "(CURVE)")
-    clear = _health("--endpoint", server.endpoint, "--timeout", "2")
-    assert clear.returncode == 1
+    stranger = ClientCurve(str(stranger_secret), str(server_public))
+    with pytest.raises(ServerUnavailable, match="authentication refused"):
+        probe(HealthConfig(server.endpoint, PROBE_TIMEOUT_S, stranger))
+    with pytest.raises(ServerUnavailable):
+        probe(HealthConfig(server.endpoint, 2.0))

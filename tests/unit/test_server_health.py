@@ -46,3 +46,11 @@ def test_any_other_answer_is_unhealthy(msg: wire.Message, reason: str) -> None:
     with pytest.raises(ServerUnavailable, match=reason) as e:
         judge(EP, msg)
     assert str(e.value).startswith(f"{EP}: answered the probe with ")
+
+
+def test_a_bad_endpoint_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--endpoint", "127.0.0.1:5555"])
+    assert e.value.code == 2
+    assert ("`endpoint` must be tcp://HOST:PORT or ipc://PATH. Found: '127.0.0.1:5555'"
+            in capsys.readouterr().err)
