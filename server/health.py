@@ -76,7 +76,7 @@ def judge(endpoint: str, msg: wire.Message) -> None:
                                       "not the ERROR UnknownClient a loader server sends")
 
 
-MONITOR_EVENTS = HANDSHAKE_FAILURES | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
+MONITOR_EVENTS = HANDSHAKE_FAILURES | zmq.EVENT_CONNECTED
 
 
 class _Watch:
