@@ -1,4 +1,5 @@
-"""``python -m dataflow.server`` / ``dataflow-server``: one loader server until SIGTERM/SIGINT."""
+"""``python -m dataflow.server`` / ``dataflow-server``: one loader server until SIGTERM/SIGINT;
+``dataflow-server health ...`` probes one (:mod:`dataflow.server.health`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import zmq
 
 from dataflow.errors import DataflowError, ServerStartError
 from dataflow.scan import build_index
+from dataflow.server import health
 from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.ledger import CREDIT_SLACK
@@ -113,7 +115,10 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the process exit code."""
-    config = parse_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["health"]:
+        return health.main(args[1:])
+    config = parse_args(args)
     logging.basicConfig(level=config.level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s server[%(process)d] %(message)s")
     stop = _StopFlag(os.getppid() if config.exit_with_parent else None)

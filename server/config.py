@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve batches of a sharded dataset to dataflow DataLoader clients over "
                     "ZeroMQ. Prints one JSON line {\"event\": \"ready\", \"endpoint\": ...} on "
                     "stdout when ready; logs go to stderr. SIGTERM/SIGINT stop it cleanly.",
+        epilog="`dataflow-server health --endpoint ENDPOINT` probes a running server (exit 0 "
+               "when it answers); see `dataflow-server health --help`.",
     )
     p.add_argument("--data", nargs="+", required=True, metavar="SPEC",
                    help="dataset specs: shard paths, directories, globs, brace ranges "

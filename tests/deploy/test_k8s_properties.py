@@ -1,0 +1,221 @@
+"""Properties of the rendered overlays: probes, restricted pods, pinned images, discovery that
+names the real Service and port, declared metrics, a NetworkPolicy admitting trainers only."""
+
+from __future__ import annotations
+
+import pytest
+from manifests import (
+    OVERLAYS,
+    all_pods,
+    containers,
+    env,
+    flag,
+    is_loader,
+    loader_pods,
+    matches,
+    mount_source,
+    mounted_file,
+    one,
+    port_of,
+    project_version,
+    render,
+)
+
+from dataflow.server.config import build_parser as server_parser
+from dataflow.server.health import build_parser as health_parser
+
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+# Server flags fixed by the lead whose implementation lands from another branch.
+PENDING_SERVER_FLAGS = {"--metrics-port": "branch metrics"}
+
+
+def _loaders(overlay: str) -> list[tuple[str, dict, dict]]:
+    found = [(w, pod, c) for w, pod in loader_pods(render(overlay)) for c in containers(pod)
+             if is_loader(c)]
+    assert found, f"{overlay}: no loader container"
+    return found
+
+
+def _trainers(overlay: str) -> list[tuple[str, dict, dict]]:
+    found = [(w, pod, c) for w, pod in all_pods(render(overlay)) for c in containers(pod)
+             if env(c, "DATAFLOW_SERVERS") is not None]
+    assert found, f"{overlay}: no container with DATAFLOW_SERVERS"
+    return found
+
+
+def _server_args(container: dict) -> list[str]:
+    """The loader's arguments with Kubernetes' $(VAR) expansion done and pending flags cut."""
+    values = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    args = []
+    for arg in container["args"]:
+        for name, value in values.items():
+            arg = arg.replace(f"$({name})", value)
+        args.append(arg)
+    known = {s for a in server_parser()._actions for s in a.option_strings}
+    for name in PENDING_SERVER_FLAGS:
+        if name in args and name not in known:
+            del args[args.index(name): args.index(name) + 2]
+    return args
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_loader_arguments_parse(overlay: str) -> None:
+    for where, _, c in _loaders(overlay):
+        assert "command" not in c, f"{where}: the image's ENTRYPOINT is dataflow-server"
+        server_parser().parse_args(_server_args(c))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_loader_is_probed_with_the_health_subcommand(overlay: str) -> None:
+    for where, pod, c in _loaders(overlay):
+        args = c["args"]
+        bind_port = port_of(flag(args, "--bind"))
+        for name in PROBES:
+            probe = c[name]["exec"]["command"]
+            assert probe[:2] == ["dataflow-server", "health"], f"{where} {name}: {probe}"
+            parsed = health_parser().parse_args(probe[2:])
+            assert parsed.endpoint == f"tcp://127.0.0.1:{bind_port}", f"{where} {name}"
+            assert c[name]["timeoutSeconds"] > parsed.timeout, f"{where} {name}"
+            # The probe speaks CURVE exactly when the server does, with keys that are mounted.
+            curve = flag(args, "--curve-secret-key") is not None
+            assert (parsed.curve_secret_key is not None) == curve, f"{where} {name}"
+            if curve:
+                assert mounted_file(pod, c, parsed.curve_secret_key) == (
+                    "dataflow-curve", "probe.key_secret")
+                assert mounted_file(pod, c, parsed.curve_server_key) == (
+                    "dataflow-curve", "server.key")
+        if flag(args, "--curve-secret-key") is not None:
+            assert mounted_file(pod, c, flag(args, "--curve-secret-key")) == (
+                "dataflow-curve", "server.key_secret")
+            allowed = flag(args, "--curve-allowed-keys")
+            for key in ("trainer.key", "probe.key"):
+                assert mounted_file(pod, c, f"{allowed}/{key}") == ("dataflow-curve", key)
+        assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_run_restricted_and_non_root(overlay: str) -> None:
+    for where, pod in all_pods(render(overlay)):
+        spec = pod["spec"]
+        sc = spec["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0, where
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert spec["automountServiceAccountToken"] is False, where
+        for c in containers(pod):
+            csc = c["securityContext"]
+            assert csc["allowPrivilegeEscalation"] is False, f"{where}/{c['name']}"
+            assert csc["capabilities"] == {"drop": ["ALL"]}, f"{where}/{c['name']}"
+            assert csc.get("runAsUser", sc["runAsUser"]) > 0, f"{where}/{c['name']}"
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), f"{where}/{c['name']}"
+            assert "memory" in c["resources"]["limits"], f"{where}/{c['name']}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_loaders_write_only_to_empty_dirs(overlay: str) -> None:
+    for where, pod, c in _loaders(overlay):
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True, where
+        for path in (flag(c["args"], "--cache-dir"), "/tmp"):
+            volume = mount_source(pod, c, path)
+            assert volume is not None and "emptyDir" in volume, f"{where}: {path}"
+        assert all(m.get("readOnly") for m in c["volumeMounts"]
+                   if "emptyDir" not in mount_source(pod, c, m["mountPath"])), where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_pinned_to_the_release(overlay: str) -> None:
+    for where, pod in all_pods(render(overlay)):
+        for c in containers(pod):
+            name, _, tag = c["image"].rpartition(":")
+            assert name and tag and tag != "latest", f"{where}/{c['name']}: {c['image']}"
+            assert tag == project_version(), f"{where}/{c['name']}: {c['image']}"
+
+
+@pytest.mark.parametrize("overlay", ["disaggregated", "jobset"])
+def test_dns_discovery_names_the_headless_service_and_its_port(overlay: str) -> None:
+    docs = render(overlay)
+    services = {s["metadata"]["name"]: s for s in docs if s["kind"] == "Service"}
+    for where, _, c in _trainers(overlay):
+        value = env(c, "DATAFLOW_SERVERS")
+        assert value.startswith("dns+tcp://"), f"{where}: {value}"
+        host, port = value.removeprefix("dns+tcp://").rsplit(":", 1)
+        name, namespace, svc = host.split(".")
+        service = services[name]
+        assert svc == "svc" and namespace == service["metadata"]["namespace"], f"{where}: {value}"
+        assert service["spec"]["clusterIP"] == "None", "discovery needs a headless Service"
+        ports = {p["name"]: p for p in service["spec"]["ports"]}
+        assert int(port) == ports["dataflow"]["port"], f"{where}: {value}"
+        # The Service's pods are the loaders, which listen where it sends clients.
+        for lw, pod, loader in _loaders(overlay):
+            assert matches(service["spec"]["selector"], pod["metadata"]["labels"]), lw
+            target = next(p for p in loader["ports"] if p["name"] == ports["dataflow"][
+                "targetPort"])
+            assert target["containerPort"] == port_of(flag(loader["args"], "--bind")) == int(
+                port), lw
+
+
+def test_sidecar_loader_is_native_and_serves_its_own_pod() -> None:
+    for where, pod, c in _trainers("sidecar"):
+        sidecars = [s for s in pod["spec"].get("initContainers", []) if is_loader(s)]
+        assert len(sidecars) == 1, where
+        assert sidecars[0]["restartPolicy"] == "Always", "a native sidecar"
+        bind = flag(sidecars[0]["args"], "--bind")
+        assert bind.startswith("tcp://127.0.0.1:"), "loopback only: no other pod reaches it"
+        assert env(c, "DATAFLOW_SERVERS") == bind
+    docs = render("sidecar")
+    assert not {d["kind"] for d in docs} & {"StatefulSet", "NetworkPolicy", "PodDisruptionBudget"}
+    assert "dataflow-loader" not in {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_metrics_port_is_declared(overlay: str) -> None:
+    docs = render(overlay)
+    for where, _, c in _loaders(overlay):
+        metrics = int(flag(c["args"], "--metrics-port"))
+        declared = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert declared["metrics"] == metrics, where
+    for service in (s for s in docs if s["kind"] == "Service"
+                    and s["metadata"]["name"] == "dataflow-loader"):
+        assert {"name": "metrics", "port": 9100, "targetPort": "metrics", "protocol": "TCP"} in (
+            service["spec"]["ports"])
+
+
+@pytest.mark.parametrize("overlay", ["disaggregated", "jobset"])
+def test_network_policy_admits_trainer_pods_only(overlay: str) -> None:
+    docs = render(overlay)
+    policy = one(docs, "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    loaders = loader_pods(docs)
+    trainers = [(w, pod) for w, pod, _ in _trainers(overlay)]
+    for where, pod in loaders:
+        assert matches(spec["podSelector"]["matchLabels"], pod["metadata"]["labels"]), where
+    for rule in spec["ingress"]:
+        assert rule.get("from"), "a rule without `from` admits everyone"
+        assert rule.get("ports"), "a rule without `ports` admits every port"
+    client_rules = [r for r in spec["ingress"]
+                    if any(p["port"] == 5555 for p in r["ports"])]
+    assert len(client_rules) == 1
+    (peer,) = client_rules[0]["from"]
+    assert set(peer) == {"podSelector"}, "trainer pods of this namespace, nothing else"
+    for where, pod in trainers:
+        assert matches(peer["podSelector"]["matchLabels"], pod["metadata"]["labels"]), where
+    for where, pod in loaders:
+        assert not matches(peer["podSelector"]["matchLabels"], pod["metadata"]["labels"]), where
+        # The readers' data ports: the pod's ephemeral range, admitted whole.
+        sysctls = {s["name"]: s["value"] for s in pod["spec"]["securityContext"]["sysctls"]}
+        low, high = map(int, sysctls["net.ipv4.ip_local_port_range"].split())
+        assert {"protocol": "TCP", "port": low, "endPort": high} in client_rules[0]["ports"]
+
+
+@pytest.mark.parametrize("overlay", ["disaggregated", "jobset"])
+def test_disruption_budget_covers_the_loaders(overlay: str) -> None:
+    docs = render(overlay)
+    pdb = one(docs, "PodDisruptionBudget")
+    for where, pod in loader_pods(docs):
+        assert matches(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"]), where
+    if overlay == "jobset":
+        # Pods of Jobs: only an integer minAvailable is honoured.
+        assert set(pdb["spec"]) == {"minAvailable", "selector"}
+        loaders = next(rj for rj in one(docs, "JobSet")["spec"]["replicatedJobs"]
+                       if rj["name"] == "loaders")
+        assert pdb["spec"]["minAvailable"] == loaders["template"]["spec"]["parallelism"]

@@ -1,0 +1,84 @@
+"""The health probe (`dataflow-server health`, and :func:`probe` in process for repeats) against
+real servers: healthy, no session left, dead, silent, refused."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dataflow.errors import ServerUnavailable
+from dataflow.security import ClientCurve, generate_keys
+from dataflow.server.health import HealthConfig, probe
+
+PROBE_TIMEOUT_S = 20.0
+
+
+def _health(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dataflow.server", "health", *args],
+                          capture_output=True, text=True, timeout=PROBE_TIMEOUT_S + 30)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(90)
+def test_a_serving_server_is_healthy_and_keeps_no_session(demo_data, servers,
+                                                          raw_client) -> None:
+    server = servers([str(p) for p in demo_data("arrow").paths])
+    done = _health("--endpoint", server.endpoint, "--timeout", str(PROBE_TIMEOUT_S))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"healthy: {server.endpoint} answers the dataflow protocol\n"
+    for _ in range(3):
+        probe(HealthConfig(server.endpoint, PROBE_TIMEOUT_S))
+    stats = raw_client(server.endpoint).stats()
+    assert stats["clients"] == 1  # the stats client's own session; the probes left none
+    assert stats["malformed"] == 0
+    server.close(grace=10)
+    with pytest.raises(ServerUnavailable, match=f"^{server.endpoint}: could not connect"):
+        probe(HealthConfig(server.endpoint, 2.0))
+
+
+@pytest.mark.timeout(60)
+def test_nothing_listening_is_unhealthy_with_a_reason() -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    done = _health("--endpoint", endpoint, "--timeout", "1")
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr == (f"unhealthy: {endpoint}: could not connect (nothing listening "
+                           "there, or unreachable) within 1 s\n")
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_peer_is_unhealthy() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(ServerUnavailable, match=f"^{endpoint}: connected, but no answer"):
+            probe(HealthConfig(endpoint, 1.0))
+
+
+@pytest.mark.timeout(90)
+def test_curve_probe_needs_an_allowed_key(tmp_path: Path, demo_data, servers) -> None:
+    server_public, server_secret = generate_keys(str(tmp_path / "server"), "server")
+    _, probe_secret = generate_keys(str(tmp_path / "allowed"), "probe")
+    probe_secret = probe_secret.rename(tmp_path / "probe.key_secret")
+    _, stranger_secret = generate_keys(str(tmp_path / "other"), "stranger")
+    server = servers([str(p) for p in demo_data("arrow").paths],
+                     extra_args=["--curve-secret-key", str(server_secret),
+                                 "--curve-allowed-keys", str(tmp_path / "allowed")])
+    ok = _health("--endpoint", server.endpoint, "--timeout", str(PROBE_TIMEOUT_S),
+                 "--curve-secret-key", str(probe_secret), "--curve-server-key", str(server_public))
+    assert ok.returncode == 0, ok.stderr
+    stranger = ClientCurve(str(stranger_secret), str(server_public))
+    with pytest.raises(ServerUnavailable, match="authentication refused"):
+        probe(HealthConfig(server.endpoint, PROBE_TIMEOUT_S, stranger))
+    with pytest.raises(ServerUnavailable):
+        probe(HealthConfig(server.endpoint, 2.0))
