@@ -48,24 +48,28 @@ def _g(name: str, help: str) -> Spec:
 
 
 REFUSALS = "refusals"
+REFUSED_HELP = ("requests refused (request: REQUESTs and oversized HELLOs; session: HELLOs over "
+                "--max-sessions; auth: CURVE keys)")
 EXPIRED = "sessions_expired"
+EXPIRED_HELP = ("sessions freed (ttl: silent with the connection closed past --client-ttl; "
+                "idle: silent past --session-idle-timeout)")
 METRICS: dict[str, Spec] = {
     "requests": _c("requests", "REQUESTs accepted from clients"),
     "replies": _c("replies", "replies (batches, and read errors) handed to clients"),
     "bytes_sent": _c("sent_bytes", "bytes of the replies handed to clients"),
     "samples_sent": _c("sent_samples", "samples in the batches handed to clients"),
     "malformed": _c("malformed_messages", "malformed client messages (answered with an ERROR)"),
-    "refused": _c(REFUSALS, "refusals", what="request"),
-    "sessions_refused": _c(REFUSALS, "refusals", what="session"),
-    "auth_refused": _c(REFUSALS, "refusals", what="auth"),
+    "refused": _c(REFUSALS, REFUSED_HELP, what="request"),
+    "sessions_refused": _c(REFUSALS, REFUSED_HELP, what="session"),
+    "auth_refused": _c(REFUSALS, REFUSED_HELP, what="auth"),
     "connections_cut": _c("connections_cut", "client connections cut (over --max-inbound-bytes "
                                              "or over the connection cap)"),
     "replies_too_large": _c("replies_too_large", "batches over --max-reply-bytes (answered "
                                                  "with an ERROR)"),
     "dropped_sends": _c("dropped_replies", "replies that could not be delivered (client gone)"),
     "stale_notices": _c("stale_notices", "reader notices for requests already settled"),
-    "clients_expired": _c(EXPIRED, "sessions freed", why="ttl"),
-    "sessions_idle_expired": _c(EXPIRED, "sessions freed", why="idle"),
+    "clients_expired": _c(EXPIRED, EXPIRED_HELP, why="ttl"),
+    "sessions_idle_expired": _c(EXPIRED, EXPIRED_HELP, why="idle"),
     "clients_probed": _c("clients_probed", "silent clients whose connection was probed"),
     "tasks_requeued": _c("tasks_requeued", "tasks of dead readers queued again"),
     "worker_restarts": _c("worker_restarts", "reader processes replaced after they died"),
