@@ -7,10 +7,16 @@ side is a map-style Arrow dataset (``bench.torch_datasets.ArrowMapDataset``) wit
 (``getrusage(RUSAGE_SELF)``: user + system CPU of all its threads, not of worker or server
 processes). The target is a ratio <= 0.25.
 
+``--metrics-rounds N`` also measures the cost of ``DataLoader(metrics=registry)``: two loaders
+on the same server, one with metrics and one without, timed an epoch each in turn for N rounds
+(alternating cancels drift of the machine's load), plus the per-batch hook
+(``StallMeter.batch``) timed alone on a real batch.
+
 Without CUDA, torch's ``pin_memory=True`` pins nothing (torch warns and skips it) and
 dataflow's ``pin_memory`` is off too.
 
 Usage: python -m dataflow.bench.trainer_cpu [--batch-size 256] [--epochs 10]
+[--metrics-rounds 10]
 """
 
 from __future__ import annotations
@@ -20,13 +26,18 @@ import resource
 import sys
 import tempfile
 import time
+import timeit
 import warnings
 from collections.abc import Iterable
+from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from dataflow.bench.torch_datasets import ArrowMapDataset
 from dataflow.client import DataLoader
+from dataflow.client.buffers import Ready
+from dataflow.client.metrics import StallMeter
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.scan import build_index
 from dataflow.server import launch
@@ -47,6 +58,27 @@ def measure(epochs: Iterable[Iterable]) -> tuple[float, float, int]:
     return _cpu() - cpu0, time.perf_counter() - wall0, n
 
 
+def metrics_overhead(endpoint: str, batch_size: int, rounds: int) -> tuple[list, float]:
+    """Rows (name, CPU s, wall s, batches) of loaders without and with metrics, timed an epoch
+    each in turn for ``rounds`` rounds, and the hook's cost alone in microseconds per batch."""
+    totals = {"off": [0.0, 0.0, 0.0], "on": [0.0, 0.0, 0.0]}  # CPU s, wall s, batches
+    kw: dict[str, Any] = {"batch_size": batch_size, "rank": 0, "world_size": 1, "timeout": 60}
+    with DataLoader(endpoint, **kw) as off, DataLoader(
+            endpoint, metrics=CollectorRegistry(), **kw) as on:
+        loaders = {"off": off, "on": on}
+        for dl in loaders.values():
+            batch = next(iter(dl))
+        for _ in range(rounds):
+            for key, dl in loaders.items():
+                totals[key] = [t + m for t, m in zip(totals[key], measure([dl]), strict=True)]
+    meter, ready = StallMeter(), Ready(batch)
+    calls = 100_000
+    hook_us = timeit.timeit(lambda: meter.batch(0.001, ready), number=calls) / calls * 1e6
+    rows = [(f"dataflow DataLoader, metrics {key} (alternating epochs)", cpu, wall, int(n))
+            for key, (cpu, wall, n) in totals.items()]
+    return rows, hook_us
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dataflow.bench.trainer_cpu",
                                 description=__doc__.split("\n\n")[0])
@@ -54,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--samples-per-shard", type=int, default=1000)
+    p.add_argument("--metrics-rounds", type=int, default=0,
+                   help="also compare loaders with and without metrics=registry over this "
+                        "many alternating epochs each (default: 0, not measured)")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-trainer-cpu-") as tmp:
@@ -79,7 +114,11 @@ def main(argv: list[str] | None = None) -> None:
             for _ in dl:
                 pass
             cpu, wall, n = measure(dl for _ in range(args.epochs))
-        rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
+            rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
+            if args.metrics_rounds:
+                pair, hook_us = metrics_overhead(server.endpoint, args.batch_size,
+                                                 args.metrics_rounds)
+                rows += pair
 
     base = rows[0][1] / rows[0][3]
     command = " ".join(argv or sys.argv[1:])
@@ -93,6 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     for name, cpu, wall, n in rows:
         print(f"| {name} | {n} | {cpu:.2f} | {1000 * cpu / n:.2f} | {wall:.2f} | "
               f"{cpu / n / base:.2f} |")
+    if args.metrics_rounds:
+        (_, off_cpu, _, off_n), (_, on_cpu, _, on_n) = rows[-2:]
+        print(f"\nmetrics on vs off: trainer CPU per batch x{on_cpu / on_n / (off_cpu / off_n):.3f}"
+              f"; the per-batch hook alone: {hook_us:.2f} us "
+              f"({100 * hook_us / (1e6 * off_cpu / off_n):.2f}% of the CPU per batch)")
 
 
 if __name__ == "__main__":

@@ -7,16 +7,19 @@ import os
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from types import TracebackType
 from typing import Any, SupportsIndex
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
 from dataflow.client.cursor import EpochCursor
 from dataflow.client.handoff import StartEpoch
 from dataflow.client.iothread import IOThread
+from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
 from dataflow.errors import (
     ConfigError,
@@ -139,9 +142,14 @@ class DataLoader:
             :class:`~dataflow.errors.ServerUnavailable` ("authentication refused") within
             about a second, not after ``timeout``.
         server_key: the servers' public key file (``NAME.key``); both or neither.
+        metrics: per-rank data-stall metrics (:mod:`dataflow.client.metrics`): a port to
+            serve ``/metrics`` on, on all interfaces (0: a free one, see ``metrics_port``),
+            or a ``prometheus_client.CollectorRegistry`` to register them in (one DataLoader
+            per registry at a time; ``close()`` unregisters); None: off.
 
     Raises:
         ConfigError: an argument is invalid.
+        MetricsError: the metrics port is taken, or the registry has a DataLoader's already.
         ServerUnavailable: a server did not answer HELLO within ``timeout`` (while
             iterating: no server was usable for ``timeout`` seconds).
         DatasetMismatchError: the servers serve different datasets.
@@ -167,6 +175,7 @@ class DataLoader:
         window: int = DEFAULT_WINDOW,
         curve_key: str | os.PathLike | None = None,
         server_key: str | os.PathLike | None = None,
+        metrics: int | CollectorRegistry | None = None,
     ) -> None:
         endpoints = normalize_servers(servers)
         rank, world_size = dist_env(rank, world_size)
@@ -187,7 +196,11 @@ class DataLoader:
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._gen = 0
+        self._metrics: LoaderMetrics | None = None
         try:
+            if metrics is not None:
+                self._metrics = LoaderMetrics(metrics, cfg.rank, self._io.handoff.stats)
+                weakref.finalize(self, self._metrics.close)
             self.index = self._handshake()
         except BaseException:
             self.close()
@@ -197,6 +210,8 @@ class DataLoader:
         self.epoch_size = self._size(0)
         self.sampler = EpochSetter(self)
         self.batch_sampler = None  # as torch's DataLoader: batches are not a sampler's here
+        self._meter = self._metrics.meter if self._metrics is not None else None
+        self.metrics_port = self._metrics.port if self._metrics is not None else None
 
     def _handshake(self) -> DatasetIndex:
         indexes = self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
@@ -213,6 +228,8 @@ class DataLoader:
         """Stop the I/O thread and close every socket (idempotent)."""
         self._gen += 1
         self._finalizer()
+        if self._metrics is not None:
+            self._metrics.close()
 
     def __enter__(self) -> DataLoader:
         return self
@@ -296,7 +313,10 @@ class DataLoader:
                 raise StaleIteratorError("this iterator was invalidated: a newer iterator was "
                                          "started, set_epoch/load_state_dict was called after "
                                          "it yielded, or the loader was closed")
+            t0 = perf_counter()
             index, ready = self._io.handoff.take(run.gen, GET_POLL_S, self._io.is_alive)
+            if self._meter is not None:
+                self._meter.batch(perf_counter() - t0, ready)
             if index != run.yielded:
                 raise InternalError(f"got batch {index}, expected {run.yielded}")
             run.yielded += 1

@@ -63,6 +63,11 @@ class ServerStartError(DataflowError):
     """A loader server (or one of its reader processes) could not start."""
 
 
+class MetricsError(DataflowError):
+    """A Prometheus metrics endpoint could not start (its port is taken) or its metrics could
+    not be registered (the registry has them already)."""
+
+
 class StateMismatchError(DataflowError):
     """A ``state_dict`` does not fit this loader (another configuration, a bad field)."""
 

@@ -20,6 +20,7 @@ from dataflow.server import health
 from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.ledger import CREDIT_SLACK
+from dataflow.server.metrics import ServerMetrics
 from dataflow.server.pool import WorkerPool
 from dataflow.server.tasks import WorkerSpec
 from dataflow.server.transform import load_transform
@@ -77,6 +78,7 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
     ctx = zmq.Context()
     frontend = None
     pool = None
+    metrics = None
     try:
         index = build_index(list(config.data), cache_dir=config.cache_dir,
                             on_error=config.on_error)
@@ -89,15 +91,21 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
                                      config.max_connections, config.curve),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
-        frontend = Frontend(config, index, pool, ctx, backend)
+        if config.metrics_port is not None:
+            metrics = ServerMetrics(config.metrics_port, config.metrics_bind)
+        frontend = Frontend(config, index, pool, ctx, backend,
+                            metrics.publish if metrics is not None else None)
         pool.start()
         frontend.wait_ready(READY_TIMEOUT_S, stop)
         if stop():
             return 0
+        if metrics is not None:
+            metrics.publish(frontend.snapshot())
         ready = {"event": "ready", "endpoint": frontend.endpoint, "pid": os.getpid(),
                  "workers": config.workers, "shards": len(index.shards), "samples": index.total,
                  "fingerprint": index.fingerprint, "worker_pids": pool.pids,
-                 "data_endpoints": pool.endpoints}
+                 "data_endpoints": pool.endpoints,
+                 "metrics_port": metrics.port if metrics is not None else None}
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
         log.info("serving on %s with %d worker(s)", frontend.endpoint, config.workers)
@@ -106,6 +114,8 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
         log.info("stopped; counters %s", frontend.stats())
         return 0
     finally:
+        if metrics is not None:
+            metrics.close()
         if pool is not None:
             pool.close()
         if frontend is not None:

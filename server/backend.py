@@ -113,7 +113,7 @@ class WorkerHandler:
                 self.skipped_per_shard[shard] = self.skipped_per_shard.get(shard, 0) + n
                 self._counters["skipped_samples"] += n
             self._counters["replies_too_large"] += msg.too_large
-            self._delivery.settle(msg.token, msg.req_id, msg.nbytes)
+            self._delivery.settle(msg.token, msg.req_id, msg.nbytes, msg.samples)
             return
         self._counters["dropped_sends"] += 1
         self._delivery.fail(msg.token, msg.req_id, ErrorKind.UNDELIVERABLE, msg.why,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dataflow.errors import ConfigError
+from dataflow.exporter import check_metrics_address
 from dataflow.security import ServerCurve, server_curve
 from dataflow.wire import MAX_BATCH_SIZE
 
@@ -28,6 +29,7 @@ HEADER_ROOM = 64 * 1024
 MAX_WORKERS = 256
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ON_ERROR = ("raise", "skip")
+DEFAULT_METRICS_BIND = "127.0.0.1"
 
 
 def default_workers() -> int:
@@ -63,6 +65,9 @@ class ServerConfig:
             not received as whole messages (e.g. a multipart message never finished); the
             connection is cut beyond it. Also the largest frame accepted (``MAXMSGSIZE``).
         curve: CURVE keys of every client link (:mod:`dataflow.security`); None: clear text.
+        metrics_port: TCP port of the Prometheus ``/metrics`` endpoint (0: a free one); None:
+            no endpoint.
+        metrics_bind: IP address the metrics endpoint listens on.
     """
 
     data: tuple[str, ...]
@@ -82,6 +87,8 @@ class ServerConfig:
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
     max_inbound_bytes: int = DEFAULT_MAX_INBOUND_BYTES
     curve: ServerCurve | None = None
+    metrics_port: int | None = None
+    metrics_bind: str = DEFAULT_METRICS_BIND
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -122,6 +129,8 @@ class ServerConfig:
             raise ConfigError(f"`max_inbound_bytes` must be in [{least}, {MAX_REPLY_BYTES}] "
                               f"(the largest REQUEST of `max_request_samples` ranges must fit). "
                               f"Found: {self.max_inbound_bytes}")
+        if self.metrics_port is not None:
+            check_metrics_address(self.metrics_port, self.metrics_bind, "metrics")
 
     @property
     def zmq_bind(self) -> str:
@@ -229,6 +238,17 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--curve-allowed-keys", default=None, metavar="DIR",
                      help="directory of the client public keys (*.key) accepted, read at "
                           "start; refusals are logged and counted (STATS auth_refused)")
+    mon = p.add_argument_group(
+        "metrics", "Prometheus metrics (STATS counters, queue depths, sessions' credit use, "
+                   "skipped samples per shard) over HTTP at /metrics")
+    mon.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                     help="serve /metrics on this TCP port; 0 picks a free one, reported as "
+                          "metrics_port in the ready line (default: no metrics endpoint)")
+    mon.add_argument("--metrics-bind", default=DEFAULT_METRICS_BIND, metavar="ADDR",
+                     help="IP address the metrics endpoint listens on; use 0.0.0.0 (or the "
+                          "pod IP) for a Prometheus on another host. It has no "
+                          "authentication, so it stays on loopback unless asked "
+                          "(default: %(default)s)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
@@ -250,6 +270,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
             max_inbound_bytes=ns.max_inbound_bytes,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
+            metrics_port=ns.metrics_port, metrics_bind=ns.metrics_bind,
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -91,14 +91,16 @@ class Delivery:
         if reply.settles:
             self.settle(s.token, reply.req_id, reply.nbytes)
 
-    def settle(self, token: bytes, req_id: int, nbytes: int) -> None:
-        """The reply (``nbytes``) to request ``req_id`` of session ``token`` was handed over."""
+    def settle(self, token: bytes, req_id: int, nbytes: int, samples: int = 0) -> None:
+        """The reply (``nbytes``, ``samples`` in its batch) to request ``req_id`` of session
+        ``token`` was handed over."""
         if token not in self._ledger:
             self._ledger.settle(token, req_id)  # a closed session's: its connection is freed
             self._counters["dropped_sends"] += 1
         elif self._ledger.settle(token, req_id):
             self._counters["replies"] += 1
             self._counters["bytes_sent"] += nbytes
+            self._counters["samples_sent"] += samples
         else:
             self._counters["stale_notices"] += 1
 

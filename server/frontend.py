@@ -49,6 +49,7 @@ from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
 from dataflow.server.guard import GUARD_MS, InboundGuard
 from dataflow.server.ledger import CREDIT_SLACK, Ledger
+from dataflow.server.metrics import SessionUse, Snapshot, session_label
 from dataflow.server.peerlog import RateLimitedLog
 from dataflow.server.pool import WorkerPool
 from dataflow.server.sessions import Sessions
@@ -65,7 +66,7 @@ STOPPING_LINGER_MS = 1000
 COUNTERS = ("malformed", "refused", "dropped_sends", "stale_notices", "requests", "replies",
             "bytes_sent", "clients_expired", "clients_probed", "sessions_refused",
             "sessions_idle_expired", "connections_cut", "tasks_requeued", "replies_too_large",
-            "skipped_samples")
+            "skipped_samples", "samples_sent")
 
 
 def _bind(sock: zmq.Socket, endpoint: str, what: str) -> None:
@@ -85,14 +86,18 @@ class Frontend:
         pool: the started worker pool.
         ctx: the process's ZeroMQ context.
         backend: ipc:// endpoint the workers connect to.
+        publish: called with a fresh :meth:`snapshot` at every housekeeping tick (metrics).
 
     Raises:
         ServerStartError: an endpoint cannot be bound (e.g. the port is taken).
     """
 
     def __init__(self, config: ServerConfig, index: DatasetIndex, pool: WorkerPool,
-                 ctx: zmq.Context, backend: str) -> None:
+                 ctx: zmq.Context, backend: str,
+                 publish: Callable[[Snapshot], None] | None = None) -> None:
         self._pool = pool
+        self._index = index
+        self._publish = publish
         self._sessions = Sessions()
         self._ledger = Ledger()
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -179,6 +184,8 @@ class Frontend:
                 self._workers.reap()
                 self._workers.dispatch()
                 self._peer_log.tick()
+                if self._publish is not None:
+                    self._publish(self.snapshot())
                 next_housekeeping = now + HOUSEKEEPING_S
 
     def _read_clients(self) -> None:
@@ -211,3 +218,15 @@ class Frontend:
             "skipped_per_shard": [x for pair in per_shard[: MAX_COUNTER_LIST // 2]
                                   for x in pair],
         }
+
+    def snapshot(self) -> Snapshot:
+        """What ``/metrics`` shows now (see :mod:`dataflow.server.metrics`)."""
+        root = len(self._index.root)
+        return Snapshot(
+            stats={k: v for k, v in self.stats().items() if isinstance(v, int)},
+            skipped=tuple((self._index.shards[shard][root:], n)
+                          for shard, n in sorted(self._workers.skipped_per_shard.items())),
+            sessions=tuple(SessionUse(s.name, session_label(s.token), s.credits,
+                                      self._ledger.outstanding(s.token)
+                                      if s.token in self._ledger else 0)
+                           for s in self._sessions))

@@ -117,11 +117,13 @@ class Reply:
         frames: an encoded BATCH or ERROR.
         skips: ``(shard, samples)`` left out as damaged.
         too_large: whether the batch exceeded ``--max-reply-bytes``.
+        samples: samples in the BATCH (0 for an ERROR).
     """
 
     frames: list[wire.Buffer]
     skips: tuple[tuple[int, int], ...] = ()
     too_large: bool = False
+    samples: int = 0
 
 
 class ReplyTooLarge(Exception):
@@ -148,7 +150,7 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
             raise ReplyTooLarge(f"batch of {nbytes} bytes exceeds this server's "
                                 f"--max-reply-bytes {spec.max_reply_bytes}; ask for fewer "
                                 "samples a request")
-        return Reply(wire.encode(msg), tuple(sorted(skips.items())))
+        return Reply(wire.encode(msg), tuple(sorted(skips.items())), samples=msg.size)
     except Exception as e:
         log.warning("request %d failed: %s: %s", req_id, type(e).__name__, e)
         text = f"{type(e).__name__}: {e}"

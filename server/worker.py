@@ -93,7 +93,7 @@ class DataSender:
         frames = reply.frames
         nbytes = sum(memoryview(f).nbytes for f in frames)
         self._control.send_multipart(encode_internal(
-            Sent(token, req_id, nbytes, reply.skips, int(reply.too_large))))
+            Sent(token, req_id, nbytes, reply.skips, int(reply.too_large), reply.samples)))
         waiting = self.parked.get(token)
         if waiting is None and try_send(self._data, token, frames) is SendResult.OK:
             return

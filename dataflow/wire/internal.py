@@ -5,8 +5,8 @@ Each message is a tag frame then one frame per field, fixed by the tag's entry i
 
     TASK  [b"T", token, req_id, ranges]    frontend -> reader: serve one REQUEST
     READY [b"R", endpoint]                 reader -> frontend, once: my data endpoint
-    SENT  [b"S", token, req_id, nbytes, skips, too_large]  reader -> frontend: reply handed
-                                           to ZeroMQ
+    SENT  [b"S", token, req_id, nbytes, skips, too_large, samples]  reader -> frontend:
+                                           reply handed to ZeroMQ
     LOST  [b"L", token, req_id, why]       reader -> frontend: reply dropped
 
 ``token`` is the client's session token (the routing id of its data connections, and the key
@@ -61,6 +61,7 @@ class Sent:
             (``--on-error skip``); empty when none were.
         too_large: 1 when the reply is an ERROR because the batch exceeded
             ``--max-reply-bytes``, else 0.
+        samples: samples in the reply's BATCH (0 for an ERROR).
     """
 
     token: bytes
@@ -68,6 +69,7 @@ class Sent:
     nbytes: int
     skips: tuple[tuple[int, int], ...] = ()
     too_large: int = 0
+    samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ _CODECS: dict[str, _Codec] = {
     "req_id": (_count_bytes, _count),
     "nbytes": (_count_bytes, _count),
     "too_large": (_count_bytes, _count),
+    "samples": (_count_bytes, _count),
     "ranges": (lambda v: np.ascontiguousarray(v, dtype="<i8").tobytes(), _ranges),
     "skips": (lambda v: np.asarray(v, dtype="<i8").reshape(-1, 2).tobytes(), _skips),
     "endpoint": (lambda v: v.encode("utf-8"), _text),

@@ -58,7 +58,7 @@ def test_batch_counts_the_samples_the_readers_skipped_during_the_task() -> None:
     assert isinstance(msg, wire.BatchMsg) and msg.req_id == 3
     assert (msg.size, msg.skipped) == (7, 3)
     assert msg.data[0].tolist() == [0, 3, 4, 6, 7, 8, 9]
-    assert reply.skips == ((0, 2), (1, 1)) and not reply.too_large
+    assert reply.skips == ((0, 2), (1, 1)) and not reply.too_large and reply.samples == 7
 
 
 def test_a_count_that_does_not_add_up_is_an_internal_error_reply() -> None:

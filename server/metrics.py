@@ -1,0 +1,197 @@
+"""Prometheus metrics of a loader server (``--metrics-port``), made from its STATS counters.
+
+Everything the server counts already reaches the frontend: its own counters, and the readers'
+(bytes, samples and skipped samples of each reply) through their SENT notices
+(:mod:`dataflow.wire.internal`). So no multiprocess mode is needed: the frontend's thread
+builds an immutable :class:`Snapshot` at every housekeeping tick (4 times a second) and hands
+it to a :class:`SnapshotCollector`; the exporter's HTTP threads only read the latest snapshot
+reference. A scrape never touches the frontend's live state, needs no lock and is at most one
+tick behind; the serving loop pays one ``stats()`` call per tick, nothing per message.
+
+:func:`families` (snapshot -> metric families) is pure. Every STATS counter is exported
+(:data:`METRICS` maps each to a metric name and labels); counters end in ``_total``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dataflow.errors import InternalError
+from dataflow.exporter import MetricsExporter
+
+PREFIX = "dataflow_"
+MAX_LABEL = 128
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one STATS entry is exported: as ``name`` (a counter or gauge) with ``labels``."""
+
+    name: str
+    kind: str
+    help: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def _c(name: str, help: str, **labels: str) -> Spec:
+    return Spec(PREFIX + name, "counter", help, tuple(labels.items()))
+
+
+def _g(name: str, help: str) -> Spec:
+    return Spec(PREFIX + name, "gauge", help)
+
+
+REFUSALS = "refusals"
+REFUSED_HELP = ("requests refused (request: REQUESTs and oversized HELLOs; session: HELLOs over "
+                "--max-sessions; auth: CURVE keys)")
+EXPIRED = "sessions_expired"
+EXPIRED_HELP = ("sessions freed (ttl: silent with the connection closed past --client-ttl; "
+                "idle: silent past --session-idle-timeout)")
+METRICS: dict[str, Spec] = {
+    "requests": _c("requests", "REQUESTs accepted from clients"),
+    "replies": _c("replies", "replies (batches, and read errors) handed to clients"),
+    "bytes_sent": _c("sent_bytes", "bytes of the replies handed to clients"),
+    "samples_sent": _c("sent_samples", "samples in the batches handed to clients"),
+    "malformed": _c("malformed_messages", "malformed client messages (answered with an ERROR)"),
+    "refused": _c(REFUSALS, REFUSED_HELP, what="request"),
+    "sessions_refused": _c(REFUSALS, REFUSED_HELP, what="session"),
+    "auth_refused": _c(REFUSALS, REFUSED_HELP, what="auth"),
+    "connections_cut": _c("connections_cut", "client connections cut (over --max-inbound-bytes "
+                                             "or over the connection cap)"),
+    "replies_too_large": _c("replies_too_large", "batches over --max-reply-bytes (answered "
+                                                 "with an ERROR)"),
+    "dropped_sends": _c("dropped_replies", "replies that could not be delivered (client gone)"),
+    "stale_notices": _c("stale_notices", "reader notices for requests already settled"),
+    "clients_expired": _c(EXPIRED, EXPIRED_HELP, why="ttl"),
+    "sessions_idle_expired": _c(EXPIRED, EXPIRED_HELP, why="idle"),
+    "clients_probed": _c("clients_probed", "silent clients whose connection was probed"),
+    "tasks_requeued": _c("tasks_requeued", "tasks of dead readers queued again"),
+    "worker_restarts": _c("worker_restarts", "reader processes replaced after they died"),
+    "log_lines_suppressed": _c("log_lines_suppressed", "peer log lines rate-limited away"),
+    "clients": _g("sessions", "client sessions open"),
+    "connections": _g("connections", "client connections open"),
+    "draining_sessions": _g("draining_sessions", "closed sessions with requests at a reader"),
+    "queued": _g("queued_requests", "requests waiting for a reader"),
+    "in_flight": _g("reader_tasks", "tasks held by the readers"),
+    "pending_sends": _g("parked_replies", "frontend replies waiting for a full client queue"),
+    "bytes_buffered": _g("parked_bytes", "bytes of the parked replies"),
+    "workers": _g("workers", "reader processes"),
+}
+SKIPPED = PREFIX + "skipped_samples"
+SESSION_CREDITS = PREFIX + "session_credits"
+SESSION_OUTSTANDING = PREFIX + "session_outstanding_requests"
+PER_SHARD = ("skipped_samples", "skipped_per_shard")
+
+
+@dataclass(frozen=True)
+class SessionUse:
+    """Credit use of one session: its client's self-description, an opaque session id (a hash
+    of its token, which must stay secret), credits granted and requests outstanding."""
+
+    client: str
+    session: str
+    credits: int
+    outstanding: int
+
+
+def session_label(token: bytes) -> str:
+    """A stable, non-reversible label for a session token."""
+    return hashlib.sha256(token).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one scrape shows.
+
+    Attributes:
+        stats: the frontend's scalar STATS entries.
+        skipped: ``(shard name, samples)`` skipped as damaged, per shard with any.
+        sessions: credit use of every open session.
+    """
+
+    stats: Mapping[str, int] = field(default_factory=dict)
+    skipped: tuple[tuple[str, int], ...] = ()
+    sessions: tuple[SessionUse, ...] = ()
+
+
+def families(snap: Snapshot) -> list[Metric]:
+    """The metric families of ``snap``.
+
+    Raises:
+        InternalError: a STATS entry has no metric in :data:`METRICS` (a counter was added
+            without deciding how it is exported).
+    """
+    made: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for key, value in snap.stats.items():
+        if key in PER_SHARD:
+            continue
+        spec = METRICS.get(key)
+        if spec is None:
+            raise InternalError(f"STATS entry {key!r} has no Prometheus metric")
+        fam = made.get(spec.name)
+        if fam is None:
+            names = [k for k, _ in spec.labels]
+            fam = made[spec.name] = (
+                CounterMetricFamily(spec.name, spec.help, labels=names) if spec.kind == "counter"
+                else GaugeMetricFamily(spec.name, spec.help, labels=names))
+        fam.add_metric([v for _, v in spec.labels], value)
+    skipped = CounterMetricFamily(SKIPPED, "damaged samples left out (--on-error skip)",
+                                  labels=["shard"])
+    for shard, n in snap.skipped:
+        skipped.add_metric([shard[-MAX_LABEL:]], n)
+    credits = GaugeMetricFamily(SESSION_CREDITS, "credits granted to a session",
+                                labels=["client", "session"])
+    outstanding = GaugeMetricFamily(SESSION_OUTSTANDING, "requests of a session not settled",
+                                    labels=["client", "session"])
+    for s in snap.sessions:
+        labels = [s.client[:MAX_LABEL], s.session]
+        credits.add_metric(labels, s.credits)
+        outstanding.add_metric(labels, s.outstanding)
+    return [*made.values(), skipped, credits, outstanding]
+
+
+class SnapshotCollector(Collector):
+    """Serves the latest published :class:`Snapshot`.
+
+    Thread invariant: :meth:`publish` is called by one thread (the frontend's); :meth:`collect`
+    by any, reading one reference (atomic under the GIL) to an immutable snapshot.
+    """
+
+    def __init__(self) -> None:
+        self._snap = Snapshot()
+
+    def publish(self, snap: Snapshot) -> None:
+        self._snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(families(self._snap))
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+
+class ServerMetrics:
+    """The server's ``/metrics`` endpoint: a :class:`SnapshotCollector` in a private registry,
+    served on ``bind:port`` (0: a free port, see :attr:`port`) until :meth:`close`.
+
+    Raises:
+        MetricsError: the address cannot be bound.
+    """
+
+    def __init__(self, port: int, bind: str) -> None:
+        self._collector = SnapshotCollector()
+        registry = CollectorRegistry()
+        registry.register(self._collector)
+        self._exporter = MetricsExporter(registry, port, bind)
+        self.port = self._exporter.port
+        self.publish = self._collector.publish
+
+    def close(self) -> None:
+        """Stop serving (idempotent)."""
+        self._exporter.close()

@@ -1,0 +1,151 @@
+"""Prometheus metrics scraped over HTTP from real servers and DataLoaders: counts match."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import urllib.request
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zmq
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from srvtools import RawClient, wait_for
+
+from dataflow import wire
+from dataflow.client import DataLoader
+from dataflow.errors import MetricsError, ServerUnavailable
+from dataflow.server import launch
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def _damaged_parquet(path: str) -> None:
+    """60 rows ``x == index`` in row groups of 10; row group 2 fails its page checksum."""
+    pq.write_table(pa.table({"x": np.arange(60, dtype=np.int64)}), path, row_group_size=10,
+                   compression="none", use_dictionary=False, write_page_checksum=True)
+    col = pq.ParquetFile(path).metadata.row_group(2).column(0)
+    with open(path, "r+b") as f:
+        f.seek(col.data_page_offset + col.total_compressed_size - 8)
+        f.write(b"\x63")
+
+
+def _raw_batches(client: RawClient, requests: list[tuple[int, int, int]]) -> int:
+    """Send one REQUEST per range and return the bytes of the BATCH replies received."""
+    for i, rng in enumerate(requests):
+        client.send(wire.Request(i + 1, (rng,)))
+    got = 0
+    poller = zmq.Poller()
+    for sock in client.data:
+        poller.register(sock, zmq.POLLIN)
+    for _ in requests:
+        events = dict(poller.poll(10_000))
+        assert events, "no reply within 10 s"
+        frames = next(iter(events)).recv_multipart()
+        assert isinstance(wire.decode(frames), wire.BatchMsg)
+        got += sum(len(f) for f in frames)
+    return got
+
+
+@pytest.mark.timeout(90)
+def test_an_epoch_is_counted_on_the_server_and_on_the_client(servers, tmp_path) -> None:
+    path = str(tmp_path / "p.parquet")
+    _damaged_parquet(path)
+    server = servers([path], extra_args=["--on-error", "skip", "--metrics-port", "0"])
+    port = server.ready["metrics_port"]
+    raw = RawClient(server.endpoint)
+    try:
+        assert isinstance(raw.call(wire.Hello(4, "metrics probe")), wire.Index)
+        nbytes = _raw_batches(raw, [(0, 0, 8), (0, 8, 16)])
+        wait_for(lambda: scrape(port)[("dataflow_sent_bytes_total", ())] == nbytes, 10,
+                 "the probe's reply bytes in /metrics")
+        got = scrape(port)
+        assert got[("dataflow_replies_total", ())] == 2
+        assert got[("dataflow_sent_samples_total", ())] == 16
+        assert got[("dataflow_sessions", ())] == 1
+        label = next(labels for name, labels in got if name == "dataflow_session_credits")
+        assert dict(label)["client"] == "metrics probe"
+    finally:
+        raw.close()
+
+    registry = CollectorRegistry()
+    with DataLoader(server.endpoint, batch_size=8, rank=1, world_size=2, timeout=30,
+                    metrics=registry) as dl:
+        batches = [b["x"] for b in dl]
+        stats = dl.stats()
+        rank = {"rank": "1"}
+        samples = sum(len(x) for x in batches)
+        assert dl.metrics_port is None and samples + stats["skipped"] == 30
+        assert registry.get_sample_value("dataflow_client_blocked_seconds_count",
+                                         rank) == len(dl) == len(batches)
+        assert registry.get_sample_value("dataflow_client_batches_total", rank) == len(dl)
+        assert registry.get_sample_value("dataflow_client_bytes_total", rank) == 8 * samples
+        assert registry.get_sample_value("dataflow_client_skipped_total", rank) == stats[
+            "skipped"] > 0
+    assert registry.get_sample_value("dataflow_client_batches_total", rank) is None, \
+        "close() leaves the user's registry"
+    wait_for(lambda: scrape(port)[("dataflow_replies_total", ())] == 2 + len(batches), 10,
+             "the epoch's replies in /metrics")
+    got = scrape(port)
+    assert got[("dataflow_sent_samples_total", ())] == 16 + samples
+    assert got[("dataflow_skipped_samples_total", (("shard", "p.parquet"),))] == stats["skipped"]
+
+
+@pytest.mark.timeout(90)
+def test_malformed_refused_and_reader_restarts_are_counted(demo_data, servers,
+                                                           raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], extra_args=["--metrics-port", "0"])
+    port = server.ready["metrics_port"]
+    attacker = raw_client(server.endpoint)
+    attacker.send_raw([b"\x00garbage"])
+    assert isinstance(attacker.recv(), wire.ErrorMsg)
+    attacker.send(wire.Request(5, ((0, 0, 1),)))  # before HELLO
+    assert isinstance(attacker.recv(), wire.ErrorMsg)
+    os.kill(server.ready["worker_pids"][0], signal.SIGKILL)
+    wait_for(lambda: scrape(port)[("dataflow_worker_restarts_total", ())] == 1, 30,
+             "the reader's restart in /metrics")
+    got = scrape(port)
+    assert got[("dataflow_malformed_messages_total", ())] == 1
+    assert got[("dataflow_refusals_total", (("what", "request"),))] == 1
+    assert got[("dataflow_refusals_total", (("what", "session"),))] == 0
+    assert got[("dataflow_workers", ())] == 1
+
+    with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1, timeout=30,
+                    metrics=0) as dl:
+        n = sum(1 for _ in dl)
+        client = scrape(dl.metrics_port)
+        assert client[("dataflow_client_batches_total", (("rank", "0"),))] == n == len(dl)
+        assert client[("dataflow_client_blocked_seconds_count", (("rank", "0"),))] == n
+        assert client[("dataflow_client_blocked_seconds_bucket",
+                       (("le", "+Inf"), ("rank", "0")))] == n
+        port_of_client = dl.metrics_port
+    with pytest.raises(OSError):
+        scrape(port_of_client)
+
+
+@pytest.mark.timeout(60)
+def test_a_taken_metrics_port_fails_the_start_naming_it(demo_data) -> None:
+    demo = demo_data("arrow")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServerUnavailable, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            launch([str(p) for p in demo.paths], workers=1, timeout=60,
+                   extra_args=["--metrics-port", str(port)])
+        # Before any HELLO: no server needed to fail.
+        with pytest.raises(MetricsError, match=f"cannot serve metrics on 0.0.0.0:{port}"):
+            DataLoader("tcp://127.0.0.1:9", batch_size=8, rank=0, world_size=1, timeout=30,
+                       metrics=port)

@@ -1,0 +1,103 @@
+"""The server's Prometheus metrics: STATS snapshot -> metric families (pure), and config."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dataflow.errors import ConfigError, InternalError
+from dataflow.server import ServerConfig
+from dataflow.server.config import build_parser, parse_args
+from dataflow.server.frontend import COUNTERS
+from dataflow.server.metrics import (
+    METRICS,
+    SessionUse,
+    Snapshot,
+    SnapshotCollector,
+    families,
+    session_label,
+)
+
+NOT_COUNTERS = (  # the other scalar entries of Frontend.stats()
+    "clients", "connections", "draining_sessions", "queued", "in_flight", "pending_sends",
+    "bytes_buffered", "workers", "worker_restarts", "log_lines_suppressed", "auth_refused")
+
+
+def _samples(snap: Snapshot) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    collector = SnapshotCollector()
+    registry.register(collector)
+    collector.publish(snap)
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_every_stats_counter_has_a_metric() -> None:
+    stats = dict.fromkeys((*COUNTERS, *NOT_COUNTERS), 1)
+    names = {fam.name for fam in families(Snapshot(stats))}
+    assert {METRICS[k].name for k in stats if k in METRICS} <= names
+    assert set(stats) - set(METRICS) == {"skipped_samples"}  # exported per shard
+
+
+def test_an_unmapped_stats_entry_is_an_internal_error() -> None:
+    with pytest.raises(InternalError, match="'surprise'"):
+        families(Snapshot({"surprise": 1}))
+
+
+def test_exposition_carries_values_labels_and_per_shard_skips() -> None:
+    snap = Snapshot(
+        stats={"requests": 12, "replies": 11, "bytes_sent": 4096, "samples_sent": 176,
+               "refused": 2, "sessions_refused": 1, "auth_refused": 0, "queued": 3,
+               "skipped_samples": 9},
+        skipped=(("a/shard-0.arrow", 7), ("b/shard-3.arrow", 2)),
+        sessions=(SessionUse("rank 0/2 pid 7", "abc", 8, 5),
+                  SessionUse("rank 1/2 pid 8", "def", 8, 0)))
+    got = _samples(snap)
+    assert got[("dataflow_requests_total", ())] == 12
+    assert got[("dataflow_sent_bytes_total", ())] == 4096
+    assert got[("dataflow_sent_samples_total", ())] == 176
+    assert got[("dataflow_refusals_total", (("what", "request"),))] == 2
+    assert got[("dataflow_refusals_total", (("what", "session"),))] == 1
+    assert got[("dataflow_queued_requests", ())] == 3
+    assert got[("dataflow_skipped_samples_total", (("shard", "a/shard-0.arrow"),))] == 7
+    assert got[("dataflow_skipped_samples_total", (("shard", "b/shard-3.arrow"),))] == 2
+    key = (("client", "rank 0/2 pid 7"), ("session", "abc"))
+    assert got[("dataflow_session_credits", key)] == 8
+    assert got[("dataflow_session_outstanding_requests", key)] == 5
+
+
+def test_a_scrape_shows_the_latest_snapshot() -> None:
+    registry = CollectorRegistry()
+    collector = SnapshotCollector()
+    registry.register(collector)
+    collector.publish(Snapshot({"requests": 1}))
+    collector.publish(Snapshot({"requests": 5}))
+    assert registry.get_sample_value("dataflow_requests_total") == 5
+
+
+def test_session_label_does_not_reveal_the_token() -> None:
+    token = b"0123456789abcdef0123456789abcdef"
+    label = session_label(token)
+    assert label == session_label(token) and len(label) == 12
+    assert label not in token.decode() and label != session_label(token[::-1])
+
+
+def test_metrics_flags_default_off_on_loopback() -> None:
+    config = parse_args(["--data", "x"])
+    assert config.metrics_port is None and config.metrics_bind == "127.0.0.1"
+    config = parse_args(["--data", "x", "--metrics-port", "0", "--metrics-bind", "::"])
+    assert config.metrics_port == 0 and config.metrics_bind == "::"
+    text = build_parser().format_help()
+    assert "--metrics-port" in text and "--metrics-bind" in text
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"metrics_port": -1}, "port must be an integer in"),
+    ({"metrics_port": 70000}, "Found: 70000"),
+    ({"metrics_port": 9100, "metrics_bind": "localhost"}, "must be an IPv4 or IPv6 address"),
+])
+def test_metrics_flags_are_validated(kwargs, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ServerConfig(("x",), **kwargs)
