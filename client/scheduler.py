@@ -7,8 +7,15 @@ time passed in, so every rule here is unit-tested with a fake clock:
   more requests outstanding at a server than that. Requests of an abandoned epoch keep their
   credit until their reply (or error) arrives: the server still holds them.
 * **Window.** At most ``window`` batches of the current epoch are requested but not yet taken
-  by the consumer (received, reordered and waiting count too); ``window`` is the sum of the
-  credits granted at the first handshake, so the consumer's hand-off never holds more.
+  by the consumer (received, reordered and waiting count too), so the consumer's hand-off
+  never holds more. ``window`` is the sum of the credits the servers granted at their first
+  join; it is fixed for an epoch and may only grow when the next epoch starts (servers that
+  joined meanwhile count then; servers that left never shrink it).
+* **Membership.** A server found by discovery is :meth:`Scheduler.add`-ed (it joins and then
+  takes requests at once, the epoch's batches not yet requested and re-requests, inside the
+  epoch's window); a removed one is :meth:`Scheduler.retire`-d (GONE: its open batches go to
+  the other servers, as for a lost server, and it is never asked again). Server numbers are
+  never reused.
 * **Choice.** Batches are requested in plan order, batches to re-request first, each from the
   usable server with credit that has the fewest requests outstanding (the first on a tie).
 * **Exactly once.** A batch is *open* from its first request until a reply for it is
@@ -72,6 +79,7 @@ class Scheduler:
     def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
                  silent_s: float, grace: float) -> None:
         self._servers = [ServerRecord(e) for e in endpoints]
+        self._window = 0
         self._timeout = timeout
         self._heartbeat_s = heartbeat_s
         self._silent_s = silent_s
@@ -83,28 +91,64 @@ class Scheduler:
 
     # -- joining --------------------------------------------------------------------------------
 
-    def grant(self, server: int, credits: int, now: float) -> None:
-        """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``."""
+    def grant(self, server: int, credits: int, now: float) -> bool:
+        """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``.
+
+        Returns:
+            Whether it joined for the first time (not again after it was lost).
+        """
         s = self._servers[server]
         if credits < 1:
             raise ProtocolError(f"{s.endpoint}: granted {credits} credits")
         if s.state not in (State.JOINING, State.DOWN):
             raise InternalError(f"{s.endpoint}: granted credits while {s.state.value}")
+        first = not s.share
         s.credits = credits
         s.share = s.share or credits
+        if self._epoch is None:
+            self._window = self._members_window()
         s.unanswered = None
         s.broken = False
         s.heard = now
         s.enter(State.UP, now)
         s.next_heartbeat = now + self._heartbeat_s
+        return first
+
+    def add(self, endpoint: str, now: float) -> int:
+        """A new server ``endpoint`` (found by discovery); it is asked to join at once.
+
+        Returns:
+            Its number.
+        """
+        if self.find(endpoint) is not None:
+            raise InternalError(f"{endpoint}: added twice")
+        s = ServerRecord(endpoint, state=State.DOWN, since=now, next_hello=now)
+        self._servers.append(s)
+        return len(self._servers) - 1
+
+    def retire(self, server: int, now: float) -> None:
+        """Server ``server`` was removed by discovery: its open batches of the current epoch
+        are requested from the other servers, its requests forgotten, and it is GONE."""
+        self.lost(server, now, hello=False)
+        self._servers[server].enter(State.GONE, now)
+
+    def find(self, endpoint: str) -> int | None:
+        """The number of the server ``endpoint`` that is not GONE, if any."""
+        for i, s in enumerate(self._servers):
+            if s.endpoint == endpoint and s.state is not State.GONE:
+                return i
+        return None
+
+    def _members_window(self) -> int:
+        return sum(s.share for s in self._servers if s.state is not State.GONE)
 
     def state(self, server: int) -> State:
         return self._servers[server].state
 
     @property
     def window(self) -> int:
-        """Batches requested but not taken, at most: the credits granted at the first join."""
-        return sum(s.share for s in self._servers)
+        """Batches of the current epoch requested but not taken, at most (see the module)."""
+        return self._window
 
     def endpoint(self, server: int) -> str:
         return self._servers[server].endpoint
@@ -133,6 +177,7 @@ class Scheduler:
             raise InternalError(f"epoch generation {gen} after {self._epoch.gen}")
         self._epoch = _Epoch(gen, batches, first, first)
         self._taken = 0
+        self._window = max(self._window, self._members_window())
 
     @property
     def gen(self) -> int | None:
@@ -244,6 +289,8 @@ class Scheduler:
         control connection comes up anew.
         """
         s = self._servers[server]
+        if s.state is State.GONE:
+            raise InternalError(f"{s.endpoint}: lost after it was removed")
         if s.state in (State.UP, State.SUSPECT):
             self._requeue(s)
             s.forgotten.update(s.outstanding)
@@ -307,10 +354,11 @@ class Scheduler:
         if self._stalled_since is None:
             self._stalled_since = now
         elif now - self._stalled_since > self._timeout:
+            members = [s for s in self._servers if s.state is not State.GONE]
             raise ServerUnavailable(
-                ", ".join(s.endpoint for s in self._servers),
+                ", ".join(s.endpoint for s in members) or "every server left",
                 f"no server usable for {now - self._stalled_since:.1f} s (timeout "
-                f"{self._timeout} s; states: {', '.join(s.state.value for s in self._servers)})")
+                f"{self._timeout} s; states: {', '.join(s.state.value for s in members)})")
 
     def _waiting(self) -> bool:
         """Whether the current epoch needs a server now."""
