@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from dataflow.client import DataLoader
 from dataflow.client.discovery import ServerSource, Watcher, first_lookup, lookup, parse_servers
 from dataflow.client.membership import Changes, Membership
 from dataflow.client.scheduler import Scheduler, State
@@ -54,6 +55,12 @@ def test_bad_settings_name_the_field(given, words) -> None:
     with pytest.raises(ConfigError, match="`servers`") as info:
         parse_servers(given)
     assert words in str(info.value)
+
+
+def test_loader_without_servers_or_env_var_names_both(monkeypatch) -> None:
+    monkeypatch.delenv("DATAFLOW_SERVERS", raising=False)
+    with pytest.raises(ConfigError, match="`servers` not given and DATAFLOW_SERVERS is not set"):
+        DataLoader(batch_size=8)
 
 
 def test_source_needs_exactly_one_form() -> None:
