@@ -45,7 +45,8 @@ class Links:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTING_ID, routing_id)
-        sock.setsockopt(zmq.IPV6, 1)  # a name may resolve to AAAA records
+        if endpoint.startswith("tcp://["):  # an IPv6 address (a name's AAAA record)
+            sock.setsockopt(zmq.IPV6, 1)
         sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_TIMEOUT_MS)
         secure_client(sock, self._curve)
