@@ -34,10 +34,9 @@ time passed in, so every rule here is unit-tested with a fake clock:
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 
+from dataflow.client.epochwork import EpochWork
 from dataflow.client.servers import (
     CONTROL,
     ServerRecord,
@@ -51,15 +50,6 @@ from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches
 
 __all__ = ["CONTROL", "Assignment", "Scheduler", "Slot", "State"]
-
-@dataclass
-class _Epoch:
-    gen: int
-    batches: Batches
-    first: int
-    next_request: int
-    open: set[int] = field(default_factory=set)
-    retry: list[int] = field(default_factory=list)  # a heap of open batches to request again
 
 
 class Scheduler:
@@ -84,7 +74,7 @@ class Scheduler:
         self._heartbeat_s = heartbeat_s
         self._silent_s = silent_s
         self._grace = grace
-        self._epoch: _Epoch | None = None
+        self._epoch: EpochWork | None = None
         self._req_ids = 0
         self._taken = 0
         self._stalled_since: float | None = None
@@ -175,7 +165,7 @@ class Scheduler:
         """
         if self._epoch is not None and gen <= self._epoch.gen:
             raise InternalError(f"epoch generation {gen} after {self._epoch.gen}")
-        self._epoch = _Epoch(gen, batches, first, first)
+        self._epoch = EpochWork(gen, batches, first)
         self._taken = 0
         self._window = max(self._window, self._members_window())
 
@@ -184,8 +174,14 @@ class Scheduler:
         """Generation of the current epoch, or None before the first."""
         return None if self._epoch is None else self._epoch.gen
 
-    def _usable(self, s: ServerRecord) -> bool:
-        return s.state is State.UP and len(s.outstanding) < s.credits
+    def _least_loaded(self) -> int | None:
+        """The usable server with credit and the fewest requests outstanding (first on a tie)."""
+        best = None
+        for i, s in enumerate(self._servers):
+            if (s.state is State.UP and len(s.outstanding) < s.credits and (
+                    best is None or len(s.outstanding) < len(self._servers[best].outstanding))):
+                best = i
+        return best
 
     def assignments(self, taken: int, now: float) -> list[Assignment]:
         """Requests to send now, given that the consumer took ``taken`` batches of this epoch.
@@ -197,27 +193,12 @@ class Scheduler:
         ep = self._epoch
         self._taken = taken
         out: list[Assignment] = []
-        if ep is None:
-            return out
-        end = ep.first + len(ep.batches)
-        while True:
-            while ep.retry and ep.retry[0] not in ep.open:
-                heapq.heappop(ep.retry)
-            retry = bool(ep.retry)
-            if not retry and not (ep.next_request < end
-                                  and ep.next_request - ep.first - taken < self.window):
+        while ep is not None:
+            index = ep.peek(taken, self.window)
+            best = self._least_loaded()
+            if index is None or best is None:
                 break
-            best = None
-            for i, s in enumerate(self._servers):
-                if self._usable(s) and (best is None or len(s.outstanding)
-                                        < len(self._servers[best].outstanding)):
-                    best = i
-            if best is None:
-                break
-            index = heapq.heappop(ep.retry) if retry else ep.next_request
-            if not retry:
-                ep.next_request += 1
-                ep.open.add(index)
+            retry = ep.claim(index)
             self._req_ids += 1
             rows = ep.batches.rows(index - ep.first)
             samples = int((rows[:, 2] - rows[:, 1]).sum())
@@ -227,9 +208,7 @@ class Scheduler:
 
     def window_full(self, taken: int) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
-        ep = self._epoch
-        return (ep is not None and not ep.retry and ep.next_request < ep.first + len(ep.batches)
-                and ep.next_request - ep.first - taken >= self.window)
+        return self._epoch is not None and self._epoch.full(taken, self.window)
 
     def on_reply(self, server: int, req_id: int, now: float) -> Slot | None:
         """A reply (batch or error) to ``req_id`` arrived from ``server``.
@@ -249,20 +228,14 @@ class Scheduler:
                 s.forgotten.discard(req_id)
                 return None
             raise ProtocolError(f"{s.endpoint}: reply to unknown request {req_id}")
-        ep = self._epoch
-        if ep is None or slot.gen != ep.gen or slot.index not in ep.open:
-            return None
-        ep.open.discard(slot.index)
-        return slot
+        return slot if self._epoch is not None and self._epoch.accept(slot) else None
 
     def undelivered(self, server: int, req_id: int, now: float) -> None:
         """The server could not deliver its reply to ``req_id``: request the batch again."""
         slot = self._servers[server].outstanding.get(req_id)
-        if self.on_reply(server, req_id, now) is not None and slot is not None:
-            ep = self._epoch
-            assert ep is not None
-            ep.open.add(slot.index)
-            heapq.heappush(ep.retry, slot.index)
+        if (self.on_reply(server, req_id, now) is not None and slot is not None
+                and self._epoch is not None):
+            self._epoch.again(slot.index)
 
     def outstanding(self, server: int) -> int:
         return len(self._servers[server].outstanding)
@@ -304,10 +277,8 @@ class Scheduler:
             return
         covered = {slot.index for o in self._servers if o.state is State.UP and o is not s
                    for slot in o.outstanding.values() if slot.gen == ep.gen}
-        for slot in s.outstanding.values():
-            if (slot.gen == ep.gen and slot.index in ep.open and slot.index not in covered
-                    and slot.index not in ep.retry):
-                heapq.heappush(ep.retry, slot.index)
+        ep.requeue(slot.index for slot in s.outstanding.values()
+                   if slot.gen == ep.gen and slot.index not in covered)
 
     def heartbeats_due(self, now: float) -> list[int]:
         """Joined servers to send a HEARTBEAT to now (each is then due again in
@@ -362,12 +333,7 @@ class Scheduler:
 
     def _waiting(self) -> bool:
         """Whether the current epoch needs a server now."""
-        ep = self._epoch
-        if ep is None:
-            return False
-        end = ep.first + len(ep.batches)
-        return bool(ep.open) or (ep.next_request < end
-                                 and ep.next_request - ep.first - self._taken < self.window)
+        return self._epoch is not None and self._epoch.waiting(self._taken, self.window)
 
     def next_deadline(self, now: float) -> float:
         """Seconds until a heartbeat or a liveness rule is due (for the poll)."""
