@@ -108,6 +108,24 @@ def parse_servers(servers: object) -> ServerSource:
     return ServerSource(spec, endpoints=tuple(e.strip() for e in spec.split(",")))
 
 
+def servers_setting(servers: object, env_value: str | None) -> ServerSource:
+    """The :class:`ServerSource` of the ``servers`` argument, else (None) of the value of
+    ``DATAFLOW_SERVERS`` (``env_value``, read by the caller: the entry point).
+
+    Raises:
+        ConfigError: neither is given, or the one used is malformed (naming the variable when
+            it came from there).
+    """
+    if servers is not None:
+        return parse_servers(servers)
+    if env_value is None:
+        raise ConfigError(f"`servers` not given and {ENV_VAR} is not set")
+    try:
+        return parse_servers(env_value)
+    except ConfigError as e:
+        raise ConfigError(f"{ENV_VAR}={env_value!r}: {e}") from e
+
+
 def _endpoint(host: str, port: int) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 

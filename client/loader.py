@@ -21,7 +21,7 @@ from dataflow.client.discovery import (
     ENV_VAR,
     first_lookup,
     lookup,
-    parse_servers,
+    servers_setting,
 )
 from dataflow.client.handoff import StartEpoch
 from dataflow.client.iothread import IOThread
@@ -118,14 +118,10 @@ class DataLoader:
     Under the server's ``--on-error skip`` a batch may be short: damaged samples are left out,
     and counted in ``stats()["skipped"]``.
 
-    Discovery (see :mod:`dataflow.client.discovery`): ``servers`` may name the servers by a
-    DNS name, ``dns+tcp://NAME:PORT`` (every A/AAAA record of ``NAME`` is a server), or a
-    registry file, ``file:///PATH`` (one endpoint per line), looked up again every
-    ``resolve_interval`` seconds. A server found later joins mid-epoch and takes requests at
-    once (batches not yet requested and re-requests; the window of batches in flight grows
-    only from the next epoch); a server missing from three lookups in a row, or from one
-    while it is lost, leaves and its batches go to the other servers. Every batch is still
-    yielded exactly once. ``stats()`` counts ``joined`` and ``left`` servers.
+    Discovery (:mod:`dataflow.client.discovery`, :mod:`dataflow.client.membership`): servers
+    named by a DNS name or a registry file are looked up again every ``resolve_interval``
+    seconds; one found later joins and takes requests mid-epoch, one gone leaves and its
+    batches go to the others; every batch is still yielded exactly once.
 
     Args:
         servers: where the servers are: one endpoint (``tcp://host:port``), a list of them or
@@ -192,11 +188,7 @@ class DataLoader:
         server_key: str | os.PathLike | None = None,
         resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
     ) -> None:
-        if servers is None:
-            servers = os.environ.get(ENV_VAR)
-            if servers is None:
-                raise ConfigError(f"`servers` not given and {ENV_VAR} is not set")
-        source = parse_servers(servers)
+        source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
         self.config = LoaderConfig(
             servers=source, batch_size=batch_size, rank=rank, world_size=world_size,

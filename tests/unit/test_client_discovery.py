@@ -10,7 +10,14 @@ import threading
 import pytest
 
 from dataflow.client import DataLoader
-from dataflow.client.discovery import ServerSource, Watcher, first_lookup, lookup, parse_servers
+from dataflow.client.discovery import (
+    ServerSource,
+    Watcher,
+    first_lookup,
+    lookup,
+    parse_servers,
+    servers_setting,
+)
 from dataflow.client.membership import Changes, Membership
 from dataflow.client.scheduler import Scheduler, State
 from dataflow.errors import ConfigError, InternalError, ServerUnavailable
@@ -57,9 +64,19 @@ def test_bad_settings_name_the_field(given, words) -> None:
     assert words in str(info.value)
 
 
-def test_loader_without_servers_or_env_var_names_both(monkeypatch) -> None:
+def test_argument_else_env_var() -> None:
+    assert servers_setting("tcp://a:1", "tcp://b:1").endpoints == ("tcp://a:1",)
+    assert servers_setting(None, "tcp://b:1,tcp://c:1").endpoints == ("tcp://b:1", "tcp://c:1")
+    with pytest.raises(ConfigError, match="^DATAFLOW_SERVERS='loader:5555': `servers` must be"):
+        servers_setting(None, "loader:5555")
+
+
+def test_loader_reads_the_env_var(monkeypatch) -> None:
     monkeypatch.delenv("DATAFLOW_SERVERS", raising=False)
     with pytest.raises(ConfigError, match="`servers` not given and DATAFLOW_SERVERS is not set"):
+        DataLoader(batch_size=8)
+    monkeypatch.setenv("DATAFLOW_SERVERS", "dns+tcp://x")
+    with pytest.raises(ConfigError, match="^DATAFLOW_SERVERS='dns"):
         DataLoader(batch_size=8)
 
 
