@@ -192,8 +192,9 @@ class Watcher:
         find: the lookup (see :func:`lookup`).
         wake: called after each lookup (wakes the I/O thread; must not block).
 
-    Thread invariant: :meth:`ask` and :meth:`result` are called by the I/O thread; the
-    lookup runs on the watcher's thread; the result crosses under ``_lock``.
+    Thread invariant: :meth:`ask`, :meth:`result` and :meth:`close` are called by the I/O
+    thread; the lookup runs on the watcher's thread; the result and ``wake`` (which must not
+    block) happen under ``_lock``.
     """
 
     def __init__(self, find: Lookup, wake: Callable[[], None]) -> None:
@@ -221,8 +222,10 @@ class Watcher:
             return out
 
     def close(self) -> None:
-        """Stop the thread (a lookup under way is left to finish on its own); idempotent."""
-        self._stop.set()
+        """Stop the thread (a lookup under way is left to finish on its own, and ``wake`` is
+        never called after this returns); idempotent."""
+        with self._lock:
+            self._stop.set()
         self._asked.set()
         if self._thread.is_alive():
             self._thread.join(0.5)
@@ -240,5 +243,7 @@ class Watcher:
             except Exception as e:  # reported as a failed lookup, never a silent death
                 result = (None, f"lookup failed: {type(e).__name__}: {e}")
             with self._lock:
+                if self._stop.is_set():
+                    return
                 self._result = result
-            self._wake()
+                self._wake()

@@ -346,3 +346,21 @@ def test_joins_and_leaves_at_random_keep_every_batch_exactly_once(seed: int) -> 
             taken += 1
         assert now < 1000, (accepted, pending)
     assert sorted(accepted) == list(range(n))
+
+
+def test_watcher_closed_during_a_lookup_never_wakes_afterwards() -> None:
+    started, release, woken = threading.Event(), threading.Event(), []
+
+    def find():
+        started.set()
+        release.wait(30)
+        return ("tcp://a:1",)
+
+    watcher = Watcher(find, lambda: woken.append(1))
+    watcher.start()
+    watcher.ask()
+    assert started.wait(30)
+    watcher.close()  # the lookup is still under way
+    release.set()
+    watcher._thread.join(30)
+    assert not watcher._thread.is_alive() and woken == [] and watcher.result() is None
