@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
 from dataflow.errors import ConfigError
 from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WINDOW
 from dataflow.security import ClientCurve
@@ -51,7 +52,7 @@ class LoaderConfig:
     normalized to a mode name (True is ``"sample"``, False is ``"none"``).
     """
 
-    endpoints: tuple[str, ...]
+    servers: ServerSource
     batch_size: int
     rank: int
     world_size: int
@@ -67,15 +68,17 @@ class LoaderConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     window: int = DEFAULT_WINDOW
     curve: ClientCurve | None = None
+    resolve_interval: float = DEFAULT_RESOLVE_INTERVAL
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))
-        if not self.endpoints or not all(isinstance(e, str) and "://" in e
-                                         for e in self.endpoints):
-            raise ConfigError("`servers` must be one or more endpoints like "
-                              f"tcp://host:port. Found: {self.endpoints!r}")
-        if len(set(self.endpoints)) != len(self.endpoints):
-            raise ConfigError(f"`servers` must not repeat an endpoint. Found: {self.endpoints!r}")
+        if not isinstance(self.servers, ServerSource):
+            raise ConfigError(f"`servers` must be a ServerSource. Found: {self.servers!r}")
+        if (isinstance(self.resolve_interval, bool) or not isinstance(self.resolve_interval,
+                                                                      (int, float))
+                or not 0 < self.resolve_interval < float("inf")):
+            raise ConfigError("`resolve_interval` must be a number of seconds > 0. "
+                              f"Found: {self.resolve_interval!r}")
         _int("batch_size", self.batch_size, 1)
         _int("world_size", self.world_size, 1)
         _int("rank", self.rank, 0)
@@ -97,21 +100,6 @@ class LoaderConfig:
                               f"Found: {self.device!r}")
         if self.device is not None and not torch.cuda.is_available():
             raise ConfigError(f"`device` is {self.device!r} but CUDA is not available")
-
-
-def normalize_servers(servers: object) -> tuple[str, ...]:
-    """``servers`` as a tuple of endpoint strings, checked without iterating anything else.
-
-    Raises:
-        ConfigError: ``servers`` is not an endpoint string or a list/tuple of them (a torch
-            ``Dataset`` passed where the endpoints go is refused at once, never iterated).
-    """
-    if isinstance(servers, str):
-        return (servers,)
-    if isinstance(servers, (list, tuple)) and all(isinstance(s, str) for s in servers):
-        return tuple(servers)
-    raise ConfigError("`servers` must be an endpoint like tcp://host:port or a list of them. "
-                      f"Found: {type(servers).__name__} {repr(servers)[:80]}")
 
 
 def normalize_device(device: str | torch.device | None) -> str | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 import zmq
 
@@ -43,10 +42,10 @@ class Dispatch:
             joining again must serve the same.
     """
 
-    def __init__(self, endpoints: Sequence[str], credits: int, name: str, scheduler: Scheduler,
-                 handoff: Handoff[Ready], links: Links, control: list[zmq.Socket],
+    def __init__(self, endpoints: list[str], credits: int, name: str, scheduler: Scheduler,
+                 handoff: Handoff[Ready], links: Links, control: dict[int, zmq.Socket],
                  sink: HostSink | CudaSink) -> None:
-        self._endpoints = list(endpoints)
+        self._endpoints = endpoints  # the I/O thread's list: it grows as servers join
         self._credits = credits
         self._client_name = name
         self._scheduler = scheduler
@@ -63,6 +62,7 @@ class Dispatch:
         self._scheduler.start_epoch(cmd.gen, cmd.batches, cmd.first)
         self._reorder.clear()
         self._reorder = Reorder(cmd.first, self._scheduler.window)
+        self.handoff.capacity = self._scheduler.window
 
     def close(self) -> None:
         """Release the batches held for reordering."""
@@ -187,8 +187,8 @@ class Dispatch:
                                         retry=not isinstance(e, DatasetMismatchError))
             return
         if join.done and join.index is not None:
-            self._scheduler.grant(server, join.index.credits, now)
+            first = self._scheduler.grant(server, join.index.credits, now)
             self._joins.pop(server)
-            self.handoff.count("rejoined")
-            log.warning("%s: joined again with %d credit(s)", self._endpoints[server],
-                        join.index.credits)
+            self.handoff.count("joined" if first else "rejoined")
+            log.warning("%s: joined%s with %d credit(s)", self._endpoints[server],
+                        "" if first else " again", join.index.credits)

@@ -27,7 +27,7 @@ from dataflow.plan import Batches
 T = TypeVar("T")
 
 # The I/O thread's counters (see :meth:`Handoff.count`).
-COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered")
+COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered", "joined", "left")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ by pure parts it drives:
 * :class:`~dataflow.client.scheduler.Scheduler`: which batch to request from which server,
   credits, window, heartbeats, liveness and failover;
 * :class:`~dataflow.client.reorder.Reorder`: replies back into plan order;
-* :class:`~dataflow.client.handoff.Handoff`: commands in, batches and failures out.
+* :class:`~dataflow.client.handoff.Handoff`: commands in, batches and failures out;
+* :class:`~dataflow.client.membership.Membership` (servers named by a DNS name or a file):
+  when to look the servers up again (on the :class:`~dataflow.client.discovery.Watcher`'s
+  thread) and which join or leave.
 
 Thread invariant: sockets, the sink, the scheduler and the reorder buffer are touched only by
 this thread; the consumer reaches it only through the :class:`Handoff`.
@@ -33,12 +36,14 @@ import zmq
 
 from dataflow import wire
 from dataflow.client.buffers import CudaSink, HostSink, Ready
+from dataflow.client.discovery import Lookup, Watcher
 from dataflow.client.dispatch import Dispatch
 from dataflow.client.handoff import Handoff, StartEpoch, Stop
 from dataflow.client.handshake import Handshake
 from dataflow.client.links import Links
+from dataflow.client.membership import Membership
 from dataflow.client.receive import drain, receive_header
-from dataflow.client.scheduler import CONTROL, Scheduler
+from dataflow.client.scheduler import CONTROL, Scheduler, State
 from dataflow.errors import ProtocolError
 from dataflow.index import DatasetIndex
 from dataflow.security import ClientCurve
@@ -64,10 +69,13 @@ class IOThread(threading.Thread):
         name: client description sent in HELLO.
         curve: CURVE keys applied to every socket (None: clear text); a refused handshake
             raises :class:`~dataflow.errors.ServerUnavailable` at once.
+        find: looks the servers up again (a DNS name or a file), or None (a static list).
+        resolve_interval: seconds between lookups with ``find``.
     """
 
     def __init__(self, endpoints: Sequence[str], credits: int, timeout: float, grace: float,
-                 sink: HostSink | CudaSink, name: str, curve: ClientCurve | None = None) -> None:
+                 sink: HostSink | CudaSink, name: str, curve: ClientCurve | None = None,
+                 find: Lookup | None = None, resolve_interval: float = 10.0) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._endpoints = list(endpoints)
         self._credits = credits
@@ -80,12 +88,15 @@ class IOThread(threading.Thread):
         self.handoff: Handoff[Ready] = Handoff(self._wake)
         self._scheduler = Scheduler(self._endpoints, timeout=timeout, heartbeat_s=HEARTBEAT_S,
                                     silent_s=SILENT_S, grace=grace)
-        self._control: list[zmq.Socket] = []
+        self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
         self._links = Links(zmq.Context.instance(), self._poller, curve, self._endpoints)
         self._data = self._links.data
         self._dispatch = Dispatch(self._endpoints, credits, name, self._scheduler, self.handoff,
                                   self._links, self._control, sink)
+        self._watcher = None if find is None else Watcher(find, self._wake)
+        self._resolve_interval = resolve_interval
+        self._membership: Membership | None = None
 
     # -- consumer side --------------------------------------------------------------------------
 
@@ -112,8 +123,8 @@ class IOThread(threading.Thread):
     def run(self) -> None:
         try:
             for server, endpoint in enumerate(self._endpoints):
-                self._control.append(self._links.open(server, CONTROL, self._routing_id,
-                                                      endpoint))
+                self._control[server] = self._links.open(server, CONTROL, self._routing_id,
+                                                         endpoint)
             self._poller.register(self._wake_r, zmq.POLLIN)
             if self._handshake():
                 self._serve()
@@ -145,14 +156,14 @@ class IOThread(threading.Thread):
         """Run the first handshake; False when stopped first."""
         hs = Handshake(self._endpoints, time.monotonic() + self._timeout, self._timeout)
         hello = wire.encode(wire.Hello(self._credits, self._client_name))
-        for sock in self._control:
+        for sock in self._control.values():
             sock.send_multipart(hello)
         while not hs.done:
             hs.check(time.monotonic())
             events, stop = self._poll(hs.left(time.monotonic()))
             if stop:
                 return False
-            for server, sock in enumerate(self._control):
+            for server, sock in self._control.items():
                 if events.get(sock):
                     msg = self._header(sock, server)
                     if msg is not None:
@@ -170,6 +181,10 @@ class IOThread(threading.Thread):
         self._dispatch.fingerprint = DatasetIndex.from_json(hs.indexes[0].index_json).fingerprint
         self.handoff.capacity = self._scheduler.window
         self.handoff.handshake_done(hs.indexes)
+        if self._watcher is not None:
+            self._membership = Membership(self._endpoints, interval=self._resolve_interval,
+                                          now=now)
+            self._watcher.start()
         return True
 
     def _header(self, sock: zmq.Socket, server: int) -> wire.Message | None:
@@ -182,13 +197,14 @@ class IOThread(threading.Thread):
     def _serve(self) -> None:
         while True:
             now = time.monotonic()
+            wait = self._discover(now)
             for server in self._scheduler.hellos_due(now):
                 self._dispatch.hello(server, now)
             self._request(now)
-            events, stop = self._poll(self._scheduler.next_deadline(now))
+            events, stop = self._poll(min(wait, self._scheduler.next_deadline(now)))
             if stop:
                 return
-            for server, sock in enumerate(self._control):
+            for server, sock in self._control.items():
                 if events.get(sock):
                     self._dispatch.receive_all(sock, server, -1)
             for sock, (server, reader) in list(self._data.items()):
@@ -207,6 +223,54 @@ class IOThread(threading.Thread):
                             self._endpoints[server])
                 self._dispatch.drop_data(server)
                 self.handoff.count("servers_lost")
+
+    # -- discovery ------------------------------------------------------------------------------
+
+    def _discover(self, now: float) -> float:
+        """Start a lookup when one is due and apply a finished one's joins and leaves;
+        returns the seconds until the next lookup is due."""
+        members, watcher = self._membership, self._watcher
+        if members is None or watcher is None:
+            return float("inf")
+        if members.lookup_due(now):
+            watcher.ask()
+        result = watcher.result()
+        if result is not None:
+            found, error = result
+            if found is None:
+                log.warning("server lookup failed (servers unchanged): %s", error)
+            changes = members.found(now, found, self._is_lost)
+            for endpoint in changes.leaves:
+                self._leave(endpoint, now)
+            for endpoint in changes.joins:
+                self._join(endpoint, now)
+        return members.deadline(now)
+
+    def _is_lost(self, endpoint: str) -> bool:
+        server = self._scheduler.find(endpoint)
+        return server is None or self._scheduler.state(server) is State.DOWN
+
+    def _join(self, endpoint: str, now: float) -> None:
+        server = self._scheduler.add(endpoint, now)
+        self._endpoints.append(endpoint)
+        self._control[server] = self._links.open(server, CONTROL, self._routing_id, endpoint)
+        log.warning("%s: found by discovery; joining", endpoint)
+
+    def _leave(self, endpoint: str, now: float) -> None:
+        server = self._scheduler.find(endpoint)
+        if server is None:
+            return
+        self._scheduler.retire(server, now)
+        self._dispatch.drop_data(server)
+        sock = self._control.pop(server)
+        try:
+            sock.send_multipart(wire.encode(wire.Bye()), flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self._links.close(sock, BYE_LINGER_MS)
+        self.handoff.count("left")
+        log.warning("%s: no longer found by discovery; left (its batches go to the other "
+                    "servers)", endpoint)
 
     def _request(self, now: float) -> None:
         gen = self._scheduler.gen
@@ -229,7 +293,9 @@ class IOThread(threading.Thread):
             taken = fresh
 
     def _close(self) -> None:
-        for sock in self._control:
+        if self._watcher is not None:
+            self._watcher.close()
+        for sock in self._control.values():
             try:
                 sock.send_multipart(wire.encode(wire.Bye()), flags=zmq.NOBLOCK)
             except zmq.ZMQError:

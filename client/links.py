@@ -10,7 +10,7 @@ Thread invariant: used by the client's I/O thread only.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -31,8 +31,8 @@ class Links:
     """
 
     def __init__(self, ctx: zmq.Context, poller: zmq.Poller, curve: ClientCurve | None,
-                 servers: Sequence[str]) -> None:
-        self._servers = list(servers)
+                 servers: list[str]) -> None:
+        self._servers = servers  # the I/O thread's list: it grows as servers join
         self._ctx = ctx
         self._poller = poller
         self._curve = curve
@@ -45,6 +45,8 @@ class Links:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        if endpoint.startswith("tcp://["):  # an IPv6 address (a name's AAAA record)
+            sock.setsockopt(zmq.IPV6, 1)
         sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_TIMEOUT_MS)
         secure_client(sock, self._curve)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import weakref
@@ -15,8 +16,15 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
-from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
+from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
+from dataflow.client.discovery import (
+    DEFAULT_RESOLVE_INTERVAL,
+    ENV_VAR,
+    first_lookup,
+    lookup,
+    servers_setting,
+)
 from dataflow.client.handoff import StartEpoch
 from dataflow.client.iothread import IOThread
 from dataflow.client.metrics import LoaderMetrics
@@ -113,8 +121,16 @@ class DataLoader:
     Under the server's ``--on-error skip`` a batch may be short: damaged samples are left out,
     and counted in ``stats()["skipped"]``.
 
+    Discovery (:mod:`dataflow.client.discovery`, :mod:`dataflow.client.membership`): servers
+    named by a DNS name or a registry file are looked up again every ``resolve_interval``
+    seconds; one found later joins and takes requests mid-epoch, one gone leaves and its
+    batches go to the others; every batch is still yielded exactly once.
+
     Args:
-        servers: one endpoint (``tcp://host:port``) or a list; batches are spread over them.
+        servers: where the servers are: one endpoint (``tcp://host:port``), a list of them or
+            a comma-separated string, ``dns+tcp://NAME:PORT`` or ``file:///PATH``; batches are
+            spread over them. Default: the ``DATAFLOW_SERVERS`` environment variable (same
+            forms).
         batch_size: samples per batch.
         rank: this trainer's rank; default from torch.distributed, else ``RANK``, else 0.
         world_size: number of ranks; default from torch.distributed, else ``WORLD_SIZE``,
@@ -146,18 +162,21 @@ class DataLoader:
             serve ``/metrics`` on, on all interfaces (0: a free one, see ``metrics_port``),
             or a ``prometheus_client.CollectorRegistry`` to register them in (one DataLoader
             per registry at a time; ``close()`` unregisters); None: off.
+        resolve_interval: seconds between lookups of a ``dns+tcp://`` name or a
+            ``file://`` registry (ignored for a static list).
 
     Raises:
         ConfigError: an argument is invalid.
         MetricsError: the metrics port is taken, or the registry has a DataLoader's already.
-        ServerUnavailable: a server did not answer HELLO within ``timeout`` (while
-            iterating: no server was usable for ``timeout`` seconds).
+        ServerUnavailable: a server did not answer HELLO within ``timeout``, or a name or a
+            registry named no server within ``timeout`` (while iterating: no server was
+            usable for ``timeout`` seconds).
         DatasetMismatchError: the servers serve different datasets.
     """
 
     def __init__(
         self,
-        servers: str | Sequence[str],
+        servers: str | Sequence[str] | None = None,
         *,
         batch_size: int,
         rank: int | None = None,
@@ -176,23 +195,27 @@ class DataLoader:
         curve_key: str | os.PathLike | None = None,
         server_key: str | os.PathLike | None = None,
         metrics: int | CollectorRegistry | None = None,
+        resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
     ) -> None:
-        endpoints = normalize_servers(servers)
+        source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
         self.config = LoaderConfig(
-            endpoints=endpoints, batch_size=batch_size, rank=rank, world_size=world_size,
+            servers=source, batch_size=batch_size, rank=rank, world_size=world_size,
             shuffle=shuffle, seed=seed, drop_last=drop_last, device=normalize_device(device),
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             shuffle_window=shuffle_window, block_size=block_size, window=window,
-            curve=client_curve(curve_key, server_key),
+            curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
         )
         cfg = self.config
+        find = functools.partial(lookup, source)
+        self._endpoints = first_lookup(source, find, cfg.timeout)
         if cfg.device is not None:
             sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
         else:
             sink = HostSink(pin=pin_memory and torch.cuda.is_available())
-        self._io = IOThread(cfg.endpoints, cfg.prefetch, cfg.timeout, cfg.grace, sink,
-                            f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}", cfg.curve)
+        self._io = IOThread(self._endpoints, cfg.prefetch, cfg.timeout, cfg.grace, sink,
+                            f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}", cfg.curve,
+                            find if source.dynamic else None, cfg.resolve_interval)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._gen = 0
@@ -216,7 +239,7 @@ class DataLoader:
     def _handshake(self) -> DatasetIndex:
         indexes = self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
         parsed = [DatasetIndex.from_json(msg.index_json) for msg in indexes]
-        prints = {e: idx.fingerprint for e, idx in zip(self.config.endpoints, parsed, strict=True)}
+        prints = {e: idx.fingerprint for e, idx in zip(self._endpoints, parsed, strict=True)}
         if len(set(prints.values())) > 1:
             raise DatasetMismatchError("servers serve different datasets (fingerprints "
                                        + ", ".join(f"{e}: {f}" for e, f in prints.items()) + ")")
@@ -327,7 +350,8 @@ class DataLoader:
         """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,
         batches ``waiting`` for the consumer, samples ``skipped`` by the servers (damaged,
         ``--on-error skip``), ``servers_lost``, servers ``rejoined``, batches ``rerequested``
-        from another server after a loss, and ``recovered`` (re-requested batches received)."""
+        from another server after a loss, ``recovered`` (re-requested batches received), and
+        servers found by discovery that ``joined`` and that ``left``."""
         return self._io.handoff.stats()
 
     # -- resume ---------------------------------------------------------------------------------

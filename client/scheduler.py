@@ -7,8 +7,15 @@ time passed in, so every rule here is unit-tested with a fake clock:
   more requests outstanding at a server than that. Requests of an abandoned epoch keep their
   credit until their reply (or error) arrives: the server still holds them.
 * **Window.** At most ``window`` batches of the current epoch are requested but not yet taken
-  by the consumer (received, reordered and waiting count too); ``window`` is the sum of the
-  credits granted at the first handshake, so the consumer's hand-off never holds more.
+  by the consumer (received, reordered and waiting count too), so the consumer's hand-off
+  never holds more. ``window`` is the sum of the credits the servers granted at their first
+  join; it is fixed for an epoch and may only grow when the next epoch starts (servers that
+  joined meanwhile count then; servers that left never shrink it).
+* **Membership.** A server found by discovery is :meth:`Scheduler.add`-ed (it joins and then
+  takes requests at once, the epoch's batches not yet requested and re-requests, inside the
+  epoch's window); a removed one is :meth:`Scheduler.retire`-d (GONE: its open batches go to
+  the other servers, as for a lost server, and it is never asked again). Server numbers are
+  never reused.
 * **Choice.** Batches are requested in plan order, batches to re-request first, each from the
   usable server with credit that has the fewest requests outstanding (the first on a tie).
 * **Exactly once.** A batch is *open* from its first request until a reply for it is
@@ -27,10 +34,9 @@ time passed in, so every rule here is unit-tested with a fake clock:
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 
+from dataflow.client.epochwork import EpochWork
 from dataflow.client.servers import (
     CONTROL,
     ServerRecord,
@@ -44,15 +50,6 @@ from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches
 
 __all__ = ["CONTROL", "Assignment", "Scheduler", "Slot", "State"]
-
-@dataclass
-class _Epoch:
-    gen: int
-    batches: Batches
-    first: int
-    next_request: int
-    open: set[int] = field(default_factory=set)
-    retry: list[int] = field(default_factory=list)  # a heap of open batches to request again
 
 
 class Scheduler:
@@ -72,39 +69,76 @@ class Scheduler:
     def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
                  silent_s: float, grace: float) -> None:
         self._servers = [ServerRecord(e) for e in endpoints]
+        self._window = 0
         self._timeout = timeout
         self._heartbeat_s = heartbeat_s
         self._silent_s = silent_s
         self._grace = grace
-        self._epoch: _Epoch | None = None
+        self._epoch: EpochWork | None = None
         self._req_ids = 0
         self._taken = 0
         self._stalled_since: float | None = None
 
     # -- joining --------------------------------------------------------------------------------
 
-    def grant(self, server: int, credits: int, now: float) -> None:
-        """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``."""
+    def grant(self, server: int, credits: int, now: float) -> bool:
+        """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``.
+
+        Returns:
+            Whether it joined for the first time (not again after it was lost).
+        """
         s = self._servers[server]
         if credits < 1:
             raise ProtocolError(f"{s.endpoint}: granted {credits} credits")
         if s.state not in (State.JOINING, State.DOWN):
             raise InternalError(f"{s.endpoint}: granted credits while {s.state.value}")
+        first = not s.share
         s.credits = credits
         s.share = s.share or credits
+        if self._epoch is None:
+            self._window = self._members_window()
         s.unanswered = None
         s.broken = False
         s.heard = now
         s.enter(State.UP, now)
         s.next_heartbeat = now + self._heartbeat_s
+        return first
+
+    def add(self, endpoint: str, now: float) -> int:
+        """A new server ``endpoint`` (found by discovery); it is asked to join at once.
+
+        Returns:
+            Its number.
+        """
+        if self.find(endpoint) is not None:
+            raise InternalError(f"{endpoint}: added twice")
+        s = ServerRecord(endpoint, state=State.DOWN, since=now, next_hello=now)
+        self._servers.append(s)
+        return len(self._servers) - 1
+
+    def retire(self, server: int, now: float) -> None:
+        """Server ``server`` was removed by discovery: its open batches of the current epoch
+        are requested from the other servers, its requests forgotten, and it is GONE."""
+        self.lost(server, now, hello=False)
+        self._servers[server].enter(State.GONE, now)
+
+    def find(self, endpoint: str) -> int | None:
+        """The number of the server ``endpoint`` that is not GONE, if any."""
+        for i, s in enumerate(self._servers):
+            if s.endpoint == endpoint and s.state is not State.GONE:
+                return i
+        return None
+
+    def _members_window(self) -> int:
+        return sum(s.share for s in self._servers if s.state is not State.GONE)
 
     def state(self, server: int) -> State:
         return self._servers[server].state
 
     @property
     def window(self) -> int:
-        """Batches requested but not taken, at most: the credits granted at the first join."""
-        return sum(s.share for s in self._servers)
+        """Batches of the current epoch requested but not taken, at most (see the module)."""
+        return self._window
 
     def endpoint(self, server: int) -> str:
         return self._servers[server].endpoint
@@ -131,16 +165,23 @@ class Scheduler:
         """
         if self._epoch is not None and gen <= self._epoch.gen:
             raise InternalError(f"epoch generation {gen} after {self._epoch.gen}")
-        self._epoch = _Epoch(gen, batches, first, first)
+        self._epoch = EpochWork(gen, batches, first)
         self._taken = 0
+        self._window = max(self._window, self._members_window())
 
     @property
     def gen(self) -> int | None:
         """Generation of the current epoch, or None before the first."""
         return None if self._epoch is None else self._epoch.gen
 
-    def _usable(self, s: ServerRecord) -> bool:
-        return s.state is State.UP and len(s.outstanding) < s.credits
+    def _least_loaded(self) -> int | None:
+        """The usable server with credit and the fewest requests outstanding (first on a tie)."""
+        best = None
+        for i, s in enumerate(self._servers):
+            if (s.state is State.UP and len(s.outstanding) < s.credits and (
+                    best is None or len(s.outstanding) < len(self._servers[best].outstanding))):
+                best = i
+        return best
 
     def assignments(self, taken: int, now: float) -> list[Assignment]:
         """Requests to send now, given that the consumer took ``taken`` batches of this epoch.
@@ -152,27 +193,12 @@ class Scheduler:
         ep = self._epoch
         self._taken = taken
         out: list[Assignment] = []
-        if ep is None:
-            return out
-        end = ep.first + len(ep.batches)
-        while True:
-            while ep.retry and ep.retry[0] not in ep.open:
-                heapq.heappop(ep.retry)
-            retry = bool(ep.retry)
-            if not retry and not (ep.next_request < end
-                                  and ep.next_request - ep.first - taken < self.window):
+        while ep is not None:
+            index = ep.peek(taken, self.window)
+            best = self._least_loaded()
+            if index is None or best is None:
                 break
-            best = None
-            for i, s in enumerate(self._servers):
-                if self._usable(s) and (best is None or len(s.outstanding)
-                                        < len(self._servers[best].outstanding)):
-                    best = i
-            if best is None:
-                break
-            index = heapq.heappop(ep.retry) if retry else ep.next_request
-            if not retry:
-                ep.next_request += 1
-                ep.open.add(index)
+            retry = ep.claim(index)
             self._req_ids += 1
             rows = ep.batches.rows(index - ep.first)
             samples = int((rows[:, 2] - rows[:, 1]).sum())
@@ -182,9 +208,7 @@ class Scheduler:
 
     def window_full(self, taken: int) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
-        ep = self._epoch
-        return (ep is not None and not ep.retry and ep.next_request < ep.first + len(ep.batches)
-                and ep.next_request - ep.first - taken >= self.window)
+        return self._epoch is not None and self._epoch.full(taken, self.window)
 
     def on_reply(self, server: int, req_id: int, now: float) -> Slot | None:
         """A reply (batch or error) to ``req_id`` arrived from ``server``.
@@ -204,20 +228,14 @@ class Scheduler:
                 s.forgotten.discard(req_id)
                 return None
             raise ProtocolError(f"{s.endpoint}: reply to unknown request {req_id}")
-        ep = self._epoch
-        if ep is None or slot.gen != ep.gen or slot.index not in ep.open:
-            return None
-        ep.open.discard(slot.index)
-        return slot
+        return slot if self._epoch is not None and self._epoch.accept(slot) else None
 
     def undelivered(self, server: int, req_id: int, now: float) -> None:
         """The server could not deliver its reply to ``req_id``: request the batch again."""
         slot = self._servers[server].outstanding.get(req_id)
-        if self.on_reply(server, req_id, now) is not None and slot is not None:
-            ep = self._epoch
-            assert ep is not None
-            ep.open.add(slot.index)
-            heapq.heappush(ep.retry, slot.index)
+        if (self.on_reply(server, req_id, now) is not None and slot is not None
+                and self._epoch is not None):
+            self._epoch.again(slot.index)
 
     def outstanding(self, server: int) -> int:
         return len(self._servers[server].outstanding)
@@ -244,6 +262,8 @@ class Scheduler:
         control connection comes up anew.
         """
         s = self._servers[server]
+        if s.state is State.GONE:
+            raise InternalError(f"{s.endpoint}: lost after it was removed")
         if s.state in (State.UP, State.SUSPECT):
             self._requeue(s)
             s.forgotten.update(s.outstanding)
@@ -257,10 +277,8 @@ class Scheduler:
             return
         covered = {slot.index for o in self._servers if o.state is State.UP and o is not s
                    for slot in o.outstanding.values() if slot.gen == ep.gen}
-        for slot in s.outstanding.values():
-            if (slot.gen == ep.gen and slot.index in ep.open and slot.index not in covered
-                    and slot.index not in ep.retry):
-                heapq.heappush(ep.retry, slot.index)
+        ep.requeue(slot.index for slot in s.outstanding.values()
+                   if slot.gen == ep.gen and slot.index not in covered)
 
     def heartbeats_due(self, now: float) -> list[int]:
         """Joined servers to send a HEARTBEAT to now (each is then due again in
@@ -307,19 +325,15 @@ class Scheduler:
         if self._stalled_since is None:
             self._stalled_since = now
         elif now - self._stalled_since > self._timeout:
+            members = [s for s in self._servers if s.state is not State.GONE]
             raise ServerUnavailable(
-                ", ".join(s.endpoint for s in self._servers),
+                ", ".join(s.endpoint for s in members) or "every server left",
                 f"no server usable for {now - self._stalled_since:.1f} s (timeout "
-                f"{self._timeout} s; states: {', '.join(s.state.value for s in self._servers)})")
+                f"{self._timeout} s; states: {', '.join(s.state.value for s in members)})")
 
     def _waiting(self) -> bool:
         """Whether the current epoch needs a server now."""
-        ep = self._epoch
-        if ep is None:
-            return False
-        end = ep.first + len(ep.batches)
-        return bool(ep.open) or (ep.next_request < end
-                                 and ep.next_request - ep.first - self._taken < self.window)
+        return self._epoch is not None and self._epoch.waiting(self._taken, self.window)
 
     def next_deadline(self, now: float) -> float:
         """Seconds until a heartbeat or a liveness rule is due (for the poll)."""

@@ -2,7 +2,8 @@
 
 A server is JOINING (HELLO sent), UP (joined and usable when it has credit), SUSPECT (joined,
 but one of its connections is down — a socket monitor saw it — or a HEARTBEAT stayed
-unanswered for ``silent_s``) or DOWN (lost: it must join again). A SUSPECT server is UP again
+unanswered for ``silent_s``), DOWN (lost: it must join again) or GONE (discovery removed it:
+it is never asked again; found again later, it is a new server). A SUSPECT server is UP again
 once every connection is up and it was heard from since; it is lost once suspect for longer
 than ``grace``. A join that takes longer than ``timeout`` fails. No clock is read here: time
 is passed in, so the rules are unit-tested with a fake clock (through
@@ -28,6 +29,7 @@ class State(Enum):
     UP = "up"  # joined and usable (when it has credit)
     SUSPECT = "suspect"  # joined, but a connection is down or it is silent
     DOWN = "down"  # lost: must join again
+    GONE = "gone"  # removed by discovery (:mod:`dataflow.client.membership`)
 
 
 class Transition(Enum):

@@ -7,12 +7,13 @@ import torch
 
 from dataflow import wire
 from dataflow.client.buffers import HostSink, typed_views
-from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
+from dataflow.client.config import LoaderConfig, dist_env, normalize_device
+from dataflow.client.discovery import parse_servers
 from dataflow.errors import ConfigError
 
 
 def _cfg(**kw) -> LoaderConfig:
-    base = dict(endpoints=("tcp://127.0.0.1:5555",), batch_size=4, rank=0, world_size=1)
+    base = dict(servers=parse_servers("tcp://127.0.0.1:5555"), batch_size=4, rank=0, world_size=1)
     return LoaderConfig(**{**base, **kw})
 
 
@@ -29,9 +30,10 @@ def _cfg(**kw) -> LoaderConfig:
     (dict(seed=-1), "seed"),
     (dict(shuffle="random"), "shuffle"),
     (dict(shuffle_window=0), "shuffle_window"),
-    (dict(endpoints=()), "servers"),
-    (dict(endpoints=("localhost:1",)), "servers"),
-    (dict(endpoints=("tcp://a:1", "tcp://a:1")), "servers"),
+    (dict(servers=("tcp://a:1",)), "servers"),
+    (dict(resolve_interval=0), "resolve_interval"),
+    (dict(resolve_interval=True), "resolve_interval"),
+    (dict(resolve_interval=float("inf")), "resolve_interval"),
 ])
 def test_config_rejects(kw: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=f"`{field}`"):
@@ -51,11 +53,11 @@ class _Endless(torch.utils.data.IterableDataset):
 
 
 def test_normalizers() -> None:
-    assert normalize_servers("tcp://x:1") == ("tcp://x:1",)
-    assert normalize_servers(["tcp://x:1", "tcp://y:1"]) == ("tcp://x:1", "tcp://y:1")
+    assert parse_servers("tcp://x:1").endpoints == ("tcp://x:1",)
+    assert parse_servers(["tcp://x:1", "tcp://y:1"]).endpoints == ("tcp://x:1", "tcp://y:1")
     for wrong in (_Endless(), [1, 2], None, {"tcp://x:1"}):
         with pytest.raises(ConfigError, match="`servers`"):
-            normalize_servers(wrong)
+            parse_servers(wrong)
     assert normalize_device(None) is None and normalize_device("cpu") is None
 
 
