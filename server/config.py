@@ -8,8 +8,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError
 from dataflow.security import ServerCurve, server_curve
+from dataflow.server.dataflags import add_data_flags, read_options
 from dataflow.wire import MAX_BATCH_SIZE
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
@@ -63,6 +65,8 @@ class ServerConfig:
             not received as whole messages (e.g. a multipart message never finished); the
             connection is cut beyond it. Also the largest frame accepted (``MAXMSGSIZE``).
         curve: CURVE keys of every client link (:mod:`dataflow.security`); None: clear text.
+        read: which columns are served and how (:mod:`dataflow.columns`).
+        split: the split of a Hugging Face DatasetDict root.
     """
 
     data: tuple[str, ...]
@@ -82,6 +86,8 @@ class ServerConfig:
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
     max_inbound_bytes: int = DEFAULT_MAX_INBOUND_BYTES
     curve: ServerCurve | None = None
+    read: ReadOptions = ReadOptions()
+    split: str | None = None
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -230,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
+    add_data_flags(p)
     return p
 
 
@@ -248,6 +255,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
             max_inbound_bytes=ns.max_inbound_bytes,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
+            read=read_options(ns), split=ns.split,
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.batch import Batch, Schema
-from dataflow.convert import schema_of_arrow
+from dataflow.columns import ReadOptions, check_selection
+from dataflow.convert import DEFAULT, null_counts, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import (
     ShardReader,
@@ -47,8 +48,9 @@ log = logging.getLogger(__name__)
 class _ArrowReader(ShardReader):
     """Rows of a list of memory-mapped record batches."""
 
-    def __init__(self, url: str, cache_dir: str, on_error: str = "raise") -> None:
-        super().__init__(url, on_error)
+    def __init__(self, url: str, cache_dir: str, on_error: str = "raise",
+                 options: ReadOptions = DEFAULT) -> None:
+        super().__init__(url, on_error, options)
         path = local_path(url) if is_local(url) else local_copy(url, cache_dir, gunzip=False).path
         try:
             self._source = pa.memory_map(path, "r")
@@ -73,9 +75,23 @@ class _ArrowReader(ShardReader):
 
     def _convert_schema(self, schema: pa.Schema) -> Schema:
         try:
-            return schema_of_arrow(schema)
+            out = schema_of_arrow(schema, self.options)
+            check_selection(self.options, out, self.url)
         except DataflowError as e:
             raise ShardReadError(self.url, str(e)) from e
+        return out
+
+    def null_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i, batch in enumerate(self._batches):
+            try:
+                counts = null_counts(batch, self.options)
+            except (pa.ArrowException, DataflowError) as e:
+                raise ShardReadError(self.url, f"record batch {i}: counting nulls failed: {e}",
+                                     index=self._bounds[i]) from e
+            for name, n in counts.items():
+                out[name] = out.get(name, 0) + n
+        return out
 
     def __len__(self) -> int:
         return self._bounds[-1]

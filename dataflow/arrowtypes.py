@@ -1,0 +1,297 @@
+"""How each Arrow type becomes batch fields: the type rules of :mod:`dataflow.convert`.
+
+A *leaf* is a column after structs are flattened (``image`` -> ``image.bytes``,
+``image.path``). :func:`leaf_specs` gives a leaf's fields from its type alone (the schema),
+:func:`leaf_columns` converts its data to exactly those fields.
+
+Nested lists travel as one ragged field holding each sample's innermost values back to back,
+plus, for each inner variable-length level ``j``, a ragged int64 field ``<name>.lengths<j>``
+holding the lengths of that level's lists; fixed-size levels need no field. The field's
+metadata ``levels`` lists the levels outermost first (``"var"`` or the fixed size).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dataflow.batch import Column, FieldSpec, Ragged
+from dataflow.columns import ReadOptions
+from dataflow.errors import DataflowError
+
+EXT_NAME = b"ARROW:extension:name"
+EXT_META = b"ARROW:extension:metadata"
+SHAPE_KEY = b"dataflow.shape"
+LENGTHS = ".lengths"
+_VAR = "var"
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t))
+
+
+def _primitive(t: pa.DataType) -> np.dtype | None:
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return np.dtype(t.to_pandas_dtype())
+    return None
+
+
+def _hf_shape(meta: dict[bytes, bytes]) -> tuple[int, ...] | None:
+    """The fixed shape of an HF ``Array2D``..``Array5D`` field, from its extension metadata."""
+    if not meta.get(EXT_NAME, b"").startswith(b"datasets.features.features.Array"):
+        return None
+    try:
+        shape = json.loads(meta[EXT_META])[0]
+    except (KeyError, ValueError, IndexError, TypeError):
+        return None
+    if isinstance(shape, list) and shape and all(isinstance(d, int) for d in shape):
+        return tuple(shape)
+    return None
+
+
+def _stored_shape(name: str, field_meta: dict[bytes, bytes],
+                  shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape``, or the ``dataflow.shape`` field metadata (a JSON list: Parquet has no tensor
+    type) when present.
+
+    Raises:
+        DataflowError: the metadata is not a JSON list of ints matching the stored size.
+    """
+    if SHAPE_KEY not in field_meta:
+        return shape
+    try:
+        stored = tuple(int(d) for d in json.loads(field_meta[SHAPE_KEY]))
+    except (ValueError, TypeError) as e:
+        raise DataflowError(f"field {name!r}: bad {SHAPE_KEY!r} metadata: {e}") from e
+    if math.prod(stored) != math.prod(shape):
+        raise DataflowError(f"field {name!r}: {SHAPE_KEY!r} metadata {list(stored)} does not "
+                            f"match the stored size {math.prod(shape)}")
+    return stored
+
+
+def _normalize(name: str, t: pa.DataType, opts: ReadOptions) -> tuple[pa.DataType, dict]:
+    """The storage type a leaf converts through, and the metadata it adds."""
+    meta: dict[str, str] = {}
+    if isinstance(t, pa.ExtensionType) and not isinstance(t, pa.FixedShapeTensorType):
+        t = t.storage_type
+    if pa.types.is_dictionary(t):
+        meta["dictionary"] = opts.dictionary
+        t = t.value_type if opts.dictionary == "values" else t.index_type
+    if pa.types.is_decimal(t):
+        if opts.decimal == "refuse":
+            raise DataflowError(f"field {name!r}: decimal type {t} is not served as is; give "
+                                f"--decimal float64 or --decimal str, or --drop-columns {name}")
+        meta["decimal"] = str(t)
+        t = pa.float64() if opts.decimal == "float64" else pa.string()
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_time(t):
+        meta["unit"] = t.unit
+        if pa.types.is_timestamp(t) and t.tz:
+            meta["tz"] = t.tz
+        meta["arrow"] = str(t)
+        t = pa.int64() if t.bit_width == 64 else pa.int32()
+    elif pa.types.is_date32(t) or pa.types.is_date64(t):
+        meta["unit"] = "day" if pa.types.is_date32(t) else "ms"
+        meta["arrow"] = str(t)
+        t = pa.int32() if pa.types.is_date32(t) else pa.int64()
+    if pa.types.is_string_view(t):
+        t = pa.large_string()
+    elif pa.types.is_binary_view(t):
+        t = pa.large_binary()
+    return t, meta
+
+
+def _levels(name: str, t: pa.DataType, opts: ReadOptions) -> tuple[list, np.dtype, str | None]:
+    """The list levels of ``t`` (outermost first), its innermost dtype, and ``"str"``/
+    ``"bytes"`` when the innermost level is text."""
+    levels: list = []
+    while True:
+        if pa.types.is_fixed_size_list(t):
+            levels.append(t.list_size)
+        elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+            levels.append(_VAR)
+        else:
+            break
+        t, _ = _normalize(name, t.value_type, opts)
+    dt = _primitive(t)
+    if dt is not None:
+        return levels, dt, None
+    if pa.types.is_fixed_size_binary(t):
+        return [*levels, t.byte_width], np.dtype("uint8"), "bytes"
+    if _is_text(t):
+        text = "str" if pa.types.is_string(t) or pa.types.is_large_string(t) else "bytes"
+        return [*levels, _VAR], np.dtype("uint8"), text
+    how = (f"drop it with --drop-columns {name}" if not pa.types.is_null(t)
+           else f"every value is null; drop it with --drop-columns {name}")
+    raise DataflowError(f"field {name!r}: unsupported Arrow type {t}; {how}")
+
+
+def leaf_specs(name: str, t: pa.DataType, field_meta: dict[bytes, bytes],
+               opts: ReadOptions) -> list[FieldSpec]:
+    """The fields a leaf of type ``t`` is served as (the first one named ``name``).
+
+    Raises:
+        DataflowError: the type cannot be served, naming the field and a way out.
+    """
+    if isinstance(t, pa.FixedShapeTensorType):
+        dt = _primitive(t.value_type)
+        if dt is not None:
+            return [FieldSpec(name, dt.name, tuple(t.shape))]
+    t, meta = _normalize(name, t, opts)
+    levels, dt, text = _levels(name, t, opts)
+    shape = _hf_shape(field_meta)
+    if shape is not None and len(shape) == len(levels):
+        return [FieldSpec(name, dt.name, shape, meta=tuple(sorted(meta.items())))]
+    if text is not None and levels == [_VAR]:
+        return [FieldSpec(name, "uint8", ragged=text, meta=tuple(sorted(meta.items())))]
+    if _VAR not in levels:
+        shape = _stored_shape(name, field_meta, tuple(levels))
+        return [FieldSpec(name, dt.name, shape, meta=tuple(sorted(meta.items())))]
+    if text is not None:
+        meta["item"] = text
+    if levels == [_VAR]:
+        return [FieldSpec(name, dt.name, ragged="list", meta=tuple(sorted(meta.items())))]
+    meta["levels"] = json.dumps(levels)
+    out = [FieldSpec(name, dt.name, ragged="list", meta=tuple(sorted(meta.items())))]
+    out += [FieldSpec(f"{name}{LENGTHS}{j}", "int64", ragged="list")
+            for j, lvl in enumerate(levels) if j and lvl == _VAR]
+    return out
+
+
+def _zero(t: pa.DataType, fill: str | None) -> pa.Array:
+    """A one-element array of type ``t``: the fill value (cast from text), or zero/empty."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.array([[]], type=t)
+    if pa.types.is_fixed_size_list(t):
+        inner = _zero(t.value_type, fill).to_pylist() * t.list_size
+        return pa.array([inner], type=t)
+    if pa.types.is_fixed_size_binary(t):
+        return pa.array([b"\0" * t.byte_width], type=t)
+    if _is_text(t):
+        return pa.array([fill or ""]).cast(t)
+    return pa.array([fill if fill is not None else "0"]).cast(t)
+
+
+def fill_nulls(name: str, arr: pa.Array, fill: str | None) -> pa.Array:
+    """``arr`` with its null slots holding ``fill`` (text cast to the type) or zero/empty.
+
+    Raises:
+        DataflowError: ``fill`` cannot be cast to the field's type.
+    """
+    if not arr.null_count:
+        return arr
+    try:
+        filler = _zero(arr.type, fill)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise DataflowError(f"--fill-value {name}={fill}: not a value of type {arr.type}: "
+                            f"{e}") from e
+    rows = np.arange(len(arr), dtype=np.int64)
+    rows[np.asarray(arr.is_null())] = len(arr)
+    return pa.concat_arrays([arr, filler]).take(pa.array(rows))
+
+
+def normalize_array(name: str, arr: pa.Array, opts: ReadOptions) -> pa.Array:
+    """``arr`` cast to the storage type :func:`_normalize` gives its type."""
+    if isinstance(arr, pa.ExtensionArray) and not isinstance(arr.type, pa.FixedShapeTensorType):
+        arr = arr.storage
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode() if opts.dictionary == "values" else arr.indices
+    target, _ = _normalize(name, arr.type, opts)
+    return arr if target == arr.type else arr.cast(target)
+
+
+def _unnest(name: str, arr: pa.Array, opts: ReadOptions) -> tuple[list[np.ndarray], pa.Array]:
+    """Per list level (text counts as one), the offsets of its lists into the next level's
+    elements (int64, ``(elements + 1,)``), and the innermost values (a primitive type)."""
+    offsets = []
+    cur = normalize_array(name, arr, opts)
+    while _primitive(cur.type) is None:
+        t = cur.type
+        if pa.types.is_fixed_size_list(t):
+            cur = fill_nulls(name, cur, None)
+            offsets.append(np.arange(len(cur) + 1, dtype=np.int64) * t.list_size)
+            cur = cur.flatten()
+        elif pa.types.is_fixed_size_binary(t):
+            offsets.append(np.arange(len(cur) + 1, dtype=np.int64) * t.byte_width)
+            buf = cur.buffers()[1]
+            w = t.byte_width
+            data = np.frombuffer(buf, np.uint8)[cur.offset * w: (cur.offset + len(cur)) * w]
+            cur = pa.array(data)
+        elif _is_text(t):
+            col = ragged_from_binary(fill_nulls(name, cur, None), "bytes")
+            offsets.append(col.offsets)
+            cur = pa.array(col.values)
+        else:
+            lens = np.asarray(pc.list_value_length(cur).fill_null(0), dtype=np.int64)
+            offs = np.zeros(len(cur) + 1, dtype=np.int64)
+            np.cumsum(lens, out=offs[1:])
+            offsets.append(offs)
+            cur = cur.flatten()
+        cur = normalize_array(name, cur, opts)
+    return offsets, cur
+
+
+def leaf_columns(specs: list[FieldSpec], arr: pa.Array, opts: ReadOptions) -> list[Column]:
+    """Convert one leaf's data to the fields :func:`leaf_specs` gave (same order).
+
+    Top-level nulls must already be filled (:func:`fill_nulls`); null items inside lists are
+    filled with the field's fill value, else raise.
+    """
+    spec = specs[0]
+    n = len(arr)
+    if isinstance(arr, pa.ExtensionArray) and isinstance(arr.type, pa.FixedShapeTensorType):
+        arr = arr.storage
+    arr = normalize_array(spec.name, arr, opts)
+    if spec.ragged in ("str", "bytes"):
+        return [ragged_from_binary(arr, spec.ragged)]
+    t = arr.type
+    if spec.ragged is None and _primitive(t) is not None:
+        return [_values(spec.name, arr, opts)]
+    offsets, values = _unnest(spec.name, arr, opts)
+    flat = _values(spec.name, values, opts)
+    if spec.ragged is None:
+        dims = spec.shape if len(offsets) == len(spec.shape) else (None,) * len(offsets)
+        if len(flat) != n * int(np.prod(spec.shape)) or any(
+                len(o) > 1 and not (np.diff(o) == (d if d is not None else o[1] - o[0])).all()
+                for o, d in zip(offsets, dims, strict=True)):
+            raise DataflowError(f"field {spec.name!r}: lists do not all have the shape "
+                                f"{list(spec.shape)} its type declares")
+        return [flat.reshape((n, *spec.shape))]
+    out: list[Column] = []
+    composed = offsets[0]
+    lengths: list[Column] = []
+    for off in offsets[1:]:
+        lengths.append(Ragged(np.diff(off)[composed[0]:composed[-1]], composed - composed[0],
+                              "list"))
+        composed = off[composed]
+    out.append(Ragged(flat[composed[0]:composed[-1]], composed - composed[0], "list"))
+    levels = json.loads(spec.meta_dict.get("levels", "[]"))
+    out += [c for j, c in enumerate(lengths, start=1) if levels[j] == _VAR]
+    return out
+
+
+def _values(name: str, arr: pa.Array, opts: ReadOptions) -> np.ndarray:
+    if arr.null_count:
+        fill = opts.fill_of(name)
+        if fill is None:
+            raise DataflowError(f"field {name!r}: {arr.null_count} null item(s) inside its "
+                                f"lists; give --fill-value {name}=VALUE or --drop-columns {name}")
+        arr = fill_nulls(name, arr, fill)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def ragged_from_binary(arr: pa.Array, kind: str) -> Ragged:
+    """A (large) string/binary array without nulls as a ragged column, zero-copy."""
+    wide = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
+    _, offs_buf, data_buf = arr.buffers()
+    offs = np.frombuffer(offs_buf, dtype=np.int64 if wide else np.int32)
+    offs = offs[arr.offset : arr.offset + len(arr) + 1]
+    if data_buf is None:
+        values = np.zeros(0, dtype=np.uint8)
+    else:
+        values = np.frombuffer(data_buf, dtype=np.uint8)[offs[0] : offs[-1]]
+    return Ragged(values, (offs - offs[0]).astype(np.int64, copy=False), kind)

@@ -1,0 +1,149 @@
+"""Every Arrow type HF datasets and pandas write: how it arrives in a batch, nulls included."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dataflow.batch import FieldSpec
+from dataflow.columns import ReadOptions
+from dataflow.convert import base_schema, from_arrow, null_counts, schema_of_arrow
+from dataflow.errors import DataflowError
+
+
+def _convert(table: pa.Table, opts: ReadOptions | None = None) -> dict:
+    opts = opts if opts is not None else ReadOptions()
+    return from_arrow(table, schema_of_arrow(table.schema, opts), opts)
+
+
+def test_struct_flattens_to_dotted_fields_with_parent_nulls_masked() -> None:
+    image = pa.array([{"bytes": b"ab", "path": "x.png"}, None, {"bytes": b"c", "path": None}],
+                     type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    table = pa.table({"image": image})
+    assert null_counts(table) == {"image.bytes": 1, "image.path": 2}
+    opts = ReadOptions(masked=("image.bytes", "image.path"))
+    assert [f.name for f in schema_of_arrow(table.schema, opts)] == [
+        "image.bytes", "image.bytes.valid", "image.path", "image.path.valid"]
+    batch = _convert(table, opts)
+    assert [batch["image.bytes"][i] for i in range(3)] == [b"ab", b"", b"c"]
+    assert batch["image.bytes.valid"].tolist() == [True, False, True]
+    assert [batch["image.path"][i] for i in range(3)] == ["x.png", "", ""]
+    assert batch["image.path.valid"].tolist() == [True, False, False]
+
+
+def test_nested_lists_carry_inner_lengths() -> None:
+    rows = [[[1.0], [2.0, 3.0]], [], [[], [4.0]], None]
+    table = pa.table({"seq": pa.array(rows, type=pa.list_(pa.list_(pa.float64())))})
+    opts = ReadOptions(masked=("seq",))
+    schema = schema_of_arrow(table.schema, opts)
+    assert schema[0].meta_dict["levels"] == '["var", "var"]'
+    assert [f.name for f in schema] == ["seq", "seq.valid", "seq.lengths1"]
+    batch = _convert(table, opts)
+    assert [batch["seq"][i].tolist() for i in range(4)] == [[1, 2, 3], [], [4], []]
+    assert [batch["seq.lengths1"][i].tolist() for i in range(4)] == [[1, 2], [], [0, 1], []]
+    assert batch["seq.valid"].tolist() == [True, True, True, False]
+
+
+def test_list_of_strings_is_bytes_with_string_lengths_and_sliced_input() -> None:
+    table = pa.table({"tok": pa.array([["a", "bc"], ["def"], []])}).slice(1)
+    batch = _convert(table)
+    assert schema_of_arrow(table.schema)[0].meta_dict["item"] == "str"
+    assert batch["tok"][0].tobytes() == b"def"
+    assert batch["tok.lengths1"][0].tolist() == [3]
+    assert len(batch["tok"]) == 2 and batch["tok"][1].size == 0
+
+
+def test_list_of_structs_becomes_one_list_per_child() -> None:
+    t = pa.list_(pa.struct([("a", pa.int32()), ("b", pa.string())]))
+    table = pa.table({"ents": pa.array([[{"a": 1, "b": "x"}, {"a": 2, "b": "yz"}], []], type=t)})
+    batch = _convert(table)
+    assert batch["ents.a"][0].tolist() == [1, 2] and batch["ents.a"][1].tolist() == []
+    assert batch["ents.b"][0].tobytes() == b"xyz"
+    assert batch["ents.b.lengths1"][0].tolist() == [1, 2]
+
+
+def test_hf_array2d_metadata_gives_a_fixed_shape_and_checks_it() -> None:
+    field = pa.field("arr", pa.list_(pa.list_(pa.float32())), metadata={
+        b"ARROW:extension:name": b"datasets.features.features.Array2DExtensionType",
+        b"ARROW:extension:metadata": b'[[2, 3], "float32"]'})
+    good = pa.Table.from_arrays([pa.array([np.ones((2, 3)).tolist()] * 2, type=field.type)],
+                                schema=pa.schema([field]))
+    assert base_schema(good.schema) == (FieldSpec("arr", "float32", (2, 3)),)
+    assert _convert(good)["arr"].shape == (2, 2, 3)
+    bad = pa.Table.from_arrays([pa.array([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]],
+                                         type=field.type)], schema=pa.schema([field]))
+    with pytest.raises(DataflowError, match="'arr'.*shape"):
+        _convert(bad)
+
+
+def test_temporal_types_are_ints_with_unit_and_tz_in_metadata() -> None:
+    ts = pa.array([datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)],
+                  type=pa.timestamp("ms", tz="UTC"))
+    table = pa.table({"ts": ts, "d": pa.array([datetime.date(1970, 1, 3)]),
+                      "dur": pa.array([datetime.timedelta(seconds=2)], type=pa.duration("s")),
+                      "t": pa.array([datetime.time(0, 0, 1)], type=pa.time32("s"))})
+    schema = {f.name: f for f in schema_of_arrow(table.schema)}
+    assert schema["ts"].dtype == "int64" and schema["ts"].meta_dict["unit"] == "ms"
+    assert schema["ts"].meta_dict["tz"] == "UTC"
+    assert schema["d"].dtype == "int32" and schema["d"].meta_dict["unit"] == "day"
+    batch = _convert(table)
+    assert batch["ts"].tolist() == [1704067200000]
+    assert batch["d"].tolist() == [2] and batch["dur"].tolist() == [2]
+    assert batch["t"].tolist() == [1]
+
+
+def test_dictionary_values_or_codes() -> None:
+    table = pa.table({"c": pa.array(["b", "a", "b"]).dictionary_encode()})
+    assert [_convert(table)["c"][i] for i in range(3)] == ["b", "a", "b"]
+    codes = _convert(table, ReadOptions(dictionary="codes"))["c"]
+    assert codes.tolist() == [0, 1, 0]
+
+
+def test_decimal_refused_with_a_way_out_or_served_as_chosen() -> None:
+    table = pa.table({"price": pa.array([decimal.Decimal("1.25")])})
+    with pytest.raises(DataflowError, match="'price'.*--decimal float64.*--drop-columns price"):
+        schema_of_arrow(table.schema)
+    assert _convert(table, ReadOptions(decimal="float64"))["price"].tolist() == [1.25]
+    assert _convert(table, ReadOptions(decimal="str"))["price"][0] == "1.25"
+
+
+def test_large_and_view_types() -> None:
+    table = pa.table({"ls": pa.array(["x"], type=pa.large_string()),
+                      "sv": pa.array(["yz"], type=pa.string_view()),
+                      "ll": pa.array([[1, 2]], type=pa.large_list(pa.int16())),
+                      "h": pa.array(np.array([1.5], dtype=np.float16))})
+    batch = _convert(table)
+    assert batch["ls"][0] == "x" and batch["sv"][0] == "yz"
+    assert batch["ll"][0].tolist() == [1, 2] and batch["h"].dtype == np.float16
+
+
+def test_fill_values_and_null_items() -> None:
+    table = pa.table({"label": pa.array([1, None, 3]), "tags": pa.array([[1, None], None, [2]])})
+    assert null_counts(table) == {"label": 1, "tags": 1, "tags[]": 1}
+    opts = ReadOptions(fill=(("label", "-1"), ("tags", "0")))
+    batch = _convert(table, opts)
+    assert batch["label"].tolist() == [1, -1, 3] and "label.valid" not in batch
+    assert [batch["tags"][i].tolist() for i in range(3)] == [[1, 0], [], [2]]
+    with pytest.raises(DataflowError, match="'tags'.*null item"):
+        _convert(table, ReadOptions(fill=(("label", "-1"),), masked=("tags",)))
+    with pytest.raises(DataflowError, match="--fill-value label=abc"):
+        _convert(table, ReadOptions(fill=(("label", "abc"), ("tags", "0"))))
+
+
+def test_unmasked_unfilled_nulls_and_null_type_are_refused_naming_the_field() -> None:
+    with pytest.raises(DataflowError, match="'x'.*null value"):
+        from_arrow(pa.table({"x": pa.array([1, None])}))
+    with pytest.raises(DataflowError, match="'empty'.*every value is null.*--drop-columns"):
+        schema_of_arrow(pa.table({"empty": pa.array([None, None])}).schema)
+
+
+def test_hf_class_label_names_in_metadata() -> None:
+    features = {"label": {"names": ["cat", "dog"], "_type": "ClassLabel"}}
+    schema = pa.schema([("label", pa.int64())],
+                       metadata={b"huggingface": json.dumps({"info": {"features": features}})})
+    assert json.loads(base_schema(schema)[0].meta_dict["class_names"]) == ["cat", "dog"]
