@@ -28,6 +28,8 @@ EXT_META = b"ARROW:extension:metadata"
 SHAPE_KEY = b"dataflow.shape"
 LENGTHS = ".lengths"
 _VAR = "var"
+_INNER = ReadOptions()
+"""Options for values inside lists: dictionaries there are decoded to their values."""
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -81,7 +83,7 @@ def _normalize(name: str, t: pa.DataType, opts: ReadOptions) -> tuple[pa.DataTyp
         t = t.storage_type
     if pa.types.is_dictionary(t):
         meta["dictionary"] = opts.dictionary
-        t = t.value_type if opts.dictionary == "values" else t.index_type
+        t = t.value_type if opts.dictionary == "values" else pa.int32()
     if pa.types.is_decimal(t):
         if opts.decimal == "refuse":
             raise DataflowError(f"field {name!r}: decimal type {t} is not served as is; give "
@@ -116,7 +118,7 @@ def _levels(name: str, t: pa.DataType, opts: ReadOptions) -> tuple[list, np.dtyp
             levels.append(_VAR)
         else:
             break
-        t, _ = _normalize(name, t.value_type, opts)
+        t, _ = _normalize(name, t.value_type, _INNER)
     dt = _primitive(t)
     if dt is not None:
         return levels, dt, None
@@ -199,9 +201,30 @@ def normalize_array(name: str, arr: pa.Array, opts: ReadOptions) -> pa.Array:
     if isinstance(arr, pa.ExtensionArray) and not isinstance(arr.type, pa.FixedShapeTensorType):
         arr = arr.storage
     if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode() if opts.dictionary == "values" else arr.indices
+        arr = arr.dictionary_decode() if opts.dictionary == "values" else _codes(name, arr, opts)
     target, _ = _normalize(name, arr.type, opts)
     return arr if target == arr.type else arr.cast(target)
+
+
+def _codes(name: str, arr: pa.DictionaryArray, opts: ReadOptions) -> pa.Array:
+    """The codes of ``arr``'s values among the dataset's categories (int32; nulls stay)."""
+    cats = opts.categories_of(name)
+    if cats is None:
+        raise DataflowError(f"field {name!r}: --dictionary codes needs the dataset's categories "
+                            "(found when the index is built)")
+    values = arr.dictionary_decode()
+    codes = pc.index_in(values, value_set=pa.array(cats, type=values.type)).cast(pa.int32())
+    if codes.null_count != values.null_count:
+        raise DataflowError(f"field {name!r}: a value is not among the categories found when "
+                            "the index was built (shard rewritten?)")
+    return codes
+
+
+def dictionary_values(name: str, arr: pa.Array) -> list:
+    """The values of a dictionary column's dictionary (none for other columns)."""
+    if not pa.types.is_dictionary(arr.type):
+        return []
+    return [v for v in arr.dictionary.to_pylist() if v is not None]
 
 
 def _unnest(name: str, arr: pa.Array, opts: ReadOptions) -> tuple[list[np.ndarray], pa.Array]:
@@ -231,7 +254,7 @@ def _unnest(name: str, arr: pa.Array, opts: ReadOptions) -> tuple[list[np.ndarra
             np.cumsum(lens, out=offs[1:])
             offsets.append(offs)
             cur = cur.flatten()
-        cur = normalize_array(name, cur, opts)
+        cur = normalize_array(name, cur, _INNER)
     return offsets, cur
 
 

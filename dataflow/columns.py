@@ -52,6 +52,9 @@ class ReadOptions:
         hive_root: the directory the partition levels are under.
         index_columns: serve pandas index columns (``__index_level_0__``, or those the
             Parquet ``pandas`` metadata names); off by default.
+        categories: under ``dictionary="codes"``, per dictionary field the sorted union of its
+            values over the dataset (set from the index): code ``i`` is value ``i``, the
+            same in every shard whatever each shard's own dictionary.
     """
 
     columns: tuple[str, ...] | None = None
@@ -64,6 +67,7 @@ class ReadOptions:
     hive: tuple[tuple[str, str], ...] = ()
     hive_root: str = ""
     index_columns: bool = False
+    categories: tuple[tuple[str, tuple], ...] = ()
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("nulls", self.nulls, NULLS),
@@ -83,6 +87,10 @@ class ReadOptions:
     def fill_of(self, name: str) -> str | None:
         """The fill value (text) of served field ``name``, if one was given."""
         return dict(self.fill).get(name)
+
+    def categories_of(self, name: str) -> tuple | None:
+        """The categories of dictionary field ``name`` (``dictionary="codes"`` only)."""
+        return dict(self.categories).get(name)
 
     def wanted(self, name: str) -> bool:
         """Whether served field ``name`` passes ``columns`` and ``drop``."""
@@ -148,6 +156,9 @@ def with_extras(schema: Schema, options: ReadOptions) -> Schema:
     partition fields appended."""
     out: list[FieldSpec] = []
     for f in schema:
+        cats = options.categories_of(f.name)
+        if cats is not None:
+            f = replace(f, meta=tuple(sorted((*f.meta, ("categories", json.dumps(list(cats)))))))
         out.append(f)
         if f.name in options.masked:
             out.append(FieldSpec(f.name + VALID_SUFFIX, "bool"))
@@ -220,13 +231,16 @@ def hive_columns(shard: str, options: ReadOptions, n: int) -> Batch:
 
 
 def serving_options(options: ReadOptions, nulls: Mapping[str, int],
-                    shards: Sequence[str], root: str) -> ReadOptions:
-    """``options`` completed from an index: the masked fields and the hive levels.
+                    shards: Sequence[str], root: str,
+                    categories: Mapping[str, Iterable] | None = None) -> ReadOptions:
+    """``options`` completed from an index: the masked fields, the hive levels and the
+    categories of dictionary fields.
 
     Args:
         options: what the user chose.
         nulls: null count per field over the dataset (``name[]`` for null list items).
         shards: the dataset's shards; root: their common directory.
+        categories: per dictionary field, every value its shards' dictionaries hold.
 
     Raises:
         DataflowError: a field holds nulls the options cannot serve, naming it, its count and
@@ -245,5 +259,6 @@ def serving_options(options: ReadOptions, nulls: Mapping[str, int],
                                 f"--fill-value {name}=VALUE, --nulls mask or --drop-columns "
                                 f"{name}")
         masked.append(name)
+    cats = tuple((k, tuple(sorted(set(v)))) for k, v in sorted((categories or {}).items()))
     return replace(options, masked=tuple(masked), hive=hive_levels(shards, root),
-                   hive_root=root)
+                   hive_root=root, categories=cats)

@@ -11,11 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from dataflow.arrowtypes import fill_nulls, leaf_columns, leaf_specs, normalize_array
+from dataflow.arrowtypes import (
+    dictionary_values,
+    fill_nulls,
+    leaf_columns,
+    leaf_specs,
+    normalize_array,
+)
 from dataflow.batch import Batch, FieldSpec, Schema
 from dataflow.columns import (
     ITEMS_SUFFIX,
@@ -129,18 +136,41 @@ def schema_of_arrow(schema: pa.Schema, opts: ReadOptions = DEFAULT) -> Schema:
     return with_extras(base_schema(schema, opts), opts)
 
 
-def null_counts(table: pa.Table | pa.RecordBatch, opts: ReadOptions = DEFAULT) -> dict[str, int]:
-    """Null slots per selected leaf (``name``), and null items inside its lists
-    (``name[]``), for the leaves that have any."""
-    out: dict[str, int] = {}
+class Census(NamedTuple):
+    """What a shard holds that the schema does not say.
+
+    Attributes:
+        nulls: null slots per selected leaf (``name``) and null items inside its lists
+            (``name[]``), for the leaves that have any.
+        categories: under ``dictionary="codes"``, per dictionary leaf the values of its
+            dictionaries.
+    """
+
+    nulls: dict[str, int]
+    categories: dict[str, set]
+
+    def add(self, other: Census) -> None:
+        """Count ``other`` in too."""
+        for name, n in other.nulls.items():
+            self.nulls[name] = self.nulls.get(name, 0) + n
+        for name, values in other.categories.items():
+            self.categories.setdefault(name, set()).update(values)
+
+
+def census(table: pa.Table | pa.RecordBatch, opts: ReadOptions = DEFAULT) -> Census:
+    """The :class:`Census` of ``table``'s selected leaves."""
+    out = Census({}, {})
     for name, _, _, arr in _data_leaves(table, opts):
+        if opts.dictionary == "codes" and pa.types.is_dictionary(arr.type):
+            out.categories.setdefault(name, set()).update(dictionary_values(name, arr))
+        counts = out.nulls
         if arr.null_count:
-            out[name] = arr.null_count
+            counts[name] = arr.null_count
         items = arr
         while hasattr(items, "flatten") and not pa.types.is_struct(items.type):
             items = items.flatten()
         if items is not arr and items.null_count:
-            out[name + ITEMS_SUFFIX] = items.null_count
+            counts[name + ITEMS_SUFFIX] = items.null_count
     return out
 
 

@@ -29,6 +29,7 @@ class _Shard(NamedTuple):
     skips: tuple[SkipRecord, ...]
     identity: str
     nulls: tuple[tuple[str, int], ...]
+    categories: dict[str, set]
 
 
 def _count(url: str, cache_dir: str | None, on_error: str, options: ReadOptions) -> _Shard:
@@ -36,8 +37,9 @@ def _count(url: str, cache_dir: str | None, on_error: str, options: ReadOptions)
     shows a stale identity (a fingerprint that later mismatches), never a new one."""
     ident = identity(url)
     with open_shard(url, cache_dir=cache_dir, on_error=on_error, options=options) as r:
-        nulls = tuple(sorted(r.null_counts().items()))
-        return _Shard(len(r), r.schema, r.skipped, tuple(r.skip_log), ident, nulls)
+        found = r.census()
+        return _Shard(len(r), r.schema, r.skipped, tuple(r.skip_log), ident,
+                      tuple(sorted(found.nulls.items())), found.categories)
 
 
 def build_index(
@@ -96,5 +98,10 @@ def build_index(
     nulls = tuple(r.nulls for r in results)
     index = DatasetIndex(tuple(shards), sizes, schema, tuple(r.identity for r in results),
                          nulls if any(nulls) else ())
-    read = serving_options(options, index.null_totals(), index.shards, root or index.root)
+    categories: dict[str, set] = {}
+    for r in results:
+        for name, values in r.categories.items():
+            categories.setdefault(name, set()).update(values)
+    read = serving_options(options, index.null_totals(), index.shards, root or index.root,
+                           categories)
     return replace(index, schema=with_extras(schema, read), read=read)

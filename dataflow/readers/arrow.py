@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from dataflow.batch import Batch, Schema
 from dataflow.columns import ReadOptions, check_selection
-from dataflow.convert import DEFAULT, null_counts, schema_of_arrow
+from dataflow.convert import DEFAULT, Census, census, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import (
     ShardReader,
@@ -81,16 +81,14 @@ class _ArrowReader(ShardReader):
             raise ShardReadError(self.url, str(e)) from e
         return out
 
-    def null_counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
+    def census(self) -> Census:
+        out = Census({}, {})
         for i, batch in enumerate(self._batches):
             try:
-                counts = null_counts(batch, self.options)
+                out.add(census(batch, self.options))
             except (pa.ArrowException, DataflowError) as e:
                 raise ShardReadError(self.url, f"record batch {i}: counting nulls failed: {e}",
                                      index=self._bounds[i]) from e
-            for name, n in counts.items():
-                out[name] = out.get(name, 0) + n
         return out
 
     def __len__(self) -> int:

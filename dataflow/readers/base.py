@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from dataflow.batch import Batch, Ragged, Schema, concat
 from dataflow.columns import ReadOptions, hive_columns
-from dataflow.convert import DEFAULT, from_arrow
+from dataflow.convert import DEFAULT, Census, from_arrow
 from dataflow.errors import ConfigError, DataflowError, ShardReadError
 
 log = logging.getLogger(__name__)
@@ -121,10 +121,10 @@ class ShardReader(ABC):
         return concat([self._read(a, b) for a, b in zip(starts.tolist(), stops.tolist(),
                                                          strict=True)])
 
-    def null_counts(self) -> dict[str, int]:
-        """Null slots per served field over the shard (``name[]``: null items inside its
-        lists), for fields that have any; formats without nulls (tar) have none."""
-        return {}
+    def census(self) -> Census:
+        """Null counts and dictionary values over the shard (see :class:`Census`); formats
+        without either (tar) have none."""
+        return Census({}, {})
 
     @abstractmethod
     def close(self) -> None:

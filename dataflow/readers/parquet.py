@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from dataflow.batch import Batch, Schema
 from dataflow.columns import ReadOptions, check_selection
-from dataflow.convert import DEFAULT, null_counts, schema_of_arrow, wanted_columns
+from dataflow.convert import DEFAULT, Census, census, schema_of_arrow, wanted_columns
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import (
     ShardReader,
@@ -209,9 +209,12 @@ class ParquetReader(ShardReader):
             self._span = _Span(self._bounds[first], self._bounds[last + 1], table)
         return table, range_rows(bounds[groups], bounds[groups + 1])
 
-    def null_counts(self) -> dict[str, int]:
+    def census(self) -> Census:
         meta = self._file.metadata
         maybe: set[str] = set()
+        if self.options.dictionary == "codes":
+            maybe |= {f.name for f in self._file.schema_arrow
+                      if f.name in self._columns and pa.types.is_dictionary(f.type)}
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
             for j in range(rg.num_columns):
@@ -222,10 +225,10 @@ class ParquetReader(ShardReader):
                                              or stats.null_count):
                     maybe.add(top)
         if not maybe:
-            return {}
+            return Census({}, {})
         try:
             table = self._file.read(columns=[c for c in self._columns if c in maybe])
-            return null_counts(table, self.options)
+            return census(table, self.options)
         except (OSError, pa.ArrowException, DataflowError) as e:
             raise ShardReadError(self.url, f"counting nulls failed: {e}") from e
 

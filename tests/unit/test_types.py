@@ -12,7 +12,7 @@ import pytest
 
 from dataflow.batch import FieldSpec
 from dataflow.columns import ReadOptions
-from dataflow.convert import base_schema, from_arrow, null_counts, schema_of_arrow
+from dataflow.convert import base_schema, census, from_arrow, schema_of_arrow
 from dataflow.errors import DataflowError
 
 
@@ -25,7 +25,7 @@ def test_struct_flattens_to_dotted_fields_with_parent_nulls_masked() -> None:
     image = pa.array([{"bytes": b"ab", "path": "x.png"}, None, {"bytes": b"c", "path": None}],
                      type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
     table = pa.table({"image": image})
-    assert null_counts(table) == {"image.bytes": 1, "image.path": 2}
+    assert census(table).nulls == {"image.bytes": 1, "image.path": 2}
     opts = ReadOptions(masked=("image.bytes", "image.path"))
     assert [f.name for f in schema_of_arrow(table.schema, opts)] == [
         "image.bytes", "image.bytes.valid", "image.path", "image.path.valid"]
@@ -97,11 +97,24 @@ def test_temporal_types_are_ints_with_unit_and_tz_in_metadata() -> None:
     assert batch["t"].tolist() == [1]
 
 
-def test_dictionary_values_or_codes() -> None:
-    table = pa.table({"c": pa.array(["b", "a", "b"]).dictionary_encode()})
-    assert [_convert(table)["c"][i] for i in range(3)] == ["b", "a", "b"]
-    codes = _convert(table, ReadOptions(dictionary="codes"))["c"]
-    assert codes.tolist() == [0, 1, 0]
+def test_dictionary_values_or_codes_among_the_dataset_categories() -> None:
+    table = pa.table({"c": pa.array(["b", "a", None, "b"]).dictionary_encode()})
+    batch = _convert(table, ReadOptions(masked=("c",)))
+    assert [batch["c"][i] for i in range(4)] == ["b", "a", "", "b"]
+    assert batch["c.valid"].tolist() == [True, True, False, True]
+    opts = ReadOptions(dictionary="codes", masked=("c",))
+    assert census(table, opts).categories == {"c": {"a", "b"}}
+    with pytest.raises(DataflowError, match="'c'.*categories"):
+        _convert(table, opts)
+    # Another shard's dictionary knew "z" too: codes follow the dataset's sorted categories.
+    opts = ReadOptions(dictionary="codes", categories=(("c", ("a", "b", "z")),),
+                       fill=(("c", "-1"),))
+    assert _convert(table, opts)["c"].tolist() == [1, 0, -1, 1]
+    assert json.loads(schema_of_arrow(table.schema, opts)[0].meta_dict["categories"]) == [
+        "a", "b", "z"]
+    with pytest.raises(DataflowError, match="'c'.*not among the categories"):
+        _convert(table, ReadOptions(dictionary="codes", categories=(("c", ("a",)),),
+                                    fill=(("c", "-1"),)))
 
 
 def test_decimal_refused_with_a_way_out_or_served_as_chosen() -> None:
@@ -124,7 +137,7 @@ def test_large_and_view_types() -> None:
 
 def test_fill_values_and_null_items() -> None:
     table = pa.table({"label": pa.array([1, None, 3]), "tags": pa.array([[1, None], None, [2]])})
-    assert null_counts(table) == {"label": 1, "tags": 1, "tags[]": 1}
+    assert census(table).nulls == {"label": 1, "tags": 1, "tags[]": 1}
     opts = ReadOptions(fill=(("label", "-1"), ("tags", "0")))
     batch = _convert(table, opts)
     assert batch["label"].tolist() == [1, -1, 3] and "label.valid" not in batch
