@@ -136,21 +136,6 @@ def is_pandas_index(name: str, index_names: frozenset[str]) -> bool:
     return name in index_names or (name.startswith("__index_level_") and name.endswith("__"))
 
 
-def check_selection(options: ReadOptions, schema: Schema, shard: str) -> None:
-    """Every name in ``columns``/``drop``/``fill`` must match a field of the shard.
-
-    Raises:
-        DataflowError: naming the flag, the name and the shard's fields.
-    """
-    served = [f.name for f in schema]
-    for flag, names in (("--columns", options.columns or ()), ("--drop-columns", options.drop),
-                        ("--fill-value", [k for k, _ in options.fill])):
-        for n in names:
-            if not any(_under(s, n) for s in served):
-                raise DataflowError(f"{flag} {n!r}: no such field in {shard}; its fields are "
-                                    f"{served}")
-
-
 def with_extras(schema: Schema, options: ReadOptions) -> Schema:
     """``schema`` with a ``<name>.valid`` field after each masked field and the hive
     partition fields appended."""
@@ -163,8 +148,9 @@ def with_extras(schema: Schema, options: ReadOptions) -> Schema:
         if f.name in options.masked:
             out.append(FieldSpec(f.name + VALID_SUFFIX, "bool"))
     for key, dtype in options.hive:
-        out.append(FieldSpec(key, "int64") if dtype == "int64" else
-                   FieldSpec(key, "uint8", ragged="str"))
+        if options.wanted(key):
+            out.append(FieldSpec(key, "int64") if dtype == "int64" else
+                       FieldSpec(key, "uint8", ragged="str"))
     names = [f.name for f in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
@@ -219,6 +205,8 @@ def hive_columns(shard: str, options: ReadOptions, n: int) -> Batch:
     out: Batch = {}
     values = dict(hive_values(shard, options.hive_root))
     for key, dtype in options.hive:
+        if not options.wanted(key):
+            continue
         if key not in values:
             raise DataflowError(f"{shard}: not under a {key}=... directory, unlike the other "
                                 "shards")
@@ -230,16 +218,20 @@ def hive_columns(shard: str, options: ReadOptions, n: int) -> Batch:
     return out
 
 
+def with_hive(options: ReadOptions, shards: Sequence[str], root: str) -> ReadOptions:
+    """``options`` with the hive levels of ``shards`` under ``root`` (before the scan, so
+    readers serve them and ``--columns`` may name them)."""
+    return replace(options, hive=hive_levels(shards, root), hive_root=root)
+
+
 def serving_options(options: ReadOptions, nulls: Mapping[str, int],
-                    shards: Sequence[str], root: str,
                     categories: Mapping[str, Iterable] | None = None) -> ReadOptions:
-    """``options`` completed from an index: the masked fields, the hive levels and the
-    categories of dictionary fields.
+    """``options`` completed from an index: the masked fields and the categories of
+    dictionary fields.
 
     Args:
-        options: what the user chose.
+        options: what the user chose (with the hive levels).
         nulls: null count per field over the dataset (``name[]`` for null list items).
-        shards: the dataset's shards; root: their common directory.
         categories: per dictionary field, every value its shards' dictionaries hold.
 
     Raises:
@@ -260,5 +252,4 @@ def serving_options(options: ReadOptions, nulls: Mapping[str, int],
                                 f"{name}")
         masked.append(name)
     cats = tuple((k, tuple(sorted(set(v)))) for k, v in sorted((categories or {}).items()))
-    return replace(options, masked=tuple(masked), hive=hive_levels(shards, root),
-                   hive_root=root, categories=cats)
+    return replace(options, masked=tuple(masked), categories=cats)

@@ -90,6 +90,22 @@ def _data_leaves(table: pa.Table | pa.RecordBatch,
     return [(n, t, m, a) for n, t, m, a in _leaves(table.schema, opts, table) if a is not None]
 
 
+def check_selection(schema: pa.Schema, opts: ReadOptions, shard: str) -> None:
+    """Every name in ``columns``/``drop``/``fill`` must match a leaf of ``schema``.
+
+    Raises:
+        DataflowError: naming the flag, the name, the shard and its fields.
+    """
+    every = [leaf[0] for leaf in _leaves(schema, ReadOptions(index_columns=True))]
+    every += [key for key, _ in opts.hive]
+    for flag, names in (("--columns", opts.columns or ()), ("--drop-columns", opts.drop),
+                        ("--fill-value", [k for k, _ in opts.fill])):
+        for n in names:
+            if not any(s == n or s.startswith(n + ".") for s in every):
+                raise DataflowError(f"{flag} {n!r}: no such field in {shard}; its fields are "
+                                    f"{every}")
+
+
 def wanted_columns(schema: pa.Schema, opts: ReadOptions) -> list[str]:
     """The top-level columns holding at least one selected leaf (what to read)."""
     tops = {leaf[0] for leaf in _leaves(schema, opts)}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import NamedTuple
 
 from dataflow.batch import Schema
-from dataflow.columns import ReadOptions, serving_options, with_extras
+from dataflow.columns import ReadOptions, serving_options, with_extras, with_hive
 from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard
@@ -69,7 +70,9 @@ def build_index(
             :class:`~dataflow.readers.ShardReader`).
         max_workers: most shards opened at once.
         options: which columns to serve and how (default: all, nulls masked); completed
-            with the fields holding nulls and the hive levels into the index's ``read``.
+            with the hive levels of the shard paths (under the directory a single directory
+            spec names, else the shards' common directory), the fields holding nulls and the
+            categories of dictionary fields into the index's ``read``.
         split: the split of a Hugging Face ``DatasetDict`` root (see :mod:`dataflow.splits`).
 
     Raises:
@@ -81,8 +84,10 @@ def build_index(
     check_on_error(on_error)
     if max_workers < 1:
         raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
-    options = options if options is not None else ReadOptions()
     shards, root = dataset_shards(specs, split)
+    common = os.path.commonprefix(shards)
+    options = with_hive(options if options is not None else ReadOptions(), shards,
+                        root or common[: common.rfind("/") + 1])
     with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
         results = list(pool.map(lambda u: _count(u, cache_dir, on_error, options), shards))
     for url, r in zip(shards, results, strict=True):
@@ -102,6 +107,7 @@ def build_index(
     for r in results:
         for name, values in r.categories.items():
             categories.setdefault(name, set()).update(values)
-    read = serving_options(options, index.null_totals(), index.shards, root or index.root,
-                           categories)
-    return replace(index, schema=with_extras(schema, read), read=read)
+    read = serving_options(options, index.null_totals(), categories)
+    hive = {key for key, _ in read.hive}
+    return replace(index, schema=with_extras(tuple(f for f in schema if f.name not in hive), read),
+                   read=read)

@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.batch import Batch, Schema
-from dataflow.columns import ReadOptions, check_selection
-from dataflow.convert import DEFAULT, Census, census, schema_of_arrow
+from dataflow.columns import ReadOptions
+from dataflow.convert import DEFAULT, Census, census, check_selection, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import (
     ShardReader,
@@ -76,7 +76,7 @@ class _ArrowReader(ShardReader):
     def _convert_schema(self, schema: pa.Schema) -> Schema:
         try:
             out = schema_of_arrow(schema, self.options)
-            check_selection(self.options, out, self.url)
+            check_selection(schema, self.options, self.url)
         except DataflowError as e:
             raise ShardReadError(self.url, str(e)) from e
         return out

@@ -38,8 +38,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataflow.batch import Batch, Schema
-from dataflow.columns import ReadOptions, check_selection
-from dataflow.convert import DEFAULT, Census, census, schema_of_arrow, wanted_columns
+from dataflow.columns import ReadOptions
+from dataflow.convert import (
+    DEFAULT,
+    Census,
+    census,
+    check_selection,
+    schema_of_arrow,
+    wanted_columns,
+)
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import (
     ShardReader,
@@ -87,7 +94,7 @@ class ParquetReader(ShardReader):
         try:
             arrow_schema = self._file.schema_arrow
             self.schema: Schema = schema_of_arrow(arrow_schema, options)
-            check_selection(options, self.schema, url)
+            check_selection(arrow_schema, options, url)
             self._columns = wanted_columns(arrow_schema, options)
         except DataflowError as e:
             self._file.close()

@@ -17,13 +17,12 @@ from dataflow.batch import (
 )
 from dataflow.columns import (
     ReadOptions,
-    check_selection,
     hive_columns,
     hive_levels,
     parse_fill,
     serving_options,
 )
-from dataflow.convert import from_arrow, schema_of_arrow
+from dataflow.convert import check_selection, from_arrow, schema_of_arrow
 from dataflow.errors import ConfigError, DataflowError
 
 
@@ -98,7 +97,8 @@ def test_column_selection_by_name_or_parent_and_pandas_index_left_out() -> None:
     asked = ReadOptions(columns=("id", "__index_level_0__"))
     assert from_arrow(table, None, asked)["__index_level_0__"].tolist() == [7]
     with pytest.raises(DataflowError, match="--drop-columns 'nope'.*no such field in s.arrow"):
-        check_selection(ReadOptions(drop=("nope",)), schema_of_arrow(table.schema), "s.arrow")
+        check_selection(table.schema, ReadOptions(drop=("nope",)), "s.arrow")
+    check_selection(table.schema, only, "s.arrow")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -129,8 +129,8 @@ def test_hive_levels_and_columns() -> None:
 def test_serving_options_mask_or_refuse_nulls() -> None:
     nulls = {"a": 2, "b": 0, "c": 1, "t[]": 1}
     with pytest.raises(DataflowError, match="'t': 1 null item.*--fill-value t=VALUE"):
-        serving_options(ReadOptions(), nulls, ["/d/x.arrow"], "/d/")
-    opts = serving_options(ReadOptions(fill=(("c", "0"), ("t", "0"))), nulls, ["/d/x.arrow"], "/d/")
+        serving_options(ReadOptions(), nulls)
+    opts = serving_options(ReadOptions(fill=(("c", "0"), ("t", "0"))), nulls)
     assert opts.masked == ("a",)
     with pytest.raises(DataflowError, match="'a': 2 null value.*--fill-value a=VALUE"):
-        serving_options(ReadOptions(nulls="fill", fill=(("t", "0"),)), nulls, ["/d/x"], "/d/")
+        serving_options(ReadOptions(nulls="fill", fill=(("t", "0"),)), nulls)
