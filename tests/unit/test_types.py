@@ -160,3 +160,22 @@ def test_hf_class_label_names_in_metadata() -> None:
     schema = pa.schema([("label", pa.int64())],
                        metadata={b"huggingface": json.dumps({"info": {"features": features}})})
     assert json.loads(base_schema(schema)[0].meta_dict["class_names"]) == ["cat", "dog"]
+
+
+@pytest.mark.parametrize("stats", [True, False])
+def test_parquet_null_census_with_or_without_statistics(tmp_path, stats: bool) -> None:
+    import pyarrow.parquet as pq
+
+    from dataflow.readers import open_shard
+
+    table = pa.table({"a": pa.array([1, None, 3, None]), "b": pa.array(["x", "y", "z", "w"]),
+                      "s": pa.array([{"k": 1}, None, {"k": None}, {"k": 4}])})
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(table, path, row_group_size=2, write_statistics=stats)
+    with open_shard(path) as r:
+        assert r.census().nulls == {"a": 2, "s.k": 2}
+    opts = ReadOptions(masked=("a", "s.k"), columns=("a", "s"))
+    with open_shard(path, options=opts) as r:
+        batch = r.read(1, 4)
+    assert list(batch) == ["a", "a.valid", "s.k", "s.k.valid"]
+    assert batch["a"].tolist() == [0, 3, 0] and batch["s.k.valid"].tolist() == [False, False, True]
