@@ -12,6 +12,7 @@ metadata ``levels`` lists the levels outermost first (``"var"`` or the fixed siz
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -37,6 +38,7 @@ def _is_text(t: pa.DataType) -> bool:
             or pa.types.is_large_binary(t))
 
 
+@functools.lru_cache(maxsize=1024)
 def _primitive(t: pa.DataType) -> np.dtype | None:
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
         return np.dtype(t.to_pandas_dtype())
@@ -139,6 +141,17 @@ def leaf_specs(name: str, t: pa.DataType, field_meta: dict[bytes, bytes],
     Raises:
         DataflowError: the type cannot be served, naming the field and a way out.
     """
+    return list(_cached_specs(name, t, tuple(sorted(field_meta.items())), opts))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_specs(name: str, t: pa.DataType, meta_items: tuple[tuple[bytes, bytes], ...],
+                  opts: ReadOptions) -> tuple[FieldSpec, ...]:
+    return tuple(_specs(name, t, dict(meta_items), opts))
+
+
+def _specs(name: str, t: pa.DataType, field_meta: dict[bytes, bytes],
+           opts: ReadOptions) -> list[FieldSpec]:
     if isinstance(t, pa.FixedShapeTensorType):
         dt = _primitive(t.value_type)
         if dt is not None:
@@ -274,6 +287,9 @@ def leaf_columns(specs: list[FieldSpec], arr: pa.Array, opts: ReadOptions) -> li
     t = arr.type
     if spec.ragged is None and _primitive(t) is not None:
         return [_values(spec.name, arr, opts)]
+    fast = _fast(spec, arr, opts)
+    if fast is not None:
+        return [fast]
     offsets, values = _unnest(spec.name, arr, opts)
     flat = _values(spec.name, values, opts)
     if spec.ragged is None:
@@ -295,6 +311,28 @@ def leaf_columns(specs: list[FieldSpec], arr: pa.Array, opts: ReadOptions) -> li
     levels = json.loads(spec.meta_dict.get("levels", "[]"))
     out += [c for j, c in enumerate(lengths, start=1) if levels[j] == _VAR]
     return out
+
+
+def _fast(spec: FieldSpec, arr: pa.Array, opts: ReadOptions) -> Column | None:
+    """The common cases without nulls, zero-copy: a list of numbers, or nested fixed-size
+    lists of numbers; ``None`` for anything else."""
+    if arr.null_count:
+        return None
+    t = arr.type
+    if spec.ragged == "list" and (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
+            _primitive(t.value_type) is not None):
+        wide = np.int64 if pa.types.is_large_list(t) else np.int32
+        offs = np.frombuffer(arr.buffers()[1], wide)[arr.offset : arr.offset + len(arr) + 1]
+        values = arr.values.slice(int(offs[0]), int(offs[-1] - offs[0]))
+        return Ragged(_values(spec.name, values, opts), (offs - offs[0]).astype(np.int64),
+                      "list")
+    if spec.ragged is None and pa.types.is_fixed_size_list(t):
+        values = arr
+        while pa.types.is_fixed_size_list(values.type) and not values.null_count:
+            values = values.flatten()
+        if _primitive(values.type) is not None and not values.null_count:
+            return values.to_numpy(zero_copy_only=False).reshape((len(arr), *spec.shape))
+    return None
 
 
 def _values(name: str, arr: pa.Array, opts: ReadOptions) -> np.ndarray:

@@ -9,6 +9,7 @@ for masked fields.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -68,9 +69,20 @@ def _walk(name: str, t: pa.DataType, meta: dict, arr: pa.Array | None) -> Iterat
         yield from kids
 
 
-def _leaves(schema: pa.Schema, opts: ReadOptions,
-            table: pa.Table | pa.RecordBatch | None = None) -> list[_Leaf]:
-    """The selected leaves of ``schema`` (with their data when ``table`` is given)."""
+class _Column(NamedTuple):
+    """A served column of an Arrow schema: ``nested`` ones (structs, lists of structs) hold
+    several leaves, found by walking their data."""
+
+    column: int
+    name: str
+    type: pa.DataType
+    meta: dict
+    nested: bool
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(schema: pa.Schema, opts: ReadOptions) -> tuple[_Column, ...]:
+    """The columns of ``schema`` holding a selected leaf, less pandas index columns."""
     index_names = pandas_index_columns(schema.metadata)
     explicit = set(opts.columns or ())
     out = []
@@ -78,9 +90,25 @@ def _leaves(schema: pa.Schema, opts: ReadOptions,
         if (is_pandas_index(f.name, index_names) and not opts.index_columns
                 and f.name not in explicit):
             continue
-        col = None if table is None else table.column(i)
-        out += [leaf for leaf in _walk(f.name, f.type, dict(f.metadata or {}), col)
-                if opts.wanted(leaf[0])]
+        meta = dict(f.metadata or {})
+        nested = _children(f.name, f.type, None) is not None
+        if any(opts.wanted(leaf[0]) for leaf in _walk(f.name, f.type, meta, None)):
+            out.append(_Column(i, f.name, f.type, meta, nested))
+    return tuple(out)
+
+
+def _leaves(schema: pa.Schema, opts: ReadOptions,
+            table: pa.Table | pa.RecordBatch | None = None) -> list[_Leaf]:
+    """The selected leaves of ``schema`` (with their data when ``table`` is given)."""
+    out: list[_Leaf] = []
+    for c in _plan(schema, opts):
+        col = None if table is None else table.column(c.column)
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if c.nested:
+            out += [leaf for leaf in _walk(c.name, c.type, c.meta, col) if opts.wanted(leaf[0])]
+        else:
+            out.append((c.name, c.type, c.meta, col))
     return out
 
 
