@@ -134,3 +134,19 @@ def test_serving_options_mask_or_refuse_nulls() -> None:
     assert opts.masked == ("a",)
     with pytest.raises(DataflowError, match="'a': 2 null value.*--fill-value a=VALUE"):
         serving_options(ReadOptions(nulls="fill", fill=(("t", "0"),)), nulls)
+
+
+def test_server_flags_make_read_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from dataflow.server.config import parse_args
+
+    config = parse_args(["--data", "d", "--columns", "image", "id", "--drop-columns",
+                         "image.path", "--fill-value", "label=-1", "--nulls", "fill",
+                         "--dictionary", "codes", "--decimal", "str", "--index-columns",
+                         "--split", "train"])
+    assert config.read == ReadOptions(columns=("image", "id"), drop=("image.path",),
+                                      nulls="fill", fill=(("label", "-1"),),
+                                      dictionary="codes", decimal="str", index_columns=True)
+    assert config.split == "train"
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "d", "--fill-value", "label"])
+    assert "--fill-value must be FIELD=VALUE" in capsys.readouterr().err
