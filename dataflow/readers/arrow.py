@@ -82,13 +82,22 @@ class _ArrowReader(ShardReader):
         return out
 
     def census(self) -> Census:
+        """Null counts from the record batches' metadata (and validity bitmaps of struct
+        children); a record batch where counting fails is damage: raised, or under
+        ``on_error="skip"`` remembered like damage a read finds (its rows are then left out
+        and counted by the reads asking for them)."""
         out = Census({}, {})
         for i, batch in enumerate(self._batches):
             try:
                 out.add(census(batch, self.options))
             except (pa.ArrowException, DataflowError) as e:
-                raise ShardReadError(self.url, f"record batch {i}: counting nulls failed: {e}",
-                                     index=self._bounds[i]) from e
+                lo, hi = self._bounds[i], self._bounds[i + 1]
+                err = ShardReadError(self.url, f"record batch {i} (samples {lo}..{hi - 1}) is "
+                                     f"damaged: counting its nulls failed: {e}", index=lo)
+                if self.on_error == "raise":
+                    raise err from e
+                log.warning("damage found: %s", err)
+                self._bad[i] = err
         return out
 
     def __len__(self) -> int:

@@ -22,7 +22,8 @@ Parquet has no tensor type: a fixed-size list field whose Arrow field metadata c
 
 Only the columns :class:`~dataflow.columns.ReadOptions` selects are decoded. Null counts come
 from the row groups' statistics; a column whose statistics do not rule nulls out is decoded
-once to count them (when the index is built, not when serving).
+once, row group by row group, to count them (when the index is built, not when serving); a row
+group failing there is damage, raised or (``on_error="skip"``) remembered as for a read.
 """
 
 from __future__ import annotations
@@ -231,13 +232,18 @@ class ParquetReader(ShardReader):
                 if top in self._columns and (stats is None or not stats.has_null_count
                                              or stats.null_count):
                     maybe.add(top)
-        if not maybe:
-            return Census({}, {})
-        try:
-            table = self._file.read(columns=[c for c in self._columns if c in maybe])
-            return census(table, self.options)
-        except (OSError, pa.ArrowException, DataflowError) as e:
-            raise ShardReadError(self.url, f"counting nulls failed: {e}") from e
+        out = Census({}, {})
+        columns = [c for c in self._columns if c in maybe]
+        for g in range(meta.num_row_groups) if columns else ():
+            try:
+                out.add(census(self._file.read_row_group(g, columns=columns), self.options))
+            except (OSError, pa.ArrowException) as e:
+                if self.on_error == "raise":
+                    lo = self._bounds[g]
+                    raise ShardReadError(self.url, f"row group {g} (samples {lo}..) is damaged: "
+                                         f"counting its nulls failed: {e}", index=lo) from e
+                self._found_damage(g, e)
+        return out
 
     def close(self) -> None:
         self.closed = True

@@ -179,3 +179,26 @@ def test_parquet_null_census_with_or_without_statistics(tmp_path, stats: bool) -
         batch = r.read(1, 4)
     assert list(batch) == ["a", "a.valid", "s.k", "s.k.valid"]
     assert batch["a"].tolist() == [0, 3, 0] and batch["s.k.valid"].tolist() == [False, False, True]
+
+
+def test_parquet_census_meets_damage_as_reads_do(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    from dataflow.errors import ShardReadError
+    from dataflow.readers import open_shard
+
+    path = str(tmp_path / "d.parquet")
+    x = pa.array([None if i % 10 == 0 else i for i in range(40)], type=pa.int64())
+    pq.write_table(pa.table({"x": x}), path, row_group_size=10, compression="none",
+                   use_dictionary=False, write_page_checksum=True, write_statistics=False)
+    col = pq.ParquetFile(path).metadata.row_group(2).column(0)
+    with open(path, "r+b") as f:
+        f.seek(col.data_page_offset + col.total_compressed_size - 8)
+        f.write(b"\x63")
+    with open_shard(path) as r, pytest.raises(ShardReadError, match=r"row group 2 .*nulls"):
+        r.census()
+    with open_shard(path, on_error="skip", options=ReadOptions(masked=("x",))) as r:
+        assert r.census().nulls == {"x": 3}
+        batch = r.read(0, 40)
+        assert len(batch["x"]) == 30 and r.skipped == 10
+        assert batch["x.valid"].tolist().count(False) == 3
