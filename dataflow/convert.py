@@ -17,13 +17,8 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from dataflow.arrowtypes import (
-    dictionary_values,
-    fill_nulls,
-    leaf_columns,
-    leaf_specs,
-    normalize_array,
-)
+from dataflow.arrowdata import dictionary_values, fill_nulls, leaf_columns, normalize_array
+from dataflow.arrowtypes import leaf_specs
 from dataflow.batch import Batch, FieldSpec, Schema
 from dataflow.columns import (
     ITEMS_SUFFIX,
