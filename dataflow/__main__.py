@@ -114,7 +114,8 @@ def _read(args: argparse.Namespace) -> int:
           f"fingerprint {index.fingerprint}, {t1 - t0:.2f} s")
     samples = nbytes = 0
     for url in index.shards:
-        with open_shard(url, cache_dir=args.cache_dir, on_error=args.on_error) as r:
+        with open_shard(url, cache_dir=args.cache_dir, on_error=args.on_error,
+                        options=index.read) as r:
             for start in range(0, len(r), args.batch_size):
                 batch = r.read(start, min(start + args.batch_size, len(r)))
                 samples += batch_len(batch)

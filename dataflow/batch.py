@@ -72,21 +72,33 @@ class FieldSpec:
         dtype: numpy dtype name of the values (``"int64"``, ``"uint8"``, ...).
         shape: per-sample shape of a fixed-size field; ``()`` for scalars and ragged fields.
         ragged: ``None`` for fixed-size fields, else one of ``RAGGED_KINDS``.
+        meta: sorted ``(key, value)`` text pairs saying what the values mean where the dtype
+            does not (``unit``/``tz`` of a timestamp, ``levels`` of nested lists, ...; see
+            the README's "Data" section).
     """
 
     name: str
     dtype: str
     shape: tuple[int, ...] = ()
     ragged: str | None = None
+    meta: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def meta_dict(self) -> dict[str, str]:
+        return dict(self.meta)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-                "ragged": self.ragged}
+        out: dict[str, object] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+               "ragged": self.ragged}
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        return out
 
     @classmethod
     def from_json(cls, obj: Mapping) -> FieldSpec:
+        meta = obj.get("meta", {})
         return cls(str(obj["name"]), str(obj["dtype"]), tuple(int(d) for d in obj["shape"]),
-                   obj["ragged"])
+                   obj["ragged"], tuple(sorted((str(k), str(v)) for k, v in meta.items())))
 
 
 Schema = tuple[FieldSpec, ...]

@@ -1,106 +1,245 @@
-"""Arrow -> :mod:`dataflow.batch` conversion: vectorized, zero-copy where Arrow's layout allows."""
+"""Arrow -> :mod:`dataflow.batch` conversion: vectorized, zero-copy where Arrow's layout allows.
+
+Struct columns are flattened to ``parent.child`` leaves (a list of structs to one list per
+child), the leaves :class:`~dataflow.columns.ReadOptions` selects are converted by the type
+rules of :mod:`dataflow.arrowtypes`, and null slots are filled, with a ``<name>.valid`` mask
+for masked fields.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from dataflow.batch import Batch, Column, FieldSpec, Ragged, Schema
+from dataflow.arrowdata import dictionary_values, fill_nulls, leaf_columns, normalize_array
+from dataflow.arrowtypes import leaf_specs
+from dataflow.batch import Batch, FieldSpec, Schema
+from dataflow.columns import (
+    ITEMS_SUFFIX,
+    VALID_SUFFIX,
+    ReadOptions,
+    is_pandas_index,
+    pandas_index_columns,
+    with_extras,
+)
 from dataflow.errors import DataflowError
 
+DEFAULT = ReadOptions()
+HF_META = b"huggingface"
+_Leaf = tuple[str, pa.DataType, dict, "pa.Array | None"]
 
-def _primitive_dtype(t: pa.DataType) -> np.dtype | None:
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return np.dtype(t.to_pandas_dtype())
+
+def _children(name: str, t: pa.DataType, arr: pa.Array | None) -> Iterator[_Leaf] | None:
+    """The leaves under a struct or list-of-struct column, or ``None`` for any other type."""
+    if pa.types.is_struct(t):
+        kids = arr.flatten() if arr is not None else [None] * t.num_fields
+        return (leaf for i in range(t.num_fields)
+                for leaf in _walk(f"{name}.{t.field(i).name}", t.field(i).type, {}, kids[i]))
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type):
+        st = t.value_type
+        make = pa.list_ if pa.types.is_list(t) else pa.large_list
+        kinds = pa.ListArray if pa.types.is_list(t) else pa.LargeListArray
+        kids = arr.values.flatten() if arr is not None else [None] * st.num_fields
+        mask = arr.is_null() if arr is not None and arr.null_count else None
+        return (leaf for i in range(st.num_fields)
+                for leaf in _walk(f"{name}.{st.field(i).name}", make(st.field(i).type), {},
+                                  None if arr is None else
+                                  kinds.from_arrays(arr.offsets, kids[i], mask=mask)))
     return None
 
 
-def field_spec(field: pa.Field) -> FieldSpec:
-    """The :class:`FieldSpec` of an Arrow field; raises for types dataflow cannot batch."""
-    t = field.type
-    if isinstance(t, pa.FixedShapeTensorType):
-        dt = _primitive_dtype(t.value_type)
-        if dt is not None:
-            return FieldSpec(field.name, dt.name, tuple(t.shape))
-    if isinstance(t, pa.ExtensionType):
-        return field_spec(pa.field(field.name, t.storage_type))
-    dt = _primitive_dtype(t)
-    if dt is not None:
-        return FieldSpec(field.name, dt.name)
-    shape: list[int] = []
-    inner = t
-    while pa.types.is_fixed_size_list(inner):
-        shape.append(inner.list_size)
-        inner = inner.value_type
-    inner_dt = _primitive_dtype(inner)
-    if shape and inner_dt is not None:
-        return FieldSpec(field.name, inner_dt.name, tuple(shape))
-    if pa.types.is_fixed_size_binary(t):
-        return FieldSpec(field.name, "uint8", (t.byte_width,))
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return FieldSpec(field.name, "uint8", ragged="bytes")
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return FieldSpec(field.name, "uint8", ragged="str")
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        item_dt = _primitive_dtype(t.value_type)
-        if item_dt is not None:
-            return FieldSpec(field.name, item_dt.name, ragged="list")
-    raise DataflowError(f"field {field.name!r}: unsupported Arrow type {t}")
-
-
-def schema_of_arrow(schema: pa.Schema) -> Schema:
-    return tuple(field_spec(f) for f in schema)
-
-
-def _no_nulls(name: str, arr: pa.Array) -> None:
-    if arr.null_count:
-        raise DataflowError(
-            f"field {name!r}: {arr.null_count} null value(s); nulls are not supported"
-        )
-
-
-def _ragged_from_binary(arr: pa.Array, kind: str) -> Ragged:
-    wide = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
-    _, offs_buf, data_buf = arr.buffers()
-    offs = np.frombuffer(offs_buf, dtype=np.int64 if wide else np.int32)
-    offs = offs[arr.offset : arr.offset + len(arr) + 1]
-    if data_buf is None:
-        values = np.zeros(0, dtype=np.uint8)
-    else:
-        values = np.frombuffer(data_buf, dtype=np.uint8)[offs[0] : offs[-1]]
-    return Ragged(values, (offs - offs[0]).astype(np.int64, copy=False), kind)
-
-
-def column_from_arrow(spec: FieldSpec, arr: pa.Array | pa.ChunkedArray) -> Column:
-    """Convert one Arrow column to a :class:`Column` of ``spec``'s type."""
+def _walk(name: str, t: pa.DataType, meta: dict, arr: pa.Array | None) -> Iterator[_Leaf]:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    if isinstance(arr, pa.ExtensionArray):
-        arr = arr.storage
-    _no_nulls(spec.name, arr)
-    n = len(arr)
-    if spec.ragged in ("bytes", "str"):
-        return _ragged_from_binary(arr, spec.ragged)
-    if spec.ragged == "list":
-        offs = arr.offsets.to_numpy()
-        values = arr.flatten()
-        _no_nulls(spec.name, values)
-        return Ragged(values.to_numpy(zero_copy_only=False), (offs - offs[0]).astype(np.int64),
-                      "list")
-    if pa.types.is_fixed_size_binary(arr.type):
-        buf = arr.buffers()[1]
-        w = arr.type.byte_width
-        flat = np.frombuffer(buf, dtype=np.uint8)[arr.offset * w : (arr.offset + n) * w]
-        return flat.reshape(n, w)
-    values = arr
-    while pa.types.is_fixed_size_list(values.type):
-        values = values.flatten()
-    _no_nulls(spec.name, values)
-    flat = values.to_numpy(zero_copy_only=False)
-    return flat.reshape((n, *spec.shape))
+    kids = _children(name, t, arr)
+    if kids is None:
+        yield name, t, meta, arr
+    else:
+        yield from kids
 
 
-def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema | None = None) -> Batch:
-    """Convert an Arrow table or record batch to a :class:`Batch` without per-sample loops."""
-    specs = schema if schema is not None else schema_of_arrow(table.schema)
-    return {s.name: column_from_arrow(s, table.column(s.name)) for s in specs}
+class _Column(NamedTuple):
+    """A served column of an Arrow schema: ``nested`` ones (structs, lists of structs) hold
+    several leaves, found by walking their data."""
+
+    column: int
+    name: str
+    type: pa.DataType
+    meta: dict
+    nested: bool
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(schema: pa.Schema, opts: ReadOptions) -> tuple[_Column, ...]:
+    """The columns of ``schema`` holding a selected leaf, less pandas index columns."""
+    index_names = pandas_index_columns(schema.metadata)
+    explicit = set(opts.columns or ())
+    out = []
+    for i, f in enumerate(schema):
+        if (is_pandas_index(f.name, index_names) and not opts.index_columns
+                and f.name not in explicit):
+            continue
+        meta = dict(f.metadata or {})
+        nested = _children(f.name, f.type, None) is not None
+        if any(opts.wanted(leaf[0]) for leaf in _walk(f.name, f.type, meta, None)):
+            out.append(_Column(i, f.name, f.type, meta, nested))
+    return tuple(out)
+
+
+def _leaves(schema: pa.Schema, opts: ReadOptions,
+            table: pa.Table | pa.RecordBatch | None = None) -> list[_Leaf]:
+    """The selected leaves of ``schema`` (with their data when ``table`` is given)."""
+    out: list[_Leaf] = []
+    for c in _plan(schema, opts):
+        col = None if table is None else table.column(c.column)
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if c.nested:
+            out += [leaf for leaf in _walk(c.name, c.type, c.meta, col) if opts.wanted(leaf[0])]
+        else:
+            out.append((c.name, c.type, c.meta, col))
+    return out
+
+
+def _data_leaves(table: pa.Table | pa.RecordBatch,
+                 opts: ReadOptions) -> list[tuple[str, pa.DataType, dict, pa.Array]]:
+    """:func:`_leaves` of ``table``, each with its data."""
+    return [(n, t, m, a) for n, t, m, a in _leaves(table.schema, opts, table) if a is not None]
+
+
+def check_selection(schema: pa.Schema, opts: ReadOptions, shard: str) -> None:
+    """Every name in ``columns``/``drop``/``fill`` must match a leaf of ``schema``.
+
+    Raises:
+        DataflowError: naming the flag, the name, the shard and its fields.
+    """
+    every = [leaf[0] for leaf in _leaves(schema, ReadOptions(index_columns=True))]
+    every += [key for key, _ in opts.hive]
+    for flag, names in (("--columns", opts.columns or ()), ("--drop-columns", opts.drop),
+                        ("--fill-value", [k for k, _ in opts.fill])):
+        for n in names:
+            if not any(s == n or s.startswith(n + ".") for s in every):
+                raise DataflowError(f"{flag} {n!r}: no such field in {shard}; its fields are "
+                                    f"{every}")
+
+
+def wanted_columns(schema: pa.Schema, opts: ReadOptions) -> list[str]:
+    """The top-level columns holding at least one selected leaf (what to read)."""
+    tops = {leaf[0] for leaf in _leaves(schema, opts)}
+    return [f.name for f in schema
+            if any(n == f.name or n.startswith(f.name + ".") for n in tops)]
+
+
+def base_schema(schema: pa.Schema, opts: ReadOptions = DEFAULT) -> Schema:
+    """The fields the selected leaves of ``schema`` convert to (no masks, no hive fields).
+
+    Raises:
+        DataflowError: a type cannot be served, or two fields get the same name.
+    """
+    out: list[FieldSpec] = []
+    labels = _class_names(schema)
+    for name, t, meta, _ in _leaves(schema, opts):
+        specs = leaf_specs(name, t, meta, opts)
+        if name in labels:
+            extra = (("class_names", labels[name]),)
+            specs[0] = dataclasses.replace(specs[0], meta=tuple(sorted(specs[0].meta + extra)))
+        out += specs
+    names = [f.name for f in out]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise DataflowError(f"field {dup!r}: two columns are served under this name (a "
+                            "struct child and a column named with a dot?); drop one with "
+                            "--drop-columns")
+    return tuple(out)
+
+
+def _class_names(schema: pa.Schema) -> dict[str, str]:
+    """``{column: JSON list of names}`` of the HF ``ClassLabel`` top-level columns."""
+    raw = (schema.metadata or {}).get(HF_META)
+    try:
+        features = json.loads(raw)["info"]["features"] if raw else {}
+        return {name: json.dumps(f["names"]) for name, f in features.items()
+                if isinstance(f, dict) and f.get("_type") == "ClassLabel"}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}  # not HF's metadata: no class names to add
+
+
+def schema_of_arrow(schema: pa.Schema, opts: ReadOptions = DEFAULT) -> Schema:
+    """The served schema: :func:`base_schema` plus masks and hive fields."""
+    return with_extras(base_schema(schema, opts), opts)
+
+
+class Census(NamedTuple):
+    """What a shard holds that the schema does not say.
+
+    Attributes:
+        nulls: null slots per selected leaf (``name``) and null items inside its lists
+            (``name[]``), for the leaves that have any.
+        categories: under ``dictionary="codes"``, per dictionary leaf the values of its
+            dictionaries.
+    """
+
+    nulls: dict[str, int]
+    categories: dict[str, set]
+
+    def add(self, other: Census) -> None:
+        """Count ``other`` in too."""
+        for name, n in other.nulls.items():
+            self.nulls[name] = self.nulls.get(name, 0) + n
+        for name, values in other.categories.items():
+            self.categories.setdefault(name, set()).update(values)
+
+
+def census(table: pa.Table | pa.RecordBatch, opts: ReadOptions = DEFAULT) -> Census:
+    """The :class:`Census` of ``table``'s selected leaves."""
+    out = Census({}, {})
+    for name, _, _, arr in _data_leaves(table, opts):
+        if opts.dictionary == "codes" and pa.types.is_dictionary(arr.type):
+            out.categories.setdefault(name, set()).update(dictionary_values(name, arr))
+        counts = out.nulls
+        if arr.null_count:
+            counts[name] = arr.null_count
+        items = arr
+        while hasattr(items, "flatten") and not pa.types.is_struct(items.type):
+            items = items.flatten()
+        if items is not arr and items.null_count:
+            counts[name + ITEMS_SUFFIX] = items.null_count
+    return out
+
+
+def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema | None = None,
+               opts: ReadOptions = DEFAULT) -> Batch:
+    """Convert an Arrow table or record batch to a :class:`Batch` without per-sample loops.
+
+    ``schema`` (default: derived from ``table``) must be what :func:`schema_of_arrow` gives
+    for ``table``'s schema under ``opts``, less hive fields (the reader adds those).
+
+    Raises:
+        DataflowError: a field holds nulls that ``opts`` neither masks nor fills.
+    """
+    specs = {s.name: s for s in (schema if schema is not None
+                                 else with_extras(base_schema(table.schema, opts), opts))}
+    out: Batch = {}
+    for name, t, meta, arr in _data_leaves(table, opts):
+        fill = opts.fill_of(name)
+        if arr.null_count:
+            arr = normalize_array(name, arr, opts)
+            if name in opts.masked:
+                out[name + VALID_SUFFIX] = np.asarray(arr.is_valid(), dtype=bool)
+            elif fill is None:
+                raise DataflowError(f"field {name!r}: {arr.null_count} null value(s), not "
+                                    "counted when the index was built (shard rewritten?)")
+            arr = fill_nulls(name, arr, fill)
+        elif name in opts.masked:
+            out[name + VALID_SUFFIX] = np.ones(len(arr), dtype=bool)
+        fields = leaf_specs(name, t, meta, opts)
+        for spec, col in zip(fields, leaf_columns(fields, arr, opts), strict=True):
+            if spec.name in specs:
+                out[spec.name] = col
+    return {s: out[s] for s in specs if s in out}

@@ -9,9 +9,11 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from dataflow.batch import FieldSpec, Schema
+from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError, SchemaMismatchError
 
 
@@ -26,12 +28,18 @@ class DatasetIndex:
         identities: per shard, what its file system says of its content, same order: byte
             size and mtime (local files) or ETag/modification stamp (object stores), as
             :func:`dataflow.readers.cache.identity` gives it.
+        nulls: per shard, ``(field, null count)`` for its fields holding nulls (``name[]``:
+            null items inside the field's lists); empty: none anywhere.
+        read: how every reader of the dataset converts its columns (user options completed
+            with the masked fields and hive levels the index found).
     """
 
     shards: tuple[str, ...]
     sizes: tuple[int, ...]
     schema: Schema
     identities: tuple[str, ...]
+    nulls: tuple[tuple[tuple[str, int], ...], ...] = ()
+    read: ReadOptions = ReadOptions()
 
     def __post_init__(self) -> None:
         for name, items in (("sizes", self.sizes), ("identities", self.identities)):
@@ -46,6 +54,17 @@ class DatasetIndex:
         odd = [i for i in self.identities if not isinstance(i, str)]
         if odd:
             raise ConfigError(f"`identities` must be strings. Found: {odd[0]!r}")
+        if self.nulls and len(self.nulls) != len(self.shards):
+            raise ConfigError(f"`nulls` must have one entry per shard ({len(self.shards)}) or "
+                              f"none. Found: {len(self.nulls)}")
+
+    def null_totals(self) -> dict[str, int]:
+        """Null count per field over the whole dataset (fields with nulls only)."""
+        out: dict[str, int] = {}
+        for shard in self.nulls:
+            for name, n in shard:
+                out[name] = out.get(name, 0) + n
+        return out
 
     @property
     def total(self) -> int:
@@ -81,7 +100,9 @@ class DatasetIndex:
     def to_json(self) -> str:
         return json.dumps({"shards": list(self.shards), "sizes": list(self.sizes),
                            "schema": [f.to_json() for f in self.schema],
-                           "identities": list(self.identities)})
+                           "identities": list(self.identities),
+                           "nulls": [dict(n) for n in self.nulls],
+                           "read": asdict(self.read)})
 
     @classmethod
     def from_json(cls, text: str) -> DatasetIndex:
@@ -92,14 +113,23 @@ class DatasetIndex:
         """
         try:
             obj = json.loads(text)
+            read = obj.get("read", {})
             return cls(
                 tuple(str(s) for s in obj["shards"]),
                 tuple(obj["sizes"]),
                 tuple(FieldSpec.from_json(f) for f in obj["schema"]),
                 tuple(obj["identities"]),
+                tuple(tuple(sorted((str(k), int(v)) for k, v in n.items()))
+                      for n in obj.get("nulls", [])),
+                ReadOptions(**{k: _tuples(v) for k, v in read.items()}),
             )
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigError(f"not a dataset index: {e}") from e
+
+
+def _tuples(v: Any) -> Any:
+    """JSON lists back to the tuples :class:`ReadOptions` holds."""
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
 
 
 def _first_difference(a: Schema, b: Schema) -> tuple[str, str] | None:

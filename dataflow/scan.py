@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import NamedTuple
 
 from dataflow.batch import Schema
+from dataflow.columns import ReadOptions, serving_options, with_extras, with_hive
 from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard
 from dataflow.readers.base import SkipRecord, check_on_error
 from dataflow.readers.cache import identity
-from dataflow.sources import resolve
+from dataflow.splits import dataset_shards
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +29,18 @@ class _Shard(NamedTuple):
     skipped: int
     skips: tuple[SkipRecord, ...]
     identity: str
+    nulls: tuple[tuple[str, int], ...]
+    categories: dict[str, set]
 
 
-def _count(url: str, cache_dir: str | None, on_error: str) -> _Shard:
+def _count(url: str, cache_dir: str | None, on_error: str, options: ReadOptions) -> _Shard:
     """Open one shard; its identity is taken first, so a shard rewritten while it is counted
     shows a stale identity (a fingerprint that later mismatches), never a new one."""
     ident = identity(url)
-    with open_shard(url, cache_dir=cache_dir, on_error=on_error) as r:
-        return _Shard(len(r), r.schema, r.skipped, tuple(r.skip_log), ident)
+    with open_shard(url, cache_dir=cache_dir, on_error=on_error, options=options) as r:
+        found = r.census()
+        return _Shard(len(r), r.schema, r.skipped, tuple(r.skip_log), ident,
+                      tuple(sorted(found.nulls.items())), found.categories)
 
 
 def build_index(
@@ -42,6 +49,8 @@ def build_index(
     cache_dir: str | None = None,
     on_error: str = "raise",
     max_workers: int = MAX_OPEN_WORKERS,
+    options: ReadOptions | None = None,
+    split: str | None = None,
 ) -> DatasetIndex:
     """Resolve specs, open every shard (in a bounded thread pool), count and check schemas.
 
@@ -60,6 +69,11 @@ def build_index(
             serve fewer rows and count the rest (see
             :class:`~dataflow.readers.ShardReader`).
         max_workers: most shards opened at once.
+        options: which columns to serve and how (default: all, nulls masked); completed
+            with the hive levels of the shard paths (under the directory a single directory
+            spec names, else the shards' common directory), the fields holding nulls and the
+            categories of dictionary fields into the index's ``read``.
+        split: the split of a Hugging Face ``DatasetDict`` root (see :mod:`dataflow.splits`).
 
     Raises:
         SpecError: a spec matches nothing.
@@ -70,9 +84,12 @@ def build_index(
     check_on_error(on_error)
     if max_workers < 1:
         raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
-    shards = resolve(specs)
+    shards, root = dataset_shards(specs, split)
+    common = os.path.commonprefix(shards)
+    options = with_hive(options if options is not None else ReadOptions(), shards,
+                        root or common[: common.rfind("/") + 1])
     with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
-        results = list(pool.map(lambda u: _count(u, cache_dir, on_error), shards))
+        results = list(pool.map(lambda u: _count(u, cache_dir, on_error, options), shards))
     for url, r in zip(shards, results, strict=True):
         if r.skips:
             log.warning("%s: %d sample(s) skipped, %d damage record(s), first: %s", url,
@@ -83,4 +100,14 @@ def build_index(
                     sum(r.skipped for r in results), damaged, len(shards))
     sizes = tuple(r.samples for r in results)
     schema = check_schemas(shards, [r.schema for r in results], sizes)
-    return DatasetIndex(tuple(shards), sizes, schema, tuple(r.identity for r in results))
+    nulls = tuple(r.nulls for r in results)
+    index = DatasetIndex(tuple(shards), sizes, schema, tuple(r.identity for r in results),
+                         nulls if any(nulls) else ())
+    categories: dict[str, set] = {}
+    for r in results:
+        for name, values in r.categories.items():
+            categories.setdefault(name, set()).update(values)
+    read = serving_options(options, index.null_totals(), categories)
+    hive = {key for key, _ in read.hive}
+    return replace(index, schema=with_extras(tuple(f for f in schema if f.name not in hive), read),
+                   read=read)

@@ -36,12 +36,14 @@ MAX_CLIENT_FRAMES = 3
 
 
 def relative_index(index: DatasetIndex) -> DatasetIndex:
-    """``index`` with shard names relative to its root (what clients see: no server paths).
+    """``index`` with shard names relative to its root and no hive root (what clients see:
+    no server paths).
 
     The fingerprint is the same (it hashes names relative to the root already).
     """
     root = len(index.root)
-    return dataclasses.replace(index, shards=tuple(s[root:] for s in index.shards))
+    return dataclasses.replace(index, shards=tuple(s[root:] for s in index.shards),
+                               read=dataclasses.replace(index.read, hive_root=""))
 
 
 class ClientHandler:

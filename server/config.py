@@ -8,9 +8,11 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError
 from dataflow.exporter import check_metrics_address
 from dataflow.security import ServerCurve, server_curve
+from dataflow.server.dataflags import add_data_flags, read_options
 from dataflow.wire import MAX_BATCH_SIZE
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
@@ -68,6 +70,8 @@ class ServerConfig:
         metrics_port: TCP port of the Prometheus ``/metrics`` endpoint (0: a free one); None:
             no endpoint.
         metrics_bind: IP address the metrics endpoint listens on.
+        read: which columns are served and how (:mod:`dataflow.columns`).
+        split: the split of a Hugging Face DatasetDict root.
     """
 
     data: tuple[str, ...]
@@ -89,6 +93,8 @@ class ServerConfig:
     curve: ServerCurve | None = None
     metrics_port: int | None = None
     metrics_bind: str = DEFAULT_METRICS_BIND
+    read: ReadOptions = ReadOptions()
+    split: str | None = None
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -252,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
+    add_data_flags(p)
     return p
 
 
@@ -271,6 +278,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             max_inbound_bytes=ns.max_inbound_bytes,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
             metrics_port=ns.metrics_port, metrics_bind=ns.metrics_bind,
+            read=read_options(ns), split=ns.split,
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import struct
 
+from dataflow.columns import ReadOptions
+from dataflow.convert import DEFAULT
 from dataflow.errors import ShardReadError
 from dataflow.readers.arrow import ArrowFileReader, ArrowStreamReader
 from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_on_error
@@ -85,7 +87,8 @@ def _empty_tar(head: bytes, size: int) -> bool:
 
 
 def open_shard(
-    url: str, *, cache_dir: str | None = None, on_error: str = "raise"
+    url: str, *, cache_dir: str | None = None, on_error: str = "raise",
+    options: ReadOptions = DEFAULT,
 ) -> ShardReader:
     """Open one shard, detecting its format by magic bytes.
 
@@ -96,10 +99,12 @@ def open_shard(
             memory-mapped); default :func:`default_cache_dir`.
         on_error: ``"raise"`` on bad samples, or ``"skip"`` to drop them and count them in
             ``reader.skipped`` (see :class:`ShardReader`).
+        options: column selection and conversion (Arrow and Parquet shards only).
 
     Raises:
         ConfigError: ``on_error`` is invalid.
-        ShardReadError: the shard is missing, unreadable, of unknown format or damaged.
+        ShardReadError: the shard is missing, unreadable, of unknown format or damaged, or
+            column options are given for a tar shard.
     """
     check_on_error(on_error)
     try:
@@ -111,9 +116,12 @@ def open_shard(
     fmt = detect_format(url, head, size)
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     if fmt == "arrow-file":
-        return ArrowFileReader(url, cache_dir, on_error)
+        return ArrowFileReader(url, cache_dir, on_error, options)
     if fmt == "arrow-stream":
-        return ArrowStreamReader(url, cache_dir, on_error)
+        return ArrowStreamReader(url, cache_dir, on_error, options)
     if fmt == "parquet":
-        return ParquetReader(url, on_error)
+        return ParquetReader(url, on_error, options)
+    if options.columns is not None or options.drop or options.fill or options.hive:
+        raise ShardReadError(url, "--columns, --drop-columns, --fill-value and hive "
+                             "partitions apply to Arrow and Parquet shards, not tars", offset=0)
     return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz")

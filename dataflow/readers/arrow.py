@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.batch import Batch, Schema
-from dataflow.convert import schema_of_arrow
+from dataflow.columns import ReadOptions
+from dataflow.convert import DEFAULT, Census, census, check_selection, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import (
     ShardReader,
@@ -47,8 +48,9 @@ log = logging.getLogger(__name__)
 class _ArrowReader(ShardReader):
     """Rows of a list of memory-mapped record batches."""
 
-    def __init__(self, url: str, cache_dir: str, on_error: str = "raise") -> None:
-        super().__init__(url, on_error)
+    def __init__(self, url: str, cache_dir: str, on_error: str = "raise",
+                 options: ReadOptions = DEFAULT) -> None:
+        super().__init__(url, on_error, options)
         path = local_path(url) if is_local(url) else local_copy(url, cache_dir, gunzip=False).path
         try:
             self._source = pa.memory_map(path, "r")
@@ -73,9 +75,30 @@ class _ArrowReader(ShardReader):
 
     def _convert_schema(self, schema: pa.Schema) -> Schema:
         try:
-            return schema_of_arrow(schema)
+            out = schema_of_arrow(schema, self.options)
+            check_selection(schema, self.options, self.url)
         except DataflowError as e:
             raise ShardReadError(self.url, str(e)) from e
+        return out
+
+    def census(self) -> Census:
+        """Null counts from the record batches' metadata (and validity bitmaps of struct
+        children); a record batch where counting fails is damage: raised, or under
+        ``on_error="skip"`` remembered like damage a read finds (its rows are then left out
+        and counted by the reads asking for them)."""
+        out = Census({}, {})
+        for i, batch in enumerate(self._batches):
+            try:
+                out.add(census(batch, self.options))
+            except (pa.ArrowException, DataflowError) as e:
+                lo, hi = self._bounds[i], self._bounds[i + 1]
+                err = ShardReadError(self.url, f"record batch {i} (samples {lo}..{hi - 1}) is "
+                                     f"damaged: counting its nulls failed: {e}", index=lo)
+                if self.on_error == "raise":
+                    raise err from e
+                log.warning("damage found: %s", err)
+                self._bad[i] = err
+        return out
 
     def __len__(self) -> int:
         return self._bounds[-1]

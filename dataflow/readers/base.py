@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.batch import Batch, Ragged, Schema, concat
-from dataflow.convert import from_arrow
+from dataflow.columns import ReadOptions, hive_columns
+from dataflow.convert import DEFAULT, Census, from_arrow
 from dataflow.errors import ConfigError, DataflowError, ShardReadError
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class ShardReader(ABC):
         skip_log: the latest :data:`MAX_SKIP_LOG` :class:`SkipRecord`, oldest first; while
             none has been dropped, their counts sum to ``skipped``.
         closed: whether :meth:`close` was called.
+        options: which columns are served and how (Arrow and Parquet shards).
 
     A reader is not thread-safe: use one reader per thread. ``close()`` is idempotent.
     """
@@ -95,8 +97,9 @@ class ShardReader(ABC):
     schema: Schema
     closed: bool = False
 
-    def __init__(self, url: str, on_error: str) -> None:
+    def __init__(self, url: str, on_error: str, options: ReadOptions = DEFAULT) -> None:
         self.url = url
+        self.options = options
         self.on_error = check_on_error(on_error)
         self.skipped = 0
         self.skip_log: deque[SkipRecord] = deque(maxlen=MAX_SKIP_LOG)
@@ -117,6 +120,11 @@ class ShardReader(ABC):
         """
         return concat([self._read(a, b) for a, b in zip(starts.tolist(), stops.tolist(),
                                                          strict=True)])
+
+    def census(self) -> Census:
+        """Null counts and dictionary values over the shard (see :class:`Census`); formats
+        without either (tar) have none."""
+        return Census({}, {})
 
     @abstractmethod
     def close(self) -> None:
@@ -204,9 +212,12 @@ class ShardReader(ABC):
     def _from_arrow(self, table: pa.Table | pa.RecordBatch, start: int) -> Batch:
         """Convert rows of this shard starting at ``start`` to a batch of ``self.schema``."""
         try:
-            return from_arrow(table, self.schema)
-        except DataflowError as e:
+            batch = from_arrow(table, self.schema, self.options)
+            if self.options.hive:
+                batch.update(hive_columns(self.url, self.options, table.num_rows))
+        except (DataflowError, pa.ArrowException) as e:
             raise ShardReadError(self.url, str(e), index=start) from e
+        return batch
 
     def __enter__(self) -> ShardReader:
         return self

@@ -19,16 +19,18 @@ group met only in a read-ahead fails nothing).
 
 Parquet has no tensor type: a fixed-size list field whose Arrow field metadata carries
 ``b"dataflow.shape"`` (a JSON list, e.g. ``b"[3,64,64]"``) is read as that shape.
+
+Only the columns :class:`~dataflow.columns.ReadOptions` selects are decoded. Null counts come
+from the row groups' statistics; a column whose statistics do not rule nulls out is decoded
+once, row group by row group, to count them (when the index is built, not when serving); a row
+group failing there is damage, raised or (``on_error="skip"``) remembered as for a read.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
-import json
 import logging
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -36,8 +38,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataflow.batch import Batch, FieldSpec, Schema
-from dataflow.convert import field_spec
+from dataflow.batch import Batch, Schema
+from dataflow.columns import ReadOptions
+from dataflow.convert import (
+    DEFAULT,
+    Census,
+    census,
+    check_selection,
+    schema_of_arrow,
+    wanted_columns,
+)
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import (
     ShardReader,
@@ -51,30 +61,7 @@ from dataflow.sources import is_local, local_path, open_file
 
 log = logging.getLogger(__name__)
 
-SHAPE_KEY = b"dataflow.shape"
 READ_AHEAD_ROWS = 1024
-
-
-def shaped_field_spec(field: pa.Field) -> FieldSpec:
-    """:func:`dataflow.convert.field_spec`, honouring the ``dataflow.shape`` field metadata.
-
-    Raises:
-        DataflowError: the metadata is not a JSON list of ints matching the field's size.
-    """
-    spec = field_spec(field)
-    meta = field.metadata or {}
-    if SHAPE_KEY not in meta or spec.ragged is not None:
-        return spec
-    try:
-        shape = tuple(int(d) for d in json.loads(meta[SHAPE_KEY]))
-    except (ValueError, TypeError) as e:
-        raise DataflowError(f"field {field.name!r}: bad {SHAPE_KEY!r} metadata: {e}") from e
-    if math.prod(shape) != math.prod(spec.shape):
-        raise DataflowError(
-            f"field {field.name!r}: {SHAPE_KEY!r} metadata {list(shape)} does not match "
-            f"the stored size {math.prod(spec.shape)}"
-        )
-    return dataclasses.replace(spec, shape=shape)
 
 
 class _Span(NamedTuple):
@@ -92,19 +79,29 @@ class _NewDamage(Exception):
 class ParquetReader(ShardReader):
     """A Parquet file; local shards are memory-mapped, remote ones read through fsspec."""
 
-    def __init__(self, url: str, on_error: str = "raise") -> None:
-        super().__init__(url, on_error)
+    def __init__(self, url: str, on_error: str = "raise",
+                 options: ReadOptions = DEFAULT) -> None:
+        super().__init__(url, on_error, options)
         self._span: _Span | None = None
         self._bad: dict[int, ShardReadError] = {}
         remote = None if is_local(url) else open_file(url)
         try:
             self._file = pq.ParquetFile(remote or local_path(url), memory_map=remote is None,
                                         page_checksum_verification=True)
-            self.schema: Schema = tuple(shaped_field_spec(f) for f in self._file.schema_arrow)
-        except (OSError, pa.ArrowInvalid, DataflowError) as e:
+        except (OSError, pa.ArrowInvalid) as e:
             if remote is not None:
                 remote.close()
             raise ShardReadError(url, f"not a readable Parquet file: {e}", offset=0) from e
+        try:
+            arrow_schema = self._file.schema_arrow
+            self.schema: Schema = schema_of_arrow(arrow_schema, options)
+            check_selection(arrow_schema, options, url)
+            self._columns = wanted_columns(arrow_schema, options)
+        except DataflowError as e:
+            self._file.close()
+            if remote is not None:
+                remote.close()
+            raise ShardReadError(url, str(e)) from e
         self._remote = remote
         meta = self._file.metadata
         self._lengths = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -122,14 +119,14 @@ class ParquetReader(ShardReader):
             _NewDamage: after recording the damaged row groups.
         """
         try:
-            return self._file.read_row_groups(groups)
+            return self._file.read_row_groups(groups, columns=self._columns)
         except (OSError, pa.ArrowInvalid) as e:
             if len(groups) == 1:
                 self._found_damage(groups[0], e)
                 raise _NewDamage from e
         for g in groups:  # which of them: decode one by one (only ever on damage)
             try:
-                self._file.read_row_groups([g])
+                self._file.read_row_groups([g], columns=self._columns)
             except (OSError, pa.ArrowInvalid) as e:
                 self._found_damage(g, e)
         if not any(g in self._bad for g in groups):
@@ -219,6 +216,34 @@ class ParquetReader(ShardReader):
         if last - first + 1 == len(groups) and table.num_rows <= len(rows) + READ_AHEAD_ROWS:
             self._span = _Span(self._bounds[first], self._bounds[last + 1], table)
         return table, range_rows(bounds[groups], bounds[groups + 1])
+
+    def census(self) -> Census:
+        meta = self._file.metadata
+        maybe: set[str] = set()
+        if self.options.dictionary == "codes":
+            maybe |= {f.name for f in self._file.schema_arrow
+                      if f.name in self._columns and pa.types.is_dictionary(f.type)}
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            for j in range(rg.num_columns):
+                col = rg.column(j)
+                top = col.path_in_schema.split(".")[0]
+                stats = col.statistics
+                if top in self._columns and (stats is None or not stats.has_null_count
+                                             or stats.null_count):
+                    maybe.add(top)
+        out = Census({}, {})
+        columns = [c for c in self._columns if c in maybe]
+        for g in range(meta.num_row_groups) if columns else ():
+            try:
+                out.add(census(self._file.read_row_group(g, columns=columns), self.options))
+            except (OSError, pa.ArrowException) as e:
+                if self.on_error == "raise":
+                    lo = self._bounds[g]
+                    raise ShardReadError(self.url, f"row group {g} (samples {lo}..) is damaged: "
+                                         f"counting its nulls failed: {e}", index=lo) from e
+                self._found_damage(g, e)
+        return out
 
     def close(self) -> None:
         self.closed = True

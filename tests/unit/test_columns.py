@@ -1,4 +1,4 @@
-"""Arrow -> columnar batch conversion, concatenation and slicing."""
+"""Arrow -> columnar batch conversion, concatenation and slicing; column selection."""
 
 from __future__ import annotations
 
@@ -15,8 +15,15 @@ from dataflow.batch import (
     schema_to_json,
     slice_batch,
 )
-from dataflow.convert import from_arrow, schema_of_arrow
-from dataflow.errors import DataflowError
+from dataflow.columns import (
+    ReadOptions,
+    hive_columns,
+    hive_levels,
+    parse_fill,
+    serving_options,
+)
+from dataflow.convert import check_selection, from_arrow, schema_of_arrow
+from dataflow.errors import ConfigError, DataflowError
 
 
 def _table(n: int = 10) -> pa.Table:
@@ -76,5 +83,70 @@ def test_concat_and_slice_are_inverse() -> None:
 def test_nulls_and_unsupported_types_name_the_field() -> None:
     with pytest.raises(DataflowError, match="'x'.*null"):
         from_arrow(pa.table({"x": pa.array([1, None])}))
-    with pytest.raises(DataflowError, match="'s'.*unsupported"):
-        from_arrow(pa.table({"s": pa.array([{"a": 1}])}))
+    with pytest.raises(DataflowError, match="'m'.*unsupported.*--drop-columns m"):
+        from_arrow(pa.table({"m": pa.array([[(1, 2)]], type=pa.map_(pa.int8(), pa.int8()))}))
+
+
+def test_column_selection_by_name_or_parent_and_pandas_index_left_out() -> None:
+    t = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"id": [1], "image": pa.array([{"bytes": b"x", "path": "p"}], type=t),
+                      "__index_level_0__": [7]})
+    assert [f.name for f in schema_of_arrow(table.schema)] == ["id", "image.bytes", "image.path"]
+    only = ReadOptions(columns=("image",), drop=("image.path",))
+    assert list(from_arrow(table, None, only)) == ["image.bytes"]
+    asked = ReadOptions(columns=("id", "__index_level_0__"))
+    assert from_arrow(table, None, asked)["__index_level_0__"].tolist() == [7]
+    with pytest.raises(DataflowError, match="--drop-columns 'nope'.*no such field in s.arrow"):
+        check_selection(table.schema, ReadOptions(drop=("nope",)), "s.arrow")
+    check_selection(table.schema, only, "s.arrow")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"nulls": "zero"}, "`nulls`"), ({"columns": ()}, "`columns`"),
+    ({"fill": (("a", "1"), ("a", "2"))}, "`fill`"), ({"decimal": "int"}, "`decimal`")])
+def test_read_options_are_validated(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ReadOptions(**kwargs)
+
+
+def test_parse_fill() -> None:
+    assert parse_fill(["label=-1", "text="]) == (("label", "-1"), ("text", ""))
+    with pytest.raises(ConfigError, match="FIELD=VALUE"):
+        parse_fill(["label"])
+
+
+def test_hive_levels_and_columns() -> None:
+    shards = ["/d/year=2024/lang=en/a.parquet", "/d/year=2025/lang=de/b.parquet"]
+    assert hive_levels(shards, "/d/") == (("year", "int64"), ("lang", "str"))
+    opts = ReadOptions(hive=hive_levels(shards, "/d/"), hive_root="/d/")
+    cols = hive_columns(shards[1], opts, 3)
+    assert cols["year"].tolist() == [2025] * 3 and [cols["lang"][i] for i in range(3)] == ["de"] * 3
+    with pytest.raises(DataflowError, match="hive partitions: /d/x.parquet is under"):
+        hive_levels([shards[0], "/d/x.parquet"], "/d/")
+    assert hive_levels(["/d/a.parquet"], "/d/") == ()
+
+
+def test_serving_options_mask_or_refuse_nulls() -> None:
+    nulls = {"a": 2, "b": 0, "c": 1, "t[]": 1}
+    with pytest.raises(DataflowError, match="'t': 1 null item.*--fill-value t=VALUE"):
+        serving_options(ReadOptions(), nulls)
+    opts = serving_options(ReadOptions(fill=(("c", "0"), ("t", "0"))), nulls)
+    assert opts.masked == ("a",)
+    with pytest.raises(DataflowError, match="'a': 2 null value.*--fill-value a=VALUE"):
+        serving_options(ReadOptions(nulls="fill", fill=(("t", "0"),)), nulls)
+
+
+def test_server_flags_make_read_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from dataflow.server.config import parse_args
+
+    config = parse_args(["--data", "d", "--columns", "image", "id", "--drop-columns",
+                         "image.path", "--fill-value", "label=-1", "--nulls", "fill",
+                         "--dictionary", "codes", "--decimal", "str", "--index-columns",
+                         "--split", "train"])
+    assert config.read == ReadOptions(columns=("image", "id"), drop=("image.path",),
+                                      nulls="fill", fill=(("label", "-1"),),
+                                      dictionary="codes", decimal="str", index_columns=True)
+    assert config.split == "train"
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "d", "--fill-value", "label"])
+    assert "--fill-value must be FIELD=VALUE" in capsys.readouterr().err

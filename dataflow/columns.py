@@ -1,0 +1,255 @@
+"""Which columns a dataset serves and how: selection, nulls, dictionaries, decimals, hive.
+
+:class:`ReadOptions` is what the user chooses (server flags) plus what the index found
+(fields holding nulls, hive partition keys); every reader of a dataset is opened with the
+same options, so every shard converts to the same schema.
+
+Field names are those served: a struct column ``image`` serves ``image.bytes`` and
+``image.path``. A name in ``columns`` or ``drop`` matches a served field exactly or any field
+under it (``image`` matches ``image.bytes``), so selecting a parent selects its children.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dataflow.batch import Batch, FieldSpec, Ragged, Schema
+from dataflow.errors import ConfigError, DataflowError
+
+NULLS = ("mask", "fill")
+DICTIONARY = ("values", "codes")
+DECIMAL = ("refuse", "float64", "str")
+VALID_SUFFIX = ".valid"
+ITEMS_SUFFIX = "[]"
+"""Null-count key suffix for null items inside list values (``tags[]``)."""
+PANDAS_META = b"pandas"
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How Arrow and Parquet columns become batch fields.
+
+    Attributes:
+        columns: served fields to keep (names or parent names); ``None``: all.
+        drop: served fields to leave out (names or parent names), applied after ``columns``.
+        nulls: ``"mask"``: a field holding nulls gets a ``<name>.valid`` bool field, and its
+            null slots hold zeros/empty values (or its fill value); ``"fill"``: null slots
+            hold the field's fill value and no mask is served (a field with nulls and no
+            fill value is refused when the index is built).
+        fill: ``(field, value)`` pairs, the value as text cast to the field's type; a field
+            with a fill value is never masked.
+        dictionary: dictionary (pandas ``category``) columns as their ``"values"`` or their
+            integer ``"codes"``.
+        decimal: decimal columns ``"refuse"``d (naming the field), or as ``"float64"``
+            (lossy above 15 significant digits) or as ``"str"`` text.
+        masked: fields served with a validity mask (set from the index's null counts).
+        hive: ``(key, dtype)`` of each hive partition level (``"int64"`` or ``"str"``),
+            from the shard paths under ``hive_root``; served as constant columns.
+        hive_root: the directory the partition levels are under.
+        index_columns: serve pandas index columns (``__index_level_0__``, or those the
+            Parquet ``pandas`` metadata names); off by default.
+        categories: under ``dictionary="codes"``, per dictionary field the sorted union of its
+            values over the dataset (set from the index): code ``i`` is value ``i``, the
+            same in every shard whatever each shard's own dictionary.
+    """
+
+    columns: tuple[str, ...] | None = None
+    drop: tuple[str, ...] = ()
+    nulls: str = "mask"
+    fill: tuple[tuple[str, str], ...] = ()
+    dictionary: str = "values"
+    decimal: str = "refuse"
+    masked: tuple[str, ...] = ()
+    hive: tuple[tuple[str, str], ...] = ()
+    hive_root: str = ""
+    index_columns: bool = False
+    categories: tuple[tuple[str, tuple], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("nulls", self.nulls, NULLS),
+                                     ("dictionary", self.dictionary, DICTIONARY),
+                                     ("decimal", self.decimal, DECIMAL)):
+            if value not in allowed:
+                raise ConfigError(f"`{name}` must be one of {allowed}. Found: {value!r}")
+        if self.columns is not None and not self.columns:
+            raise ConfigError("`columns` must name at least one field. Found: none")
+        names = [k for k, _ in self.fill]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"`fill` names a field twice. Found: {names}")
+        bad = [d for _, d in self.hive if d not in ("int64", "str")]
+        if bad:
+            raise ConfigError(f"hive dtypes must be 'int64' or 'str'. Found: {bad[0]!r}")
+
+    def fill_of(self, name: str) -> str | None:
+        """The fill value (text) of served field ``name``, if one was given."""
+        return dict(self.fill).get(name)
+
+    def categories_of(self, name: str) -> tuple | None:
+        """The categories of dictionary field ``name`` (``dictionary="codes"`` only)."""
+        return dict(self.categories).get(name)
+
+    def wanted(self, name: str) -> bool:
+        """Whether served field ``name`` passes ``columns`` and ``drop``."""
+        if self.columns is not None and not any(_under(name, c) for c in self.columns):
+            return False
+        return not any(_under(name, d) for d in self.drop)
+
+
+def _under(name: str, parent: str) -> bool:
+    return name == parent or name.startswith(parent + ".")
+
+
+def parse_fill(items: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """``["label=-1", "text="]`` -> ``(("label", "-1"), ("text", ""))``.
+
+    Raises:
+        ConfigError: an item has no ``=`` or an empty field name.
+    """
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--fill-value must be FIELD=VALUE. Found: {item!r}")
+        out.append((name, value))
+    return tuple(out)
+
+
+def pandas_index_columns(metadata: Mapping[bytes, bytes] | None) -> frozenset[str]:
+    """The pandas index columns a schema's ``pandas`` metadata names (plus the default
+    ``__index_level_0__`` style names, which pandas writes even without metadata)."""
+    names: set[str] = set()
+    raw = (metadata or {}).get(PANDAS_META)
+    if raw:
+        try:
+            meta = json.loads(raw)
+            names |= {c for c in meta.get("index_columns", []) if isinstance(c, str)}
+        except (ValueError, AttributeError):
+            pass  # not pandas' metadata: only the default names below apply
+    return frozenset(names)
+
+
+def is_pandas_index(name: str, index_names: frozenset[str]) -> bool:
+    return name in index_names or (name.startswith("__index_level_") and name.endswith("__"))
+
+
+def with_extras(schema: Schema, options: ReadOptions) -> Schema:
+    """``schema`` with a ``<name>.valid`` field after each masked field and the hive
+    partition fields appended."""
+    out: list[FieldSpec] = []
+    for f in schema:
+        cats = options.categories_of(f.name)
+        if cats is not None:
+            f = replace(f, meta=tuple(sorted((*f.meta, ("categories", json.dumps(list(cats)))))))
+        out.append(f)
+        if f.name in options.masked:
+            out.append(FieldSpec(f.name + VALID_SUFFIX, "bool"))
+    for key, dtype in options.hive:
+        if options.wanted(key):
+            out.append(FieldSpec(key, "int64") if dtype == "int64" else
+                       FieldSpec(key, "uint8", ragged="str"))
+    names = [f.name for f in out]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise DataflowError(f"field {dup!r}: a mask or hive partition field has the name of a "
+                            "column; drop one with --drop-columns")
+    return tuple(out)
+
+
+def hive_levels(shards: Sequence[str], root: str) -> tuple[tuple[str, str], ...]:
+    """The hive partition keys (``key=value`` directories under ``root``) every shard has,
+    with ``"int64"`` where every value parses as an integer, else ``"str"``.
+
+    Raises:
+        DataflowError: shards disagree on the keys (naming two of them).
+    """
+    keys = [tuple(k for k, _ in hive_values(s, root)) for s in shards]
+    if not keys or not keys[0]:
+        if any(keys):
+            first = next(i for i, k in enumerate(keys) if k)
+            raise DataflowError(f"hive partitions: {shards[first]} is under {list(keys[first])} "
+                                f"but {shards[0]} is under none")
+        return ()
+    for s, k in zip(shards, keys, strict=True):
+        if k != keys[0]:
+            raise DataflowError(f"hive partitions: {s} is under {list(k)} but {shards[0]} is "
+                                f"under {list(keys[0])}")
+    out = []
+    for j, key in enumerate(keys[0]):
+        values = [hive_values(s, root)[j][1] for s in shards]
+        out.append((key, "int64" if all(_is_int(v) for v in values) else "str"))
+    return tuple(out)
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def hive_values(shard: str, root: str) -> list[tuple[str, str]]:
+    """``[(key, value), ...]`` of the ``key=value`` directories between ``root`` and the
+    shard's file name."""
+    rel = shard[len(root):] if shard.startswith(root) else shard
+    parts = rel.split("/")[:-1]
+    return [(k, v) for k, sep, v in (p.partition("=") for p in parts) if sep and k]
+
+
+def hive_columns(shard: str, options: ReadOptions, n: int) -> Batch:
+    """The hive partition fields of ``n`` rows of ``shard``: constant columns."""
+    out: Batch = {}
+    values = dict(hive_values(shard, options.hive_root))
+    for key, dtype in options.hive:
+        if not options.wanted(key):
+            continue
+        if key not in values:
+            raise DataflowError(f"{shard}: not under a {key}=... directory, unlike the other "
+                                "shards")
+        if dtype == "int64":
+            out[key] = np.full(n, int(values[key]), dtype=np.int64)
+        else:
+            raw = np.frombuffer(values[key].encode("utf-8"), dtype=np.uint8)
+            out[key] = Ragged(np.tile(raw, n), np.arange(n + 1, dtype=np.int64) * len(raw), "str")
+    return out
+
+
+def with_hive(options: ReadOptions, shards: Sequence[str], root: str) -> ReadOptions:
+    """``options`` with the hive levels of ``shards`` under ``root`` (before the scan, so
+    readers serve them and ``--columns`` may name them)."""
+    return replace(options, hive=hive_levels(shards, root), hive_root=root)
+
+
+def serving_options(options: ReadOptions, nulls: Mapping[str, int],
+                    categories: Mapping[str, Iterable] | None = None) -> ReadOptions:
+    """``options`` completed from an index: the masked fields and the categories of
+    dictionary fields.
+
+    Args:
+        options: what the user chose (with the hive levels).
+        nulls: null count per field over the dataset (``name[]`` for null list items).
+        categories: per dictionary field, every value its shards' dictionaries hold.
+
+    Raises:
+        DataflowError: a field holds nulls the options cannot serve, naming it, its count and
+            the ways out.
+    """
+    masked = []
+    for name, count in sorted(nulls.items()):
+        if not count or options.fill_of(name.removesuffix(ITEMS_SUFFIX)) is not None:
+            continue
+        if name.endswith(ITEMS_SUFFIX):
+            base = name.removesuffix(ITEMS_SUFFIX)
+            raise DataflowError(f"field {base!r}: {count} null item(s) inside its lists; give "
+                                f"--fill-value {base}=VALUE or --drop-columns {base}")
+        if options.nulls == "fill":
+            raise DataflowError(f"field {name!r}: {count} null value(s) and no fill value; give "
+                                f"--fill-value {name}=VALUE, --nulls mask or --drop-columns "
+                                f"{name}")
+        masked.append(name)
+    cats = tuple((k, tuple(sorted(set(v)))) for k, v in sorted((categories or {}).items()))
+    return replace(options, masked=tuple(masked), categories=cats)
