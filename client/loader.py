@@ -15,7 +15,7 @@ import torch
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device, normalize_servers
 from dataflow.client.cursor import EpochCursor
-from dataflow.client.handoff import StartEpoch
+from dataflow.client.handoff import StartEpoch, Tags
 from dataflow.client.iothread import IOThread
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
 from dataflow.errors import (
@@ -37,6 +37,7 @@ from dataflow.plan import (
     rank_batches,
 )
 from dataflow.security import client_curve
+from dataflow.transform import global_batch_index
 
 GET_POLL_S = 0.5
 
@@ -288,7 +289,11 @@ class DataLoader:
         if not batches:
             self._cursor.end()
         run.gen, run.n = self._gen, len(batches)
-        self._io.handoff.start(StartEpoch(self._gen, batches, 0))
+        cfg = self.config
+        tags = Tags(cfg.seed, span.epoch, global_batch_index(
+            start=span.start, batch_size=cfg.batch_size, world_size=cfg.world_size,
+            rank=cfg.rank, index=0), cfg.world_size)
+        self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
 
     def _iterate(self, run: _Pass) -> Iterator[dict[str, torch.Tensor]]:
         while run.yielded < run.n:

@@ -69,7 +69,7 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
     until stopped, then tell every session the server is stopping."""
     reserve_descriptors(config.descriptors)
     if config.transform:
-        load_transform(config.transform)
+        load_transform(config.transform, config.transform_path)
     # Abstract-namespace names (Linux): no file exists, so none is left behind, even on SIGKILL.
     backend = f"ipc://@dataflow-{os.getpid()}-{secrets.token_hex(8)}"
     ctx = zmq.Context()
@@ -84,7 +84,8 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
         pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
                                      config.level, config.max_reply_bytes, index.root,
-                                     config.max_connections, config.curve),
+                                     config.max_connections, config.curve,
+                                     config.transform_path),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
         frontend = Frontend(config, index, pool, ctx, backend)

@@ -44,6 +44,8 @@ class ServerConfig:
         bind: ZeroMQ endpoint clients connect to; port 0 picks a free port.
         workers: reader processes.
         transform: optional ``module:function`` applied to every batch in the workers.
+        transform_path: directory the transform's module is also looked for in, after
+            ``sys.path`` (:mod:`dataflow.server.transform`); None: ``sys.path`` only.
         cache_dir: local cache directory for remote shards and tar indexes.
         log_level: logging level name.
         max_credits: most credits granted to one client; a client may keep up to twice its
@@ -69,6 +71,7 @@ class ServerConfig:
     bind: str = DEFAULT_BIND
     workers: int = 1
     transform: str | None = None
+    transform_path: str | None = None
     cache_dir: str | None = None
     log_level: str = "INFO"
     max_credits: int = DEFAULT_MAX_CREDITS
@@ -95,6 +98,9 @@ class ServerConfig:
             if not module or not func:
                 raise ConfigError("`transform` must look like `module:function`. "
                                   f"Found: {self.transform!r}")
+        if self.transform_path is not None and not os.path.isdir(self.transform_path):
+            raise ConfigError("`transform_path` must be an existing directory. "
+                              f"Found: {self.transform_path!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"`log_level` must be one of {LOG_LEVELS}. Found: {self.log_level!r}")
         if not 1 <= self.max_credits <= 4096:
@@ -169,8 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help=f"reader processes (default: one per CPU, here {default_workers()})")
     p.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
-                   help="function Batch -> Batch run on every batch in the workers (e.g. "
-                        "decoding); its errors reach the client")
+                   help="function f(batch, ctx) -> batch (or f(batch)) run on every batch in "
+                        "the reader processes (e.g. decoding, augmentation); ctx carries the "
+                        "epoch, the global batch index and a per-batch seed (the API: "
+                        "dataflow.transform); its errors reach the client naming the batch")
+    p.add_argument("--transform-path", default=None, metavar="DIR",
+                   help="directory the --transform module is looked for in when it is not "
+                        "on sys.path (only that module; the directory is not added to "
+                        "sys.path) (default: the directory the server starts in)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="local cache for remote shards and tar member indexes")
     p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
@@ -241,7 +253,9 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         return ServerConfig(
             data=tuple(ns.data), bind=ns.bind,
             workers=default_workers() if ns.workers is None else ns.workers,
-            transform=ns.transform, cache_dir=ns.cache_dir, log_level=ns.log_level,
+            transform=ns.transform,
+            transform_path=ns.transform_path or (os.getcwd() if ns.transform else None),
+            cache_dir=ns.cache_dir, log_level=ns.log_level,
             max_credits=ns.max_credits, client_ttl=ns.client_ttl, worker_queue=ns.worker_queue,
             on_error=ns.on_error, exit_with_parent=ns.exit_with_parent,
             max_sessions=ns.max_sessions, session_idle_timeout=ns.session_idle_timeout,

@@ -18,7 +18,8 @@ from dataflow.errors import InternalError
 from dataflow.readers import ShardReader, open_shard, read_ranges
 from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
-from dataflow.wire import ErrorKind
+from dataflow.transform import TransformContext, batch_seed
+from dataflow.wire import NO_TAG, BatchTag, ErrorKind
 
 MAX_OPEN_SHARDS = 32
 
@@ -36,6 +37,8 @@ class WorkerSpec:
         shards: shard URLs in index order.
         cache_dir: reader cache directory.
         transform: optional ``module:function``.
+        transform_path: directory the transform's module is also looked for in
+            (:mod:`dataflow.server.transform`); None: ``sys.path`` only.
         on_error: reader policy for damaged samples.
         parent_pid: the server process; the worker exits when it is gone.
         log_level: logging level number.
@@ -57,6 +60,7 @@ class WorkerSpec:
     root: str
     max_connections: int
     curve: ServerCurve | None = None
+    transform_path: str | None = None
 
 
 class ReaderCache:
@@ -128,14 +132,21 @@ class ReplyTooLarge(Exception):
     """A batch exceeds ``--max-reply-bytes``."""
 
 
+def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> TransformContext:
+    """The context of the transform of the batch ``ranges`` tagged ``tag``."""
+    shards = tuple((spec.shards[shard].removeprefix(spec.root), start, stop)
+                   for shard, start, stop in ranges.tolist())
+    return TransformContext(batch_seed(*tag), tag.epoch, tag.batch, shards)
+
+
 def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-               req_id: int, ranges: np.ndarray) -> Reply:
+               req_id: int, ranges: np.ndarray, tag: BatchTag = NO_TAG) -> Reply:
     """The reply (BATCH or ERROR) to one task; never raises for bad data."""
     meter = SkipMeter(readers)
     try:
         batch = read_ranges(meter.get, ranges)
         if transform is not None:
-            batch = apply_transform(transform, spec.transform or "", batch)
+            batch = apply_transform(transform, batch, transform_context(spec, ranges, tag))
         skips = meter.skips()
         skipped = sum(skips.values())
         requested = int((ranges[:, 2] - ranges[:, 1]).sum())
