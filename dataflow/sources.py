@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import IO
 
 import fsspec
-from braceexpand import UnbalancedBracesError, braceexpand
+from braceexpand import braceexpand
 
 from dataflow.errors import SpecError
 
@@ -78,7 +78,7 @@ def expand_braces(spec: str) -> list[str]:
     """
     try:
         return list(braceexpand(spec))
-    except UnbalancedBracesError as e:
+    except ValueError as e:  # braceexpand.UnbalancedBracesError, not in its type stubs
         raise SpecError(f"{spec!r}: unbalanced braces") from e
 
 

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dataflow.errors import ConfigError
+from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
+from dataflow.readers.tarindex import MISSING_FIELD
 from dataflow.security import ServerCurve, server_curve
 from dataflow.wire import MAX_BATCH_SIZE
 
@@ -54,6 +56,8 @@ class ServerConfig:
             state freed (a silent client with a live connection keeps its session).
         worker_queue: tasks queued per worker (one being read + the rest waiting).
         on_error: reader policy for damaged samples (``raise`` or ``skip``).
+        tar: WebDataset conventions of tar shards: the ``__key__`` field, samples missing a
+            field (:class:`~dataflow.readers.TarOptions`).
         exit_with_parent: stop when the process that started the server exits.
         max_sessions: most sessions at once; a HELLO beyond is refused (SERVER_BUSY).
         session_idle_timeout: seconds after which a session that sent nothing at all (not
@@ -78,6 +82,7 @@ class ServerConfig:
     client_ttl: float = DEFAULT_CLIENT_TTL
     worker_queue: int = DEFAULT_WORKER_QUEUE
     on_error: str = "raise"
+    tar: TarOptions = DEFAULT_OPTIONS
     exit_with_parent: bool = False
     max_sessions: int = DEFAULT_MAX_SESSIONS
     session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
@@ -200,6 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-error", default="raise", choices=ON_ERROR,
                    help="damaged samples: fail the request (raise) or skip them "
                         "(default: %(default)s)")
+    wds = p.add_argument_group("WebDataset tar shards")
+    wds.add_argument("--key-field", action="store_true",
+                     help="serve each sample's key (its members' path up to the first dot "
+                          "of the file name) as the text field __key__")
+    wds.add_argument("--missing-field", default="error", choices=MISSING_FIELD,
+                     help="a sample lacking a field most samples of its shard have: damaged "
+                          "(error: --on-error decides), left out and counted as skipped "
+                          "(skip), or served with the field filled (fill: empty bytes or "
+                          "text, -1 for integer fields, zeros for .npy arrays) "
+                          "(default: %(default)s)")
     caps = p.add_argument_group(
         "caps", "bounds on what one peer can make the server hold; each refusal or cut is "
                 "counted in STATS")
@@ -257,7 +272,9 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             transform_path=ns.transform_path or (os.getcwd() if ns.transform else None),
             cache_dir=ns.cache_dir, log_level=ns.log_level,
             max_credits=ns.max_credits, client_ttl=ns.client_ttl, worker_queue=ns.worker_queue,
-            on_error=ns.on_error, exit_with_parent=ns.exit_with_parent,
+            on_error=ns.on_error,
+            tar=TarOptions(keys=ns.key_field, missing_field=ns.missing_field),
+            exit_with_parent=ns.exit_with_parent,
             max_sessions=ns.max_sessions, session_idle_timeout=ns.session_idle_timeout,
             max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
             max_inbound_bytes=ns.max_inbound_bytes,

@@ -15,7 +15,8 @@ import numpy as np
 from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.errors import InternalError
-from dataflow.readers import ShardReader, open_shard, read_ranges
+from dataflow.readers import ShardReader, TarOptions, open_shard, read_ranges
+from dataflow.readers.tar import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
 from dataflow.transform import TransformContext, batch_seed
@@ -40,6 +41,7 @@ class WorkerSpec:
         transform_path: directory the transform's module is also looked for in
             (:mod:`dataflow.server.transform`); None: ``sys.path`` only.
         on_error: reader policy for damaged samples.
+        tar: WebDataset conventions of tar shards.
         parent_pid: the server process; the worker exits when it is gone.
         log_level: logging level number.
         max_reply_bytes: most bytes of one reply's arrays.
@@ -61,6 +63,7 @@ class WorkerSpec:
     max_connections: int
     curve: ServerCurve | None = None
     transform_path: str | None = None
+    tar: TarOptions = DEFAULT_OPTIONS
 
 
 class ReaderCache:
@@ -77,7 +80,7 @@ class ReaderCache:
             self._open.move_to_end(shard)
             return reader
         reader = open_shard(self._spec.shards[shard], cache_dir=self._spec.cache_dir,
-                            on_error=self._spec.on_error)
+                            on_error=self._spec.on_error, tar=self._spec.tar)
         self._open[shard] = reader
         while len(self._open) > self._capacity:
             self._open.popitem(last=False)[1].close()

@@ -15,7 +15,7 @@ from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_o
 from dataflow.readers.cache import default_cache_dir
 from dataflow.readers.multi import read_ranges
 from dataflow.readers.parquet import ParquetReader
-from dataflow.readers.tar import TarReader
+from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions, TarReader
 from dataflow.sources import open_file
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "MAX_SKIP_LOG",
     "ShardReader",
     "SkipRecord",
+    "TarOptions",
     "TarReader",
     "detect_format",
     "open_shard",
@@ -85,7 +86,8 @@ def _empty_tar(head: bytes, size: int) -> bool:
 
 
 def open_shard(
-    url: str, *, cache_dir: str | None = None, on_error: str = "raise"
+    url: str, *, cache_dir: str | None = None, on_error: str = "raise",
+    tar: TarOptions = DEFAULT_OPTIONS,
 ) -> ShardReader:
     """Open one shard, detecting its format by magic bytes.
 
@@ -96,6 +98,7 @@ def open_shard(
             memory-mapped); default :func:`default_cache_dir`.
         on_error: ``"raise"`` on bad samples, or ``"skip"`` to drop them and count them in
             ``reader.skipped`` (see :class:`ShardReader`).
+        tar: WebDataset conventions of tar shards (``__key__``, samples missing a field).
 
     Raises:
         ConfigError: ``on_error`` is invalid.
@@ -116,4 +119,5 @@ def open_shard(
         return ArrowStreamReader(url, cache_dir, on_error)
     if fmt == "parquet":
         return ParquetReader(url, on_error)
-    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz")
+    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
+                     options=tar)

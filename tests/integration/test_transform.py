@@ -92,3 +92,37 @@ def test_a_missing_transform_module_stops_the_server_naming_where_it_looked(
     with pytest.raises(ServerUnavailable, match=r"no module 'jpeg_crop' on sys.path or in "
                                                 + str(tmp_path)):
         servers(jpeg_shards, cwd=tmp_path, extra_args=["--transform", "jpeg_crop:decode_crop"])
+
+
+def _gappy_shards(root: Path) -> list[str]:
+    """Two WebDataset shards of 10 samples; every fifth sample has no ``cls``."""
+    import webdataset as wds
+
+    paths = []
+    for s in range(2):
+        path = root / f"gappy-{s}.tar"
+        with wds.TarWriter(str(path)) as w:
+            for i in range(s * 10, s * 10 + 10):
+                sample = {"__key__": f"k/{i:04d}", "txt": f"t{i}"}
+                if i % 5:
+                    sample["cls"] = i
+                w.write(sample)
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("policy", ["skip", "fill"])
+def test_key_field_and_missing_field_policies_through_a_server(servers, tmp_path,
+                                                               policy) -> None:
+    shards = _gappy_shards(tmp_path)
+    server = servers(shards, extra_args=["--key-field", "--missing-field", policy])
+    with DataLoader(server.endpoint, batch_size=3, rank=0, world_size=1, timeout=30) as dl:
+        rows = []
+        for b in dl:
+            values, offsets = b["__key__"].numpy(), b["__key__.offsets"].tolist()
+            keys = [values[offsets[i]:offsets[i + 1]].tobytes().decode()
+                    for i in range(len(offsets) - 1)]
+            rows.extend(zip(keys, b["cls"].tolist(), strict=True))
+    kept = [i for i in range(20) if i % 5 or policy == "fill"]
+    assert sorted(rows) == [(f"k/{i:04d}", i if i % 5 else -1) for i in kept]
