@@ -18,7 +18,7 @@ import zmq
 
 from dataflow import wire
 from dataflow.client.buffers import CudaSink, HostSink, Ready
-from dataflow.client.handoff import Handoff, StartEpoch
+from dataflow.client.handoff import Handoff, StartEpoch, Tags
 from dataflow.client.handshake import Join
 from dataflow.client.links import Links
 from dataflow.client.receive import drain, receive_batch, receive_header
@@ -57,9 +57,11 @@ class Dispatch:
         self._reorder: Reorder[Ready] = Reorder(0, 0)
         self._joins: dict[int, Join] = {}
         self.fingerprint = ""
+        self.tags = Tags()
 
     def start_epoch(self, cmd: StartEpoch) -> None:
         self._scheduler.start_epoch(cmd.gen, cmd.batches, cmd.first)
+        self.tags = cmd.tags
         self._reorder.clear()
         self._reorder = Reorder(cmd.first, self._scheduler.window)
         self.handoff.capacity = self._scheduler.window

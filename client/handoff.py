@@ -23,6 +23,7 @@ from typing import Generic, TypeVar
 from dataflow import wire
 from dataflow.errors import DataflowError, InternalError
 from dataflow.plan import Batches
+from dataflow.wire import BatchTag
 
 T = TypeVar("T")
 
@@ -31,12 +32,29 @@ COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered", "
 
 
 @dataclass(frozen=True)
+class Tags:
+    """The :class:`~dataflow.wire.BatchTag` of each batch of a pass: the pass's batch ``i`` is
+    global batch ``first + i * stride`` of ``epoch`` (:func:`dataflow.transform.
+    global_batch_index`), read under the loader's ``seed``."""
+
+    seed: int = 0
+    epoch: int = 0
+    first: int = 0
+    stride: int = 1
+
+    def of(self, index: int) -> BatchTag:
+        return BatchTag(self.seed, self.epoch, self.first + index * self.stride)
+
+
+@dataclass(frozen=True)
 class StartEpoch:
-    """Request ``batches`` (batch ``first`` of the epoch and the ones after it) for ``gen``."""
+    """Request ``batches`` (batch ``first`` of the epoch and the ones after it) for ``gen``,
+    each tagged ``tags.of(its index)``."""
 
     gen: int
     batches: Batches
     first: int
+    tags: Tags = Tags()
 
 
 @dataclass(frozen=True)

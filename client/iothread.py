@@ -279,7 +279,7 @@ class IOThread(threading.Thread):
         taken = self.handoff.taken(gen, window_full=False)
         while True:
             for a in self._scheduler.assignments(taken, now):
-                req = wire.Request(a.req_id, a.ranges)
+                req = wire.Request(a.req_id, a.ranges, self._dispatch.tags.of(a.index))
                 self._control[a.server].send_multipart(wire.encode(req), flags=zmq.NOBLOCK)
                 if a.retry:
                     self.handoff.count("rerequested")

@@ -25,7 +25,7 @@ from dataflow.client.discovery import (
     lookup,
     servers_setting,
 )
-from dataflow.client.handoff import StartEpoch
+from dataflow.client.handoff import StartEpoch, Tags
 from dataflow.client.iothread import IOThread
 from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
@@ -48,6 +48,7 @@ from dataflow.plan import (
     rank_batches,
 )
 from dataflow.security import client_curve
+from dataflow.transform import global_batch_index
 
 GET_POLL_S = 0.5
 
@@ -328,7 +329,11 @@ class DataLoader:
         if not batches:
             self._cursor.end()
         run.gen, run.n = self._gen, len(batches)
-        self._io.handoff.start(StartEpoch(self._gen, batches, 0))
+        cfg = self.config
+        tags = Tags(cfg.seed, span.epoch, global_batch_index(
+            start=span.start, batch_size=cfg.batch_size, world_size=cfg.world_size,
+            rank=cfg.rank, index=0), cfg.world_size)
+        self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
 
     def _iterate(self, run: _Pass) -> Iterator[dict[str, torch.Tensor]]:
         while run.yielded < run.n:

@@ -19,6 +19,7 @@ from dataflow.errors import (
     SpecError,
     StaleIteratorError,
     StateMismatchError,
+    TransformError,
 )
 from dataflow.plan import (
     Batches,
@@ -56,6 +57,7 @@ __all__ = [
     "SpecError",
     "StaleIteratorError",
     "StateMismatchError",
+    "TransformError",
     "consumed",
     "epoch_order",
     "epoch_size",

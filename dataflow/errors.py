@@ -88,6 +88,11 @@ class InternalError(DataflowError):
     """An impossible state was reached: a bug in dataflow, never a condition to handle."""
 
 
+class TransformError(DataflowError):
+    """A server-side transform failed or returned something other than a batch; the message
+    names the transform and the batch (epoch, global batch index, shard ranges)."""
+
+
 class ServerUnavailable(DataflowError):
     """A loader server did not answer within the timeout."""
 

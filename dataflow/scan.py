@@ -16,6 +16,7 @@ from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard
 from dataflow.readers.base import SkipRecord, check_on_error
 from dataflow.readers.cache import identity
+from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
 from dataflow.splits import dataset_shards
 
 log = logging.getLogger(__name__)
@@ -33,11 +34,13 @@ class _Shard(NamedTuple):
     categories: dict[str, set]
 
 
-def _count(url: str, cache_dir: str | None, on_error: str, options: ReadOptions) -> _Shard:
+def _count(url: str, cache_dir: str | None, on_error: str, options: ReadOptions,
+           tar: TarOptions) -> _Shard:
     """Open one shard; its identity is taken first, so a shard rewritten while it is counted
     shows a stale identity (a fingerprint that later mismatches), never a new one."""
     ident = identity(url)
-    with open_shard(url, cache_dir=cache_dir, on_error=on_error, options=options) as r:
+    with open_shard(url, cache_dir=cache_dir, on_error=on_error, options=options,
+                    tar=tar) as r:
         found = r.census()
         return _Shard(len(r), r.schema, r.skipped, tuple(r.skip_log), ident,
                       tuple(sorted(found.nulls.items())), found.categories)
@@ -51,6 +54,7 @@ def build_index(
     max_workers: int = MAX_OPEN_WORKERS,
     options: ReadOptions | None = None,
     split: str | None = None,
+    tar: TarOptions = DEFAULT_OPTIONS,
 ) -> DatasetIndex:
     """Resolve specs, open every shard (in a bounded thread pool), count and check schemas.
 
@@ -74,6 +78,7 @@ def build_index(
             spec names, else the shards' common directory), the fields holding nulls and the
             categories of dictionary fields into the index's ``read``.
         split: the split of a Hugging Face ``DatasetDict`` root (see :mod:`dataflow.splits`).
+        tar: passed to :func:`dataflow.readers.open_shard`.
 
     Raises:
         SpecError: a spec matches nothing.
@@ -89,7 +94,8 @@ def build_index(
     options = with_hive(options if options is not None else ReadOptions(), shards,
                         root or common[: common.rfind("/") + 1])
     with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
-        results = list(pool.map(lambda u: _count(u, cache_dir, on_error, options), shards))
+        results = list(pool.map(lambda u: _count(u, cache_dir, on_error, options, tar),
+                                     shards))
     for url, r in zip(shards, results, strict=True):
         if r.skips:
             log.warning("%s: %d sample(s) skipped, %d damage record(s), first: %s", url,

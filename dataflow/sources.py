@@ -4,8 +4,8 @@ A dataset spec is a string naming one or more shards:
 
 * a local path to a shard file, or a directory (every shard file below it);
 * a glob (``data/*.parquet``);
-* WebDataset-style braces: ranges ``train-{000000..000127}.tar`` (zero-padded width kept)
-  and lists ``{train,val}-0.tar``;
+* WebDataset-style braces (:func:`expand_braces`): ranges ``train-{000000..000127}.tar``
+  (zero-padded width kept), with steps ``{0..100..10}``, lists ``{train,val}-0.tar``, nested;
 * an fsspec URL (``file://``, ``memory://``, ``s3://`` with s3fs, ``http(s)://``), with the
   same globs, braces and directories.
 
@@ -17,13 +17,13 @@ absolute paths so readers can memory-map them.
 from __future__ import annotations
 
 import glob
-import itertools
 import os
 import re
 from collections.abc import Sequence
 from typing import IO
 
 import fsspec
+from braceexpand import braceexpand
 
 from dataflow.errors import SpecError
 
@@ -31,8 +31,6 @@ SHARD_EXTENSIONS = (".arrow", ".feather", ".ipc", ".parquet", ".tar", ".tar.gz",
 INDEX_SUFFIX = ".dfidx"
 """Suffix of the tar member indexes cached beside shards; such files are never shards."""
 
-_BRACE = re.compile(r"\{([^{}]*)\}")
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
@@ -68,40 +66,20 @@ def is_shard_name(name: str) -> bool:
 
 
 def expand_braces(spec: str) -> list[str]:
-    """Expand every ``{a..b}`` range and ``{x,y}`` list in ``spec``, in order.
+    """Expand ``spec``'s braces as WebDataset does (the ``braceexpand`` package, bash rules).
 
-    Ranges keep the zero-padded width of their first bound (``{008..010}`` -> ``008 009 010``).
+    Ranges keep the zero-padded width of their bounds (``{008..010}`` -> ``008 009 010``), may
+    step (``{0..10..5}`` -> ``0 5 10``) or descend (``{3..1}``); lists may nest
+    (``{a,b{1..2}}`` -> ``a b1 b2``); ``{}`` and a group without a comma or range stay
+    literal; a backslash escapes a brace.
 
     Raises:
-        SpecError: a brace group is empty, unbalanced, or a descending range.
+        SpecError: the braces are unbalanced.
     """
-    if spec.count("{") != spec.count("}"):
-        raise SpecError(f"{spec!r}: unbalanced braces")
-    parts: list[list[str]] = []
-    pos = 0
-    for m in _BRACE.finditer(spec):
-        parts.append([spec[pos : m.start()]])
-        parts.append(_brace_items(spec, m.group(1)))
-        pos = m.end()
-    parts.append([spec[pos:]])
-    out = ["".join(p) for p in itertools.product(*parts)]
-    if any("{" in o or "}" in o for o in out):
-        raise SpecError(f"{spec!r}: nested braces are not supported")
-    return out
-
-
-def _brace_items(spec: str, body: str) -> list[str]:
-    m = _RANGE.match(body)
-    if m:
-        lo, hi = int(m.group(1)), int(m.group(2))
-        if hi < lo:
-            raise SpecError(f"{spec!r}: brace range {{{body}}} is descending")
-        width = len(m.group(1)) if m.group(1).startswith("0") else 0
-        return [str(i).zfill(width) for i in range(lo, hi + 1)]
-    items = body.split(",")
-    if body == "" or any(i == "" for i in items):
-        raise SpecError(f"{spec!r}: empty item in brace group {{{body}}}")
-    return items
+    try:
+        return list(braceexpand(spec))
+    except ValueError as e:  # braceexpand.UnbalancedBracesError, not in its type stubs
+        raise SpecError(f"{spec!r}: unbalanced braces") from e
 
 
 def resolve(specs: str | Sequence[str]) -> list[str]:

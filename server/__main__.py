@@ -72,7 +72,7 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
     until stopped, then tell every session the server is stopping."""
     reserve_descriptors(config.descriptors)
     if config.transform:
-        load_transform(config.transform)
+        load_transform(config.transform, config.transform_path)
     # Abstract-namespace names (Linux): no file exists, so none is left behind, even on SIGKILL.
     backend = f"ipc://@dataflow-{os.getpid()}-{secrets.token_hex(8)}"
     ctx = zmq.Context()
@@ -81,14 +81,16 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
     metrics = None
     try:
         index = build_index(list(config.data), cache_dir=config.cache_dir,
-                            on_error=config.on_error, options=config.read, split=config.split)
+                            on_error=config.on_error, options=config.read, split=config.split,
+                            tar=config.tar)
         log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
                  index.total, index.fingerprint)
         data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
         pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
                                      config.level, config.max_reply_bytes, index.root,
-                                     config.max_connections, config.curve, index.read),
+                                     config.max_connections, config.curve, index.read,
+                                     config.transform_path, config.tar),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
         if config.metrics_port is not None:

@@ -183,7 +183,7 @@ class ClientHandler:
                 # A reader notifies us just before it hands a reply to ZeroMQ, so the notice
                 # is normally here before the client can react to the reply: read them.
                 self._read_notices()
-            outcome = self._ledger.admit(s.token, msg.req_id, msg.ranges)
+            outcome = self._ledger.admit(s.token, msg.req_id, msg.ranges, msg.tag)
             if isinstance(outcome, Refusal):
                 problem = outcome.message
         if problem is not None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError
 from dataflow.exporter import check_metrics_address
+from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
+from dataflow.readers.tarindex import MISSING_FIELD
 from dataflow.security import ServerCurve, server_curve
 from dataflow.server.dataflags import add_data_flags, read_options
 from dataflow.wire import MAX_BATCH_SIZE
@@ -48,6 +50,8 @@ class ServerConfig:
         bind: ZeroMQ endpoint clients connect to; port 0 picks a free port.
         workers: reader processes.
         transform: optional ``module:function`` applied to every batch in the workers.
+        transform_path: directory the transform's module is also looked for in, after
+            ``sys.path`` (:mod:`dataflow.server.transform`); None: ``sys.path`` only.
         cache_dir: local cache directory for remote shards and tar indexes.
         log_level: logging level name.
         max_credits: most credits granted to one client; a client may keep up to twice its
@@ -56,6 +60,8 @@ class ServerConfig:
             state freed (a silent client with a live connection keeps its session).
         worker_queue: tasks queued per worker (one being read + the rest waiting).
         on_error: reader policy for damaged samples (``raise`` or ``skip``).
+        tar: WebDataset conventions of tar shards: the ``__key__`` field, samples missing a
+            field (:class:`~dataflow.readers.TarOptions`).
         exit_with_parent: stop when the process that started the server exits.
         max_sessions: most sessions at once; a HELLO beyond is refused (SERVER_BUSY).
         session_idle_timeout: seconds after which a session that sent nothing at all (not
@@ -78,12 +84,14 @@ class ServerConfig:
     bind: str = DEFAULT_BIND
     workers: int = 1
     transform: str | None = None
+    transform_path: str | None = None
     cache_dir: str | None = None
     log_level: str = "INFO"
     max_credits: int = DEFAULT_MAX_CREDITS
     client_ttl: float = DEFAULT_CLIENT_TTL
     worker_queue: int = DEFAULT_WORKER_QUEUE
     on_error: str = "raise"
+    tar: TarOptions = DEFAULT_OPTIONS
     exit_with_parent: bool = False
     max_sessions: int = DEFAULT_MAX_SESSIONS
     session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
@@ -108,6 +116,9 @@ class ServerConfig:
             if not module or not func:
                 raise ConfigError("`transform` must look like `module:function`. "
                                   f"Found: {self.transform!r}")
+        if self.transform_path is not None and not os.path.isdir(self.transform_path):
+            raise ConfigError("`transform_path` must be an existing directory. "
+                              f"Found: {self.transform_path!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"`log_level` must be one of {LOG_LEVELS}. Found: {self.log_level!r}")
         if not 1 <= self.max_credits <= 4096:
@@ -186,8 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help=f"reader processes (default: one per CPU, here {default_workers()})")
     p.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
-                   help="function Batch -> Batch run on every batch in the workers (e.g. "
-                        "decoding); its errors reach the client")
+                   help="function f(batch, ctx) -> batch (or f(batch)) run on every batch in "
+                        "the reader processes (e.g. decoding, augmentation); ctx carries the "
+                        "epoch, the global batch index and a per-batch seed (the API: "
+                        "dataflow.transform); its errors reach the client naming the batch")
+    p.add_argument("--transform-path", default=None, metavar="DIR",
+                   help="directory the --transform module is looked for in when it is not "
+                        "on sys.path (only that module; the directory is not added to "
+                        "sys.path) (default: the directory the server starts in)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="local cache for remote shards and tar member indexes")
     p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
@@ -205,6 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-error", default="raise", choices=ON_ERROR,
                    help="damaged samples: fail the request (raise) or skip them "
                         "(default: %(default)s)")
+    wds = p.add_argument_group("WebDataset tar shards")
+    wds.add_argument("--key-field", action="store_true",
+                     help="serve each sample's key (its members' path up to the first dot "
+                          "of the file name) as the text field __key__")
+    wds.add_argument("--missing-field", default="error", choices=MISSING_FIELD,
+                     help="a sample lacking a field most samples of its shard have: damaged "
+                          "(error: --on-error decides), left out and counted as skipped "
+                          "(skip), or served with the field filled (fill: empty bytes or "
+                          "text, -1 for integer fields, zeros for .npy arrays) "
+                          "(default: %(default)s)")
     caps = p.add_argument_group(
         "caps", "bounds on what one peer can make the server hold; each refusal or cut is "
                 "counted in STATS")
@@ -270,9 +297,13 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
         return ServerConfig(
             data=tuple(ns.data), bind=ns.bind,
             workers=default_workers() if ns.workers is None else ns.workers,
-            transform=ns.transform, cache_dir=ns.cache_dir, log_level=ns.log_level,
+            transform=ns.transform,
+            transform_path=ns.transform_path or (os.getcwd() if ns.transform else None),
+            cache_dir=ns.cache_dir, log_level=ns.log_level,
             max_credits=ns.max_credits, client_ttl=ns.client_ttl, worker_queue=ns.worker_queue,
-            on_error=ns.on_error, exit_with_parent=ns.exit_with_parent,
+            on_error=ns.on_error,
+            tar=TarOptions(keys=ns.key_field, missing_field=ns.missing_field),
+            exit_with_parent=ns.exit_with_parent,
             max_sessions=ns.max_sessions, session_idle_timeout=ns.session_idle_timeout,
             max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
             max_inbound_bytes=ns.max_inbound_bytes,

@@ -101,6 +101,7 @@ def launch(
     extra_args: Sequence[str] = (),
     timeout: float = 60.0,
     env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
 ) -> ServerHandle:
     """Start ``python -m dataflow.server`` and wait for its ready line.
 
@@ -117,6 +118,8 @@ def launch(
         extra_args: more command-line flags.
         timeout: seconds to wait for the ready line.
         env: extra environment variables.
+        cwd: the server's working directory (where a ``--transform`` module is looked for
+            when it is not on ``sys.path``); this process's when None.
 
     Raises:
         ServerUnavailable: the server exited or was not ready within ``timeout`` seconds; the
@@ -130,7 +133,8 @@ def launch(
     # An anonymous file: nothing is left behind, even if this process is killed.
     log = tempfile.TemporaryFile(prefix="dataflow-server-", suffix=".log")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
-                            env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+                            env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+                            cwd=cwd)
     try:
         ready = _wait_ready(proc, timeout)
     except BaseException:

@@ -34,6 +34,7 @@ from enum import Enum
 import numpy as np
 
 from dataflow.errors import InternalError
+from dataflow.wire.messages import NO_TAG, BatchTag
 
 CREDIT_SLACK = 2
 
@@ -68,12 +69,14 @@ class Dispatch:
         key: the session's token.
         req_id: the request's id.
         ranges: int64 (n, 3) ``(shard, start, stop)`` rows.
+        tag: the batch's (seed, epoch, global batch index), for the transform.
         attempts: readers that died holding it before.
     """
 
     key: bytes
     req_id: int
     ranges: np.ndarray
+    tag: BatchTag = NO_TAG
     attempts: int = 0
 
 
@@ -161,7 +164,8 @@ class Ledger:
         acct = self._get(key)
         return len(acct.active) >= acct.credits
 
-    def admit(self, key: bytes, req_id: int, ranges: np.ndarray) -> Admitted | Refusal:
+    def admit(self, key: bytes, req_id: int, ranges: np.ndarray,
+              tag: BatchTag = NO_TAG) -> Admitted | Refusal:
         """Accept request ``req_id`` of session ``key`` into its queue, or refuse it.
 
         Raises:
@@ -178,7 +182,7 @@ class Ledger:
                            f"connection and {acct.credits} credit(s) granted")
         if not acct.queued:
             self._turns.append(acct)
-        acct.queued.append(Dispatch(key, req_id, ranges))
+        acct.queued.append(Dispatch(key, req_id, ranges, tag))
         acct.active.add(req_id)
         return Admitted(len(acct.active))
 
@@ -196,7 +200,8 @@ class Ledger:
             return False
         if not acct.queued:
             self._turns.append(acct)
-        acct.queued.appendleft(Dispatch(task.key, task.req_id, task.ranges, task.attempts + 1))
+        acct.queued.appendleft(Dispatch(task.key, task.req_id, task.ranges, task.tag,
+                                            task.attempts + 1))
         return True
 
     def settle(self, key: bytes, req_id: int) -> bool:

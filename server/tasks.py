@@ -16,10 +16,12 @@ from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.columns import ReadOptions
 from dataflow.errors import InternalError
-from dataflow.readers import ShardReader, open_shard, read_ranges
+from dataflow.readers import ShardReader, TarOptions, open_shard, read_ranges
+from dataflow.readers.tar import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
-from dataflow.wire import ErrorKind
+from dataflow.transform import TransformContext, batch_seed
+from dataflow.wire import NO_TAG, BatchTag, ErrorKind
 
 MAX_OPEN_SHARDS = 32
 
@@ -37,7 +39,10 @@ class WorkerSpec:
         shards: shard URLs in index order.
         cache_dir: reader cache directory.
         transform: optional ``module:function``.
+        transform_path: directory the transform's module is also looked for in
+            (:mod:`dataflow.server.transform`); None: ``sys.path`` only.
         on_error: reader policy for damaged samples.
+        tar: WebDataset conventions of tar shards.
         parent_pid: the server process; the worker exits when it is gone.
         log_level: logging level number.
         max_reply_bytes: most bytes of one reply's arrays.
@@ -60,6 +65,8 @@ class WorkerSpec:
     max_connections: int
     curve: ServerCurve | None = None
     read: ReadOptions = ReadOptions()
+    transform_path: str | None = None
+    tar: TarOptions = DEFAULT_OPTIONS
 
 
 class ReaderCache:
@@ -76,7 +83,8 @@ class ReaderCache:
             self._open.move_to_end(shard)
             return reader
         reader = open_shard(self._spec.shards[shard], cache_dir=self._spec.cache_dir,
-                            on_error=self._spec.on_error, options=self._spec.read)
+                            on_error=self._spec.on_error, options=self._spec.read,
+                            tar=self._spec.tar)
         self._open[shard] = reader
         while len(self._open) > self._capacity:
             self._open.popitem(last=False)[1].close()
@@ -133,14 +141,21 @@ class ReplyTooLarge(Exception):
     """A batch exceeds ``--max-reply-bytes``."""
 
 
+def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> TransformContext:
+    """The context of the transform of the batch ``ranges`` tagged ``tag``."""
+    shards = tuple((spec.shards[shard].removeprefix(spec.root), start, stop)
+                   for shard, start, stop in ranges.tolist())
+    return TransformContext(batch_seed(*tag), tag.epoch, tag.batch, shards)
+
+
 def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-               req_id: int, ranges: np.ndarray) -> Reply:
+               req_id: int, ranges: np.ndarray, tag: BatchTag = NO_TAG) -> Reply:
     """The reply (BATCH or ERROR) to one task; never raises for bad data."""
     meter = SkipMeter(readers)
     try:
         batch = read_ranges(meter.get, ranges)
         if transform is not None:
-            batch = apply_transform(transform, spec.transform or "", batch)
+            batch = apply_transform(transform, batch, transform_context(spec, ranges, tag))
         skips = meter.skips()
         skipped = sum(skips.values())
         requested = int((ranges[:, 2] - ranges[:, 1]).sum())

@@ -1,42 +1,110 @@
-"""Loading the optional per-batch transform (``--transform module:function``)."""
+"""Loading and running the optional per-batch transform (``--transform module:function``).
+
+The public API a transform is written against is :mod:`dataflow.transform`.
+
+Where the module is found: first on ``sys.path`` as usual (installed packages, ``PYTHONPATH``),
+then in the transform directory (``--transform-path``, by default the directory the server
+was started in). Only the transform's top-level module or package is looked for in that
+directory: the directory is not put on ``sys.path``, so a file there never shadows anything
+else (the server's own ``dataflow`` package included). A transform module that imports a
+sibling file must be a package (relative imports) or have its directory on ``PYTHONPATH``.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
-from dataflow.batch import Batch
-from dataflow.errors import ConfigError
+import numpy as np
 
-Transform = Callable[[Batch], Batch]
+from dataflow.batch import Batch, Ragged, batch_len
+from dataflow.errors import ConfigError, TransformError
+from dataflow.transform import TransformContext, takes_context
 
 
-def load_transform(spec: str) -> Transform:
-    """Import ``module:function`` and return the function.
+@dataclass(frozen=True)
+class Transform:
+    """A loaded transform.
+
+    Attributes:
+        spec: its ``module:function``.
+        func: the function.
+        with_context: whether it is called as ``func(batch, ctx)``
+            (:func:`dataflow.transform.takes_context`).
+    """
+
+    spec: str
+    func: Callable[..., Any]
+    with_context: bool
+
+
+def _import(module_name: str, directory: str | None) -> ModuleType:
+    """``module_name`` from ``sys.path``, else its top-level package from ``directory``."""
+    top = module_name.partition(".")[0]
+    if directory and top not in sys.modules and importlib.util.find_spec(top) is None:
+        found = importlib.machinery.PathFinder.find_spec(top, [directory])
+        if found is not None and found.loader is not None:
+            module = importlib.util.module_from_spec(found)
+            sys.modules[top] = module
+            try:
+                found.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[top]
+                raise
+    return importlib.import_module(module_name)
+
+
+def load_transform(spec: str, directory: str | None = None) -> Transform:
+    """Import ``module:function`` (looking in ``directory`` too, see the module) and return it.
 
     Raises:
         ConfigError: the module cannot be imported or has no such callable.
     """
     module_name, _, func_name = spec.partition(":")
+    where = f" or in {directory}" if directory else ""
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name, directory)
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"`transform` {spec!r}: no module {e.name!r} on sys.path{where}"
+                          ) from e
     except Exception as e:
         raise ConfigError(f"`transform` {spec!r}: cannot import {module_name!r}: "
                           f"{type(e).__name__}: {e}") from e
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ConfigError(f"`transform` {spec!r}: {module_name!r} has no callable {func_name!r}")
-    return func
+    return Transform(spec, func, takes_context(func))
 
 
-def apply_transform(transform: Transform, spec: str, batch: Batch) -> Batch:
-    """Run ``transform`` on ``batch`` and check that it returned a batch.
+def apply_transform(transform: Transform, batch: Batch, ctx: TransformContext) -> Batch:
+    """Run ``transform`` on ``batch`` and check that it returned a batch of as many samples.
 
     Raises:
-        TypeError: the transform returned something other than a dict.
+        TransformError: the transform raised (chained as the cause), or returned something
+            other than a non-empty dict of columns (arrays of shape ``(n, ...)`` or
+            ``Ragged``) of the batch's ``n`` samples; names the transform and the batch.
     """
-    out = transform(batch)
+    where = f"transform {transform.spec!r} on {ctx.describe()}"
+    try:
+        out = transform.func(batch, ctx) if transform.with_context else transform.func(batch)
+    except Exception as e:
+        raise TransformError(f"{where}: {type(e).__name__}: {e}") from e
     if not isinstance(out, dict):
-        raise TypeError(f"transform {spec!r} must return a dict batch. "
-                        f"Found: {type(out).__name__}")
+        raise TransformError(f"{where}: must return a dict batch. Found: {type(out).__name__}")
+    n = batch_len(batch)
+    for name, col in out.items():
+        if not (isinstance(col, Ragged) or isinstance(col, np.ndarray) and col.ndim >= 1):
+            raise TransformError(f"{where}: field {name!r} must be a numpy array of shape "
+                                 f"(n, ...) or a Ragged. Found: {type(col).__name__}")
+        if len(col) != n:
+            raise TransformError(f"{where}: field {name!r} has {len(col)} sample(s) for a "
+                                 f"batch of {n}; a transform keeps every sample, in order")
+    if not out:
+        raise TransformError(f"{where}: returned a batch with no fields")
     return out

@@ -157,7 +157,8 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=spec.log_level,
                         format="%(asctime)s %(levelname)s worker[%(process)d] %(message)s")
-    transform = load_transform(spec.transform) if spec.transform else None
+    transform = (load_transform(spec.transform, spec.transform_path) if spec.transform
+                 else None)
     readers = ReaderCache(spec)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -201,7 +202,7 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
             task = decode_internal(sock.recv_multipart())
             if not isinstance(task, Task):
                 raise InternalError(f"the frontend sent a {type(task).__name__}")
-            reply = serve_task(readers, transform, spec, task.req_id, task.ranges)
+            reply = serve_task(readers, transform, spec, task.req_id, task.ranges, task.tag)
             sender.send(task.token, task.req_id, reply)
     finally:
         readers.close()

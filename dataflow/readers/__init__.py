@@ -17,7 +17,7 @@ from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_o
 from dataflow.readers.cache import default_cache_dir
 from dataflow.readers.multi import read_ranges
 from dataflow.readers.parquet import ParquetReader
-from dataflow.readers.tar import TarReader
+from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions, TarReader
 from dataflow.sources import open_file
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_SKIP_LOG",
     "ShardReader",
     "SkipRecord",
+    "TarOptions",
     "TarReader",
     "detect_format",
     "open_shard",
@@ -89,6 +90,7 @@ def _empty_tar(head: bytes, size: int) -> bool:
 def open_shard(
     url: str, *, cache_dir: str | None = None, on_error: str = "raise",
     options: ReadOptions = DEFAULT,
+    tar: TarOptions = DEFAULT_OPTIONS,
 ) -> ShardReader:
     """Open one shard, detecting its format by magic bytes.
 
@@ -100,6 +102,7 @@ def open_shard(
         on_error: ``"raise"`` on bad samples, or ``"skip"`` to drop them and count them in
             ``reader.skipped`` (see :class:`ShardReader`).
         options: column selection and conversion (Arrow and Parquet shards only).
+        tar: WebDataset conventions of tar shards (``__key__``, samples missing a field).
 
     Raises:
         ConfigError: ``on_error`` is invalid.
@@ -124,4 +127,5 @@ def open_shard(
     if options.columns is not None or options.drop or options.fill or options.hive:
         raise ShardReadError(url, "--columns, --drop-columns, --fill-value and hive "
                              "partitions apply to Arrow and Parquet shards, not tars", offset=0)
-    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz")
+    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
+                     options=tar)

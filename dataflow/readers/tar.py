@@ -25,23 +25,76 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
-from dataflow.batch import Batch, Column, Ragged
-from dataflow.errors import ShardReadError
+from dataflow.batch import Batch, Column, FieldSpec, Ragged
+from dataflow.errors import ConfigError, ShardReadError
 from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
-from dataflow.readers.tarindex import OutdatedIndex, TarIndex, build_index, gather_fixed
+from dataflow.readers.tarindex import (
+    MISSING_FIELD,
+    OutdatedIndex,
+    TarIndex,
+    build_index,
+    gather_fixed,
+    split_name,
+)
+from dataflow.readers.tarwalk import member_name
 from dataflow.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
 
 
-def _index_paths(url: str, cache_dir: str) -> list[str]:
-    """Candidate index locations, preferred first: beside a local shard, then in cache_dir."""
-    cached = os.path.join(cache_dir, cache_name(url, INDEX_SUFFIX))
-    return [local_path(url) + INDEX_SUFFIX, cached] if is_local(url) else [cached]
+KEY_FIELD = "__key__"
+"""The field holding each sample's WebDataset key (``TarOptions(keys=True)``)."""
+
+
+@dataclass(frozen=True)
+class TarOptions:
+    """WebDataset conventions a tar reader follows.
+
+    Attributes:
+        keys: add each sample's key (its members' path up to the first dot of the base name,
+            ``dir/000017`` for ``dir/000017.jpg``) as the ``str`` field ``__key__``.
+        missing_field: a sample lacking some of the fields most samples of its shard have:
+            ``"error"`` (damaged: ``on_error`` decides), ``"skip"`` (left out and counted as
+            skipped, whatever ``on_error``) or ``"fill"`` (served with the field empty:
+            ``b""`` / ``""`` for bytes and text, :data:`~dataflow.readers.tarindex.FILL_INT`
+            for integers, zeros for ``.npy`` arrays).
+    """
+
+    keys: bool = False
+    missing_field: str = "error"
+
+    def __post_init__(self) -> None:
+        if self.missing_field not in MISSING_FIELD:
+            raise ConfigError(f"`missing_field` must be one of {MISSING_FIELD}. "
+                              f"Found: {self.missing_field!r}")
+
+
+DEFAULT_OPTIONS = TarOptions()
+
+
+def _gather_ragged(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Ragged:
+    """Rows ``buf[offs[i]:offs[i] + sizes[i]]`` copied back to back (one ``np.concatenate``
+    of views)."""
+    bounds = np.zeros(len(offs) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    values = np.concatenate(
+        [buf[o : o + s] for o, s in zip(offs.tolist(), sizes.tolist(), strict=True)]
+        or [np.empty(0, dtype=np.uint8)]
+    )
+    return Ragged(values, bounds, kind)
+
+
+def _index_paths(url: str, cache_dir: str, missing_field: str) -> list[str]:
+    """Candidate index locations, preferred first: beside a local shard, then in cache_dir.
+    Indexes built under another ``missing_field`` than ``"error"`` have their own name."""
+    suffix = INDEX_SUFFIX if missing_field == "error" else f".{missing_field}{INDEX_SUFFIX}"
+    cached = os.path.join(cache_dir, cache_name(url, suffix))
+    return [local_path(url) + suffix, cached] if is_local(url) else [cached]
 
 
 def save_index(index: TarIndex, paths: list[str]) -> str | None:
@@ -73,8 +126,10 @@ class TarReader(ShardReader):
         index_built: whether opening this reader built the index (``False``: loaded a cache).
     """
 
-    def __init__(self, url: str, *, cache_dir: str, on_error: str, gzipped: bool) -> None:
+    def __init__(self, url: str, *, cache_dir: str, on_error: str, gzipped: bool,
+                 options: TarOptions = DEFAULT_OPTIONS) -> None:
         super().__init__(url, on_error)
+        self.tar = options
         ident = identity(url)
         damage = None
         if gzipped or not is_local(url):
@@ -93,18 +148,25 @@ class TarReader(ShardReader):
             raise ShardReadError(url, f"cannot map tar: {e}", offset=0) from e
         data: bytes | mmap.mmap = b"" if self._mm is None else self._mm
         self._buf = np.frombuffer(data, dtype=np.uint8)
-        paths = _index_paths(url, cache_dir)
+        paths = _index_paths(url, cache_dir, options.missing_field)
         self.index_path, index = self._find_index(paths, ident, data)
         self.index_built = index is None
         if index is None:
             try:
-                index = build_index(url, data, ident, on_error, resync=damage is None)
+                index = build_index(url, data, ident, on_error, resync=damage is None,
+                                    missing_field=options.missing_field)
             except BaseException:
                 self.close()
                 raise
             self.index_path = save_index(index, paths)
         self._index = index
+        # Per field: the size of a present value (filled cells have -1), and whether any is.
+        self._field_size: list[int] = index.sizes.max(axis=0, initial=0).tolist()
+        self._filled: list[bool] = np.any(index.sizes < 0, axis=0).tolist()
+        self._keys: Ragged | None = None
         self.schema = index.schema
+        if options.keys and index.schema:
+            self.schema += (FieldSpec(KEY_FIELD, "uint8", ragged="str"),)
         self.skipped = index.skipped
         self.skip_log.extend(index.skips)
 
@@ -150,16 +212,45 @@ class TarReader(ShardReader):
         """Every field of ``rows`` (a slice, or int64 sample indices of shape ``(n,)``)."""
         ix = self._index
         out: Batch = {}
-        for j, (spec, codec) in enumerate(zip(self.schema, ix.codecs, strict=True)):
+        for j, (spec, codec) in enumerate(zip(ix.schema, ix.codecs, strict=True)):
             offs = ix.offsets[rows, j]
             if codec == "int":
                 out[spec.name] = ix.ints[rows, j].copy()
             elif codec.startswith("npy:"):
-                out[spec.name] = self._npy(np.dtype(codec[4:]), spec.shape, offs,
-                                           int(ix.sizes[0, j]))
+                arr = self._npy(np.dtype(codec[4:]), spec.shape, offs, self._field_size[j])
+                if self._filled[j]:
+                    arr[ix.sizes[rows, j] < 0] = 0
+                out[spec.name] = arr
             else:
-                out[spec.name] = self._ragged(offs, ix.sizes[rows, j], codec)
+                sizes = ix.sizes[rows, j]
+                out[spec.name] = self._ragged(offs, np.maximum(sizes, 0) if self._filled[j]
+                                              else sizes, codec)
+        if self.tar.keys and ix.schema:
+            out[KEY_FIELD] = self._key_rows(rows)
         return out
+
+    def _key_rows(self, rows: slice | np.ndarray) -> Ragged:
+        """The ``__key__`` of ``rows``, read from the samples' tar headers on first use."""
+        if self._keys is None:
+            data = self._mm if self._mm is not None else b""
+            raw = []
+            for i, pos in enumerate(self._index.headers.tolist()):
+                try:
+                    parts = split_name(member_name(data, pos))
+                except ValueError as e:
+                    raise ShardReadError(self.url, f"sample key: {e}", offset=pos,
+                                         index=i) from e
+                if parts is None:
+                    raise ShardReadError(self.url, "sample key: the member has none",
+                                         offset=pos, index=i)
+                raw.append(parts[0].encode("utf-8", "surrogateescape"))
+            bounds = np.zeros(len(raw) + 1, dtype=np.int64)
+            np.cumsum([len(r) for r in raw], out=bounds[1:])
+            self._keys = Ragged(np.frombuffer(b"".join(raw), dtype=np.uint8), bounds, "str")
+        keys = self._keys
+        starts = keys.offsets[:-1][rows]
+        stops = keys.offsets[1:][rows]
+        return _gather_ragged(keys.values, starts, stops - starts, "str")
 
     def _npy(self, dtype: np.dtype, shape: tuple[int, ...], offs: np.ndarray,
              size: int) -> np.ndarray:
@@ -167,14 +258,7 @@ class TarReader(ShardReader):
         return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
 
     def _ragged(self, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Column:
-        """One copy of every row's bytes, back to back (one ``np.concatenate`` of views)."""
-        bounds = np.zeros(len(offs) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=bounds[1:])
-        buf = self._buf
-        values = np.concatenate(
-            [buf[o : o + s] for o, s in zip(offs.tolist(), sizes.tolist(), strict=True)]
-        )
-        return Ragged(values, bounds, kind)
+        return _gather_ragged(self._buf, offs, sizes, kind)
 
     def close(self) -> None:
         self.closed = True

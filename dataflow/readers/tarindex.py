@@ -46,6 +46,10 @@ VERIFY_HEADERS = 64
 """Sample headers checked when a cached index is loaded (see :meth:`TarIndex.problem`)."""
 INT_CODECS = frozenset({"cls", "cls2", "index", "inx", "id", "label"})
 TEXT_CODECS = frozenset({"txt", "text"})
+MISSING_FIELD = ("error", "skip", "fill")
+"""What becomes of a sample lacking some of the shard's fields (see :meth:`_Builder.fits`)."""
+FILL_INT = -1
+"""The value of an integer field a sample lacks, under ``missing_field="fill"``."""
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -275,8 +279,10 @@ class _Sample(NamedTuple):
 class _Builder:
     """Groups members into samples and decodes/validates fields, honouring ``on_error``."""
 
-    def __init__(self, url: str, mm: bytes | mmap.mmap, on_error: str, resync: bool) -> None:
+    def __init__(self, url: str, mm: bytes | mmap.mmap, on_error: str, resync: bool,
+                 missing_field: str = "error") -> None:
         self.url = url
+        self.missing_field = missing_field
         self.mm = mm
         self.buf = np.frombuffer(mm, dtype=np.uint8)
         self.resync = resync
@@ -358,6 +364,29 @@ class _Builder:
                 kept.append(g)
         return kept
 
+    def fits(self, sample: _Sample, want: frozenset[str], all_others: bool) -> bool:
+        """Whether ``sample`` is indexed: its members are the shard's ``want``, or, under
+        ``missing_field="fill"``, some of them; a sample with other members is bad, one
+        missing some is bad (``"error"``) or left out and counted (``"skip"``)."""
+        have = sample.fields.keys()
+        if have == want:
+            return True
+        missing, extra = sorted(want - have), sorted(have - want)
+        if not extra and self.missing_field == "fill":
+            return True
+        err = ShardReadError(
+            self.url, f"sample {sample.key!r} has members {sorted(have)}, "
+            f"{'all other' if all_others else 'most'} samples have {sorted(want)}"
+            + (f" (missing {missing})" if missing and not extra else ""),
+            offset=min(m.header for m in sample.fields.values()), index=sample.number)
+        if extra or self.missing_field == "error":
+            self.bad(err)
+        else:
+            log.info("skipping (--missing-field skip): %s", err)
+            self.skipped += 1
+            self.skips.append(SkipRecord.of(err, 1))
+        return False
+
     def build(self, ident: str) -> TarIndex:
         samples = self.samples()
         if not samples:
@@ -376,38 +405,36 @@ class _Builder:
                     index=samples[0].number,
                 )
             seen[name] = ext
-        kept = []
-        for sample in samples:
-            if sample.fields.keys() != want:
-                self.bad(ShardReadError(
-                    self.url, f"sample {sample.key!r} has members {sorted(sample.fields)}, "
-                    f"{'all other' if counts[want] == len(samples) - 1 else 'most'} samples "
-                    f"have {sorted(want)}",
-                    offset=min(m.header for m in sample.fields.values()), index=sample.number,
-                ))
-                continue
-            kept.append(sample)
+        kept = [s for s in samples if self.fits(s, want, counts[want] == len(samples) - 1)]
         n, nf = len(kept), len(exts)
         where = np.array([s.number for s in kept], dtype=np.int64)
         headers = np.array([min(m.header for m in s.fields.values()) for s in kept],
                            dtype=np.int64)
-        offsets = np.array([[s.fields[e].data for e in exts] for s in kept], dtype=np.int64)
-        sizes = np.array([[s.fields[e].size for e in exts] for s in kept], dtype=np.int64)
+        # A field the sample lacks (kept under missing_field="fill") has size -1.
+        offsets = np.array([[s.fields[e].data if e in s.fields else 0 for e in exts]
+                            for s in kept], dtype=np.int64)
+        sizes = np.array([[s.fields[e].size if e in s.fields else -1 for e in exts]
+                          for s in kept], dtype=np.int64)
         offsets, sizes = offsets.reshape(n, nf), sizes.reshape(n, nf)
-        ints = np.zeros((n, nf), dtype=np.int64)
+        filled = sizes < 0
+        ints = np.where(filled, FILL_INT, 0).astype(np.int64)
         ok = np.ones(n, dtype=bool)
         schema: list[FieldSpec] = []
         codecs = [c for _, c in names]
         for j, (name, codec) in enumerate(names):
+            have = ~filled[:, j]
+            offs, szs, good, vals = offsets[have, j], sizes[have, j], ok[have], ints[have, j]
             if codec == "npy":
-                dtype, spec = self._npy(name, offsets[:, j], sizes[:, j], where, ok)
+                dtype, spec = self._npy(name, offs, szs, where[have], good)
+                offsets[~have, j] = offs[0]  # a filled cell's read stays inside the tar
                 schema.append(spec)
                 codecs[j] = f"npy:{dtype.str}"
             elif codec == "int":
-                self._ints(name, offsets[:, j], sizes[:, j], where, ok, ints[:, j])
+                self._ints(name, offs, szs, where[have], good, vals)
                 schema.append(FieldSpec(name, "int64"))
             else:
                 schema.append(FieldSpec(name, "uint8", ragged=codec))
+            offsets[have, j], sizes[have, j], ok[have], ints[have, j] = offs, szs, good, vals
         return TarIndex(
             tuple(schema), tuple(codecs), offsets[ok], sizes[ok], ints[ok], headers[ok],
             self.skipped, tuple(self.skips[-MAX_SKIP_LOG:]), ident,
@@ -465,7 +492,7 @@ class _Builder:
 
 
 def build_index(url: str, mm: bytes | mmap.mmap, ident: str, on_error: str, *,
-                resync: bool = True) -> TarIndex:
+                resync: bool = True, missing_field: str = "error") -> TarIndex:
     """Walk the tar in ``mm`` once and index its samples.
 
     Args:
@@ -476,9 +503,13 @@ def build_index(url: str, mm: bytes | mmap.mmap, ident: str, on_error: str, *,
         resync: after damage to the tar's structure, go on from the next valid header;
             ``False``: stop there (for a tar decompressed from a damaged gzip stream, where
             what follows the first damage cannot be trusted).
+        missing_field: a sample lacking some of the shard's fields (those of most samples) is
+            bad (``"error"``, handled per ``on_error``), left out and counted in ``skipped``
+            whatever ``on_error`` (``"skip"``), or indexed with those fields' sizes -1
+            (``"fill"``: the reader fills them; ``int`` values are :data:`FILL_INT`).
 
     Raises:
         ShardReadError: bad input with ``on_error="raise"``, naming offset and/or sample index;
             also, in either mode, a first sample that cannot define the schema.
     """
-    return _Builder(url, mm, on_error, resync).build(ident)
+    return _Builder(url, mm, on_error, resync, missing_field).build(ident)

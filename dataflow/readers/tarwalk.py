@@ -173,14 +173,32 @@ def walk(data: bytes | mmap.mmap) -> Iterator[Member | Damage]:
             pos = resume
 
 
+def member_name(data: bytes | mmap.mmap, pos: int) -> str:
+    """The full path of the member whose first header block (PAX or GNU headers included)
+    is at byte offset ``pos``, such as a sample's header offset in a tar index.
+
+    Raises:
+        ValueError: no regular file or hard link starts at ``pos`` (the message says why).
+    """
+    try:
+        for item in _members(data, pos, None):
+            if isinstance(item, Member) and item.header == pos:
+                return item.name
+            break
+    except _Corrupt as e:
+        raise ValueError(f"byte offset {e.offset}: {e.message}") from e
+    raise ValueError(f"no member starts at byte offset {pos}")
+
+
 def _members(data: bytes | mmap.mmap, pos: int,
-             files: dict[str, tuple[int, int]]) -> Iterator[Member | Damage]:
+             files: dict[str, tuple[int, int]] | None) -> Iterator[Member | Damage]:
     """The walk from header offset ``pos`` until the end or the first damage; an
     unsupported member is passed over (yielding its :class:`Damage`).
 
     Args:
         files: ``(data offset, size)`` of the regular files met so far, by name (for hard
-            links); updated.
+            links); updated. None: only names are wanted; a hard link is yielded with the
+            (empty) data of its own header.
 
     Raises:
         _Corrupt: damage, at the offset of the header involved.
@@ -238,11 +256,13 @@ def _members(data: bytes | mmap.mmap, pos: int,
         link = extended.get("linkpath") or _name(block, 157, 100)
         extended, pending = {}, False
         if kind in _FILE_TYPES:
-            files[name] = (start, size)
+            if files is not None:
+                files[name] = (start, size)
             yield Member(name, first, start, size)
         elif kind == b"1":
-            if link in files:
-                yield Member(name, first, *files[link])
+            target = (start, size) if files is None else files.get(link)
+            if target is not None:
+                yield Member(name, first, *target)
             else:
                 yield Damage(first, f"member {name!r}: hard link to {link!r}, which is not an "
                              "earlier member", pos, False)

@@ -27,9 +27,11 @@ from dataflow.wire.layout import ALIGN, MAX_FRAME_BYTES, BatchLayout
 from dataflow.wire.messages import (
     DTYPES,
     MAGIC,
+    NO_TAG,
     VERSION,
     ArraySpec,
     BatchMsg,
+    BatchTag,
     Buffer,
     Bye,
     ErrorKind,
@@ -47,8 +49,8 @@ from dataflow.wire.messages import (
 __all__ = [
     "ALIGN", "DTYPES", "MAGIC", "MAX_BATCH_SIZE", "MAX_COUNTER_LIST", "MAX_CREDITS",
     "MAX_FRAME_BYTES", "MAX_HEADER_BYTES",
-    "MAX_INDEX_BYTES", "MAX_NAME", "MAX_RANGES", "MAX_TEXT", "SPECS",
-    "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "Buffer", "Bye", "ErrorKind",
+    "MAX_INDEX_BYTES", "MAX_NAME", "NO_TAG", "MAX_RANGES", "MAX_TEXT", "SPECS",
+    "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "BatchTag", "Buffer", "Bye", "ErrorKind",
     "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",
     "Stats", "StatsReply", "batch_to_message", "decode",
     "decode_header", "encode", "kind_of", "message_to_batch",

@@ -41,13 +41,16 @@ from dataflow.wire.fields import (
     choice,
     counters,
     integer,
+    is_int,
     string_list,
     text,
 )
 from dataflow.wire.messages import (
     MAGIC,
+    NO_TAG,
     VERSION,
     BatchMsg,
+    BatchTag,
     Buffer,
     Bye,
     ErrorKind,
@@ -102,7 +105,8 @@ class RangesBody(BodyCodec):
 
     def decode(self, head: Request, described: dict[str, Any],
                frames: Sequence[Any]) -> Request:
-        return Request(head.req_id, np.frombuffer(frames[0], dtype="<i8").reshape(-1, 3))
+        return Request(head.req_id, np.frombuffer(frames[0], dtype="<i8").reshape(-1, 3),
+                       head.tag)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,15 @@ class MessageSpec:
 
 _REQ_ID = FieldSpec("req_id", integer(0, INT64_MAX))
 
+
+def batch_tag(v: Any) -> BatchTag:
+    """A REQUEST's ``tag``: ``[seed, epoch, batch]``, integers in ``[0, 2**63)``."""
+    if not isinstance(v, list) or len(v) != 3 or not all(
+            is_int(x) and 0 <= x <= INT64_MAX for x in v):
+        raise FieldError(f"must be [seed, epoch, batch], integers in [0, {INT64_MAX}]")
+    return BatchTag(*v)
+
+
 SPECS: dict[Kind, MessageSpec] = {
     Kind.HELLO: MessageSpec(Hello, (
         FieldSpec("credits", integer(1, MAX_CREDITS)),
@@ -136,7 +149,10 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("session", text(MAX_NAME)),
         FieldSpec("data", string_list(1024, MAX_NAME), dump=list),
     ), IndexBody()),
-    Kind.REQUEST: MessageSpec(Request, (_REQ_ID,), RangesBody()),
+    Kind.REQUEST: MessageSpec(Request, (
+        _REQ_ID,
+        FieldSpec("tag", batch_tag, dump=list, optional=True, omit=NO_TAG),
+    ), RangesBody()),
     Kind.BATCH: MessageSpec(BatchMsg, (
         _REQ_ID,
         FieldSpec("size", integer(0, INT64_MAX)),

@@ -3,7 +3,7 @@
 Each message is a tag frame then one frame per field, fixed by the tag's entry in
 :data:`INTERNAL`::
 
-    TASK  [b"T", token, req_id, ranges]    frontend -> reader: serve one REQUEST
+    TASK  [b"T", token, req_id, ranges, tag]  frontend -> reader: serve one REQUEST
     READY [b"R", endpoint]                 reader -> frontend, once: my data endpoint
     SENT  [b"S", token, req_id, nbytes, skips, too_large, samples]  reader -> frontend:
                                            reply handed to ZeroMQ
@@ -11,7 +11,8 @@ Each message is a tag frame then one frame per field, fixed by the tag's entry i
 
 ``token`` is the client's session token (the routing id of its data connections, and the key
 of its session at the frontend); integers are 8 little-endian bytes, in ``[0, 2**63)``;
-``ranges`` the REQUEST's int64 (n, 3) array, passed on without decoding it again; ``skips``
+``ranges`` the REQUEST's int64 (n, 3) array, passed on without decoding it again; ``tag`` its
+:class:`~dataflow.wire.messages.BatchTag` as three integers; ``skips``
 int64 ``(shard, samples)`` pairs, the damaged samples of each shard the reply left out. A ROUTER
 prepends the peer's routing id, which is not part of these messages.
 """
@@ -26,7 +27,7 @@ import numpy as np
 
 from dataflow.errors import ProtocolError
 from dataflow.wire.fields import INT64_MAX, MAX_NAME, MAX_TEXT
-from dataflow.wire.messages import as_ranges
+from dataflow.wire.messages import NO_TAG, BatchTag, as_ranges
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,13 @@ class Task:
         token: the client's session token (ASCII).
         req_id: the request's id.
         ranges: int64 (n, 3) ``(shard, start, stop)`` rows, as decoded from the REQUEST.
+        tag: the REQUEST's (seed, epoch, global batch index).
     """
 
     token: bytes
     req_id: int
     ranges: np.ndarray
+    tag: BatchTag = NO_TAG
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,15 @@ def _ranges(data: Any) -> np.ndarray:
     return as_ranges(np.frombuffer(data, dtype="<i8").reshape(-1, 3))
 
 
+def _tag(data: Any) -> BatchTag:
+    if memoryview(data).nbytes != 24:
+        raise ValueError("must be 3 int64")
+    values = np.frombuffer(data, dtype="<i8").tolist()
+    if min(values) < 0:
+        raise ValueError("must be non-negative")
+    return BatchTag(*values)
+
+
 def _skips(data: Any) -> tuple[tuple[int, int], ...]:
     if memoryview(data).nbytes % 16:
         raise ValueError("must be whole int64 pairs")
@@ -134,6 +146,7 @@ _CODECS: dict[str, _Codec] = {
     "too_large": (_count_bytes, _count),
     "samples": (_count_bytes, _count),
     "ranges": (lambda v: np.ascontiguousarray(v, dtype="<i8").tobytes(), _ranges),
+    "tag": (lambda v: np.asarray(v, dtype="<i8").tobytes(), _tag),
     "skips": (lambda v: np.asarray(v, dtype="<i8").reshape(-1, 2).tobytes(), _skips),
     "endpoint": (lambda v: v.encode("utf-8"), _text),
     "why": (lambda v: v[:MAX_TEXT].encode("utf-8"), _text),

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -138,6 +138,23 @@ def as_ranges(ranges: Any) -> np.ndarray:
 RangesLike = np.ndarray | Sequence[Sequence[int]]
 
 
+class BatchTag(NamedTuple):
+    """Which batch of which plan a REQUEST reads, for the server's transform.
+
+    Attributes:
+        seed: the DataLoader's seed.
+        epoch: the epoch.
+        batch: the global batch index in the epoch (:mod:`dataflow.plan`).
+    """
+
+    seed: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
+NO_TAG = BatchTag()
+
+
 @dataclass(frozen=True, eq=False, init=False)
 class Request:
     """Client -> server: read one batch.
@@ -146,18 +163,22 @@ class Request:
         req_id: client-chosen id echoed in the reply, ``0 <= req_id < 2**63``.
         ranges: int64 array of shape (n, 3), one ``(shard, start, stop)`` row per range; built
             from an array or any sequence of triples. Travels as one raw frame.
+        tag: the batch's (seed, epoch, global batch index), from which the server's transform
+            gets its per-batch seed (:mod:`dataflow.transform`). Not on the wire when all 0.
     """
 
     req_id: int
     ranges: np.ndarray
+    tag: BatchTag
 
-    def __init__(self, req_id: int, ranges: RangesLike) -> None:
+    def __init__(self, req_id: int, ranges: RangesLike, tag: BatchTag = NO_TAG) -> None:
         object.__setattr__(self, "req_id", req_id)
         object.__setattr__(self, "ranges", as_ranges(ranges))
+        object.__setattr__(self, "tag", BatchTag(*tag))
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Request) and self.req_id == other.req_id
-                and np.array_equal(self.ranges, other.ranges))
+                and np.array_equal(self.ranges, other.ranges) and self.tag == other.tag)
 
     __hash__ = None  # type: ignore[assignment]
 

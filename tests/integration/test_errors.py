@@ -37,7 +37,11 @@ def test_transform_error_reaches_client(demo_data, servers, tmp_path) -> None:
             for batch in dl:
                 got.extend(batch["id"].tolist())
     assert info.value.kind == "ReadFailed" and info.value.endpoint == server.endpoint
-    assert info.value.remote_message.startswith("ValueError: ")
+    # Named: the transform, the batch (epoch, global index, shard ranges), the cause.
+    # Batch 12 of the unshuffled order holds ids 96-103, the first over 99.
+    assert re.match(r"TransformError: transform 'my_transform:fail_on_big_id' on batch 12 of "
+                    r"epoch 0 \(train-\d+\.arrow\[\d+:\d+\].*\): ValueError: transform refuses",
+                    info.value.remote_message), info.value.remote_message
     assert got == list(range(len(got))) and len(got) <= 100
 
 

@@ -6,9 +6,11 @@ import threading
 
 import pytest
 
-from dataflow.client.handoff import COUNTERS, Handoff, StartEpoch, Stop
+from dataflow.client.handoff import COUNTERS, Handoff, StartEpoch, Stop, Tags
 from dataflow.errors import DataflowError, InternalError, ServerUnavailable
 from dataflow.plan import Batches
+from dataflow.transform import global_batch_index
+from dataflow.wire import NO_TAG, BatchTag
 
 NONE = Batches.of([])
 
@@ -120,3 +122,12 @@ def test_foreign_exceptions_are_wrapped_and_a_dead_thread_is_noticed() -> None:
     assert quiet.commands() == []
     quiet.command(Stop())
     assert quiet.commands() == [Stop()]
+
+
+@pytest.mark.parametrize("world, start", [(1, 0), (3, 0), (2, 12)])
+def test_tags_give_each_rank_its_global_batches(world: int, start: int) -> None:
+    tags = [Tags(9, 4, global_batch_index(start=start, batch_size=4, world_size=world, rank=r,
+                                          index=0), world) for r in range(world)]
+    got = sorted(t.of(j) for t in tags for j in range(5))
+    assert got == [BatchTag(9, 4, start // 4 + g) for g in range(5 * world)]
+    assert StartEpoch(1, NONE, 0).tags.of(7) == BatchTag(0, 0, 7) != NO_TAG

@@ -33,3 +33,27 @@ def test_help_documents_every_cap() -> None:
     for flag in ("--max-sessions", "--session-idle-timeout", "--max-request-samples",
                  "--max-reply-bytes", "--max-inbound-bytes"):
         assert flag in text
+
+
+def test_transform_path_defaults_to_the_start_directory_and_must_exist(tmp_path,
+                                                                      monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert parse_args(["--data", "x", "--transform", "m:f"]).transform_path == str(tmp_path)
+    assert parse_args(["--data", "x"]).transform_path is None
+    given = parse_args(["--data", "x", "--transform", "m:f", "--transform-path", "/"])
+    assert given.transform_path == "/"
+    with pytest.raises(ConfigError, match="`transform_path` must be an existing directory. "
+                                          "Found: '/nonexistent'"):
+        ServerConfig(("x",), transform="m:f", transform_path="/nonexistent")
+
+
+def test_webdataset_flags() -> None:
+    config = parse_args(["--data", "x", "--key-field", "--missing-field", "fill"])
+    assert config.tar.keys and config.tar.missing_field == "fill"
+    default = parse_args(["--data", "x"]).tar
+    assert not default.keys and default.missing_field == "error"
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "x", "--missing-field", "ignore"])
+    text = build_parser().format_help()
+    for flag in ("--transform-path", "--key-field", "--missing-field"):
+        assert flag in text

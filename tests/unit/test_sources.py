@@ -29,10 +29,28 @@ def test_expand_braces_ranges_keep_width_and_lists_keep_order() -> None:
     assert expand_braces("plain.tar") == ["plain.tar"]
 
 
-@pytest.mark.parametrize("spec", ["a-{3..1}.tar", "a-{}.tar", "a-{1,}.tar", "a-{1..2.tar"])
-def test_expand_braces_rejects_bad_groups(spec: str) -> None:
-    with pytest.raises(SpecError, match="a-"):
+def test_expand_braces_as_webdataset_steps_nesting_descent_literals() -> None:
+    assert expand_braces("a-{0..10..5}.tar") == ["a-0.tar", "a-5.tar", "a-10.tar"]
+    assert expand_braces("a-{000..020..10}.tar") == ["a-000.tar", "a-010.tar", "a-020.tar"]
+    assert expand_braces("{x,y{1..2}}.tar") == ["x.tar", "y1.tar", "y2.tar"]
+    assert expand_braces("a-{3..1}.tar") == ["a-3.tar", "a-2.tar", "a-1.tar"]
+    # As in bash and webdataset: no comma or range is no brace group.
+    assert expand_braces("a-{}.tar") == ["a-{}.tar"]
+    assert expand_braces("a-{1}.tar") == ["a-{1}.tar"]
+    assert expand_braces("a\\{1,2\\}.tar") == ["a{1,2}.tar"]
+
+
+@pytest.mark.parametrize("spec", ["a-{1..2.tar", "a-{1,{2}.tar", "a-{{1,2}.tar"])
+def test_expand_braces_rejects_unbalanced_braces(spec: str) -> None:
+    with pytest.raises(SpecError, match="a-.*unbalanced braces"):
         expand_braces(spec)
+
+
+def test_resolve_stepped_braces_and_a_typo_naming_a_missing_file(tmp_path) -> None:
+    paths = _touch(tmp_path, *(f"s-{i:02d}.tar" for i in range(0, 12)))
+    assert resolve(str(tmp_path / "s-{00..10..5}.tar")) == [paths[0], paths[5], paths[10]]
+    with pytest.raises(SpecError, match="s-.tar does not exist"):
+        resolve(str(tmp_path / "s-{00,}.tar"))
 
 
 def test_resolve_directory_lists_shards_sorted_recursively(tmp_path) -> None:

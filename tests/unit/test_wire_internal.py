@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dataflow.errors import ProtocolError
+from dataflow.wire import BatchTag
 from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, encode_internal
 
 
@@ -22,9 +23,10 @@ def test_round_trip(msg) -> None:
 
 def test_task_passes_ranges_as_one_int64_array() -> None:
     ranges = np.array([[0, 0, 10], [3, 5, 9]], dtype=np.int64)
-    out = decode_internal(encode_internal(Task(b"tok", 2**62, ranges)))
+    out = decode_internal(encode_internal(Task(b"tok", 2**62, ranges, BatchTag(7, 2, 2**62))))
     assert isinstance(out, Task) and out.token == b"tok" and out.req_id == 2**62
     assert out.ranges.dtype == np.int64 and out.ranges.tolist() == ranges.tolist()
+    assert out.tag == BatchTag(7, 2, 2**62)
 
 
 @pytest.mark.parametrize("frames, match", [
@@ -39,7 +41,9 @@ def test_task_passes_ranges_as_one_int64_array() -> None:
     ([b"S", b"tok", b"\0" * 8, b"\0" * 8, b"\0" * 8, b"\0" * 8, b"\0" * 8], "`skips`"),
     ([b"S", b"tok", b"\0" * 8, b"\0" * 8, b"\xff" * 16, b"\0" * 8, b"\0" * 8], "`skips`"),
     ([b"L", b"tok", b"\0" * 8, b"\xff"], "`why`"),
-    ([b"T", b"tok", b"\0" * 8, b"\0" * 20], "`ranges`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 20, b"\0" * 24], "`ranges`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 16], "`tag`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\xff" * 24], "`tag`"),
     ([b"R", b"\xfe"], "`endpoint`"),
 ])
 def test_malformed_is_a_protocol_error_naming_the_field(frames: list[bytes], match: str) -> None:

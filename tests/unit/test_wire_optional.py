@@ -1,4 +1,5 @@
-"""Optional header fields: HELLO ``batch_size`` and BATCH ``skipped``; new ERROR kinds."""
+"""Optional header fields: HELLO ``batch_size``, BATCH ``skipped``, REQUEST ``tag``; new ERROR
+kinds."""
 
 from __future__ import annotations
 
@@ -42,6 +43,20 @@ def test_batch_skipped_is_left_out_when_zero_and_round_trips() -> None:
     header = {**_header(frames), "skipped": -1}
     with pytest.raises(ProtocolError, match="`skipped`"):
         wire.decode([json.dumps(header).encode(), *frames[1:]])
+
+
+def test_request_tag_is_left_out_when_zero_and_round_trips() -> None:
+    plain = wire.encode(wire.Request(1, [[0, 0, 4]]))
+    assert "tag" not in _header(plain) and wire.decode(plain).tag == wire.NO_TAG
+    frames = wire.encode(wire.Request(1, [[0, 0, 4]], wire.BatchTag(42, 3, 2**62)))
+    assert _header(frames)["tag"] == [42, 3, 2**62]
+    msg = wire.decode(frames)
+    assert isinstance(msg, wire.Request) and msg.tag == (42, 3, 2**62)
+    assert msg.ranges.tolist() == [[0, 0, 4]]
+    for bad in ([1, 2], [1, 2, -3], [1, 2, True], [1, 2, 2**63], "1,2,3", {"seed": 1}):
+        header = {**_header(frames), "tag": bad}
+        with pytest.raises(ProtocolError, match="REQUEST header field `tag`"):
+            wire.decode([json.dumps(header).encode(), *frames[1:]])
 
 
 def test_required_fields_stay_required() -> None:

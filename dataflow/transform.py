@@ -1,0 +1,130 @@
+"""The public API of server-side transforms (``dataflow-server --transform module:function``).
+
+A transform is a function run by the server's reader processes on every batch before it is
+sent to the trainer::
+
+    def decode(batch: Batch, ctx: TransformContext) -> Batch: ...
+
+* ``batch`` is a :data:`~dataflow.batch.Batch`: ``dict[str, numpy.ndarray | Ragged]``, every
+  column holding the same number of samples ``n`` (a fixed field is an array of shape
+  ``(n, *shape)``, a variable-length field a :class:`~dataflow.batch.Ragged`). The transform
+  may change, add or remove fields and change dtypes and shapes, but must return a dict of the
+  same ``n`` samples in the same order (the client checks the count).
+* ``ctx`` is a :class:`TransformContext`: the epoch, the global batch index and a per-batch
+  seed derived from (the DataLoader's ``seed``, epoch, global batch index). Random
+  augmentations drawn from ``ctx.rng()`` are the same on any server, with any number of reader
+  processes, on a re-request after a server loss, and after a resume.
+* A one-argument function ``f(batch)`` is called without the context (see
+  :func:`takes_context`).
+
+This module needs numpy only (no torch, no sockets).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dataflow.batch import Batch, Column, Ragged
+from dataflow.errors import ConfigError
+
+__all__ = ["Batch", "Column", "Ragged", "TransformContext", "batch_seed", "global_batch_index",
+           "takes_context"]
+
+SEED_MAX = 2**63 - 1
+_WORD = 0xFFFFFFFF
+
+
+def _check(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= SEED_MAX:
+        raise ConfigError(f"`{name}` must be an integer in [0, {SEED_MAX}]. Found: {value!r}")
+
+
+def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
+    """The seed of global batch ``batch_index`` of ``epoch`` under the loader's ``seed``.
+
+    A pure function (numpy's ``SeedSequence`` over the three values, each as two 32-bit
+    words, so distinct triples never share an input), stable across platforms and numpy
+    versions.
+
+    Returns:
+        An integer in ``[0, 2**63)``.
+
+    Raises:
+        ConfigError: an argument is not an integer in ``[0, 2**63)``.
+    """
+    for name, value in (("seed", seed), ("epoch", epoch), ("batch_index", batch_index)):
+        _check(name, value)
+    words = [w for v in (seed, epoch, batch_index) for w in (v & _WORD, v >> 32)]
+    lo, hi = np.random.SeedSequence(words).generate_state(2, np.uint32).tolist()
+    return (lo | hi << 32) & SEED_MAX
+
+
+@dataclass(frozen=True)
+class TransformContext:
+    """What a transform knows about the batch it is given.
+
+    Attributes:
+        seed: the per-batch seed, ``batch_seed(loader seed, epoch, batch_index)``.
+        epoch: the epoch the batch belongs to.
+        batch_index: the global batch index in the epoch: batch ``g`` holds positions
+            ``[g * batch_size, (g + 1) * batch_size)`` of the epoch's order, whatever the
+            number of ranks (rank ``r`` of ``W`` reads ``g = r, r + W, ...``).
+        shards: the batch's ``(shard path, start, stop)`` sample ranges, shard paths relative
+            to the dataset root; for messages and logs.
+    """
+
+    seed: int
+    epoch: int
+    batch_index: int
+    shards: tuple[tuple[str, int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("seed", "epoch", "batch_index"):
+            _check(name, getattr(self, name))
+
+    def rng(self) -> np.random.Generator:
+        """A fresh generator seeded with :attr:`seed` (same draws for the same batch)."""
+        return np.random.default_rng(self.seed)
+
+    def describe(self, limit: int = 4) -> str:
+        """``batch 7 of epoch 2 (a.tar[0:16], b.tar[3:9])``: the batch, for error messages."""
+        rows = [f"{path}[{start}:{stop}]" for path, start, stop in self.shards[:limit]]
+        if len(self.shards) > limit:
+            rows.append(f"... {len(self.shards) - limit} more range(s)")
+        where = f" ({', '.join(rows)})" if rows else ""
+        return f"batch {self.batch_index} of epoch {self.epoch}{where}"
+
+
+def global_batch_index(*, start: int, batch_size: int, world_size: int, rank: int,
+                       index: int) -> int:
+    """The global index of batch ``index`` of rank ``rank`` in a pass that starts ``start``
+    samples into the epoch's order (:mod:`dataflow.plan`).
+
+    Rank ``r`` of ``W`` reads global batches ``g = j * W + r`` of the rest of the epoch, so
+    counted from the epoch's start it is ``start // batch_size + j * W + r``: batch ``g``
+    starts at position ``g * batch_size`` of the order whatever ``W``, also after a resume on
+    another number of ranks (``start`` is then a multiple of ``batch_size``).
+    """
+    return start // batch_size + index * world_size + rank
+
+
+def takes_context(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` is called as ``func(batch, ctx)`` rather than ``func(batch)``.
+
+    It is when its signature has a second positional parameter without a default, or
+    ``*args``; ``f(batch, scale=1.0)`` keeps the one-argument call. A callable whose signature
+    cannot be read (some builtins) gets one argument.
+    """
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    return len(positional) >= 2 and positional[1].default is inspect.Parameter.empty
