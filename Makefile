@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # under it (PIP_CONSTRAINT), so resolving the extras cannot pull another (CUDA) build.
 # Another torch: make CONSTRAINTS=path/to/constraints.txt
 CONSTRAINTS ?= .ci/constraints.txt
-LINT_PATHS := dataflow server client bench tests .ci
+LINT_PATHS := dataflow server client bench tests examples .ci
 
 .PHONY: setup demo test lint ruff typecheck clean
 
