@@ -13,6 +13,7 @@ from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard
 from dataflow.readers.base import SkipRecord, check_on_error
 from dataflow.readers.cache import identity
+from dataflow.remote import RemoteConfig
 from dataflow.sources import resolve
 
 log = logging.getLogger(__name__)
@@ -28,11 +29,11 @@ class _Shard(NamedTuple):
     identity: str
 
 
-def _count(url: str, cache_dir: str | None, on_error: str) -> _Shard:
+def _count(url: str, cache_dir: str | None, on_error: str, remote: RemoteConfig | None) -> _Shard:
     """Open one shard; its identity is taken first, so a shard rewritten while it is counted
     shows a stale identity (a fingerprint that later mismatches), never a new one."""
-    ident = identity(url)
-    with open_shard(url, cache_dir=cache_dir, on_error=on_error) as r:
+    ident = identity(url, remote)
+    with open_shard(url, cache_dir=cache_dir, on_error=on_error, remote=remote) as r:
         return _Shard(len(r), r.schema, r.skipped, tuple(r.skip_log), ident)
 
 
@@ -42,6 +43,7 @@ def build_index(
     cache_dir: str | None = None,
     on_error: str = "raise",
     max_workers: int = MAX_OPEN_WORKERS,
+    remote: RemoteConfig | None = None,
 ) -> DatasetIndex:
     """Resolve specs, open every shard (in a bounded thread pool), count and check schemas.
 
@@ -60,6 +62,7 @@ def build_index(
             serve fewer rows and count the rest (see
             :class:`~dataflow.readers.ShardReader`).
         max_workers: most shards opened at once.
+        remote: storage options and cache size for remote shards.
 
     Raises:
         SpecError: a spec matches nothing.
@@ -70,9 +73,9 @@ def build_index(
     check_on_error(on_error)
     if max_workers < 1:
         raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
-    shards = resolve(specs)
+    shards = resolve(specs, remote)
     with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
-        results = list(pool.map(lambda u: _count(u, cache_dir, on_error), shards))
+        results = list(pool.map(lambda u: _count(u, cache_dir, on_error, remote), shards))
     for url, r in zip(shards, results, strict=True):
         if r.skips:
             log.warning("%s: %d sample(s) skipped, %d damage record(s), first: %s", url,

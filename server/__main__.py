@@ -77,14 +77,14 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
     pool = None
     try:
         index = build_index(list(config.data), cache_dir=config.cache_dir,
-                            on_error=config.on_error)
+                            on_error=config.on_error, remote=config.remote)
         log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
                  index.total, index.fingerprint)
         data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
         pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
                                      config.level, config.max_reply_bytes, index.root,
-                                     config.max_connections, config.curve),
+                                     config.max_connections, config.curve, config.remote),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
         frontend = Frontend(config, index, pool, ctx, backend)

@@ -16,6 +16,7 @@ from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.errors import InternalError
 from dataflow.readers import ShardReader, open_shard, read_ranges
+from dataflow.remote import RemoteConfig
 from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
 from dataflow.wire import ErrorKind
@@ -43,6 +44,7 @@ class WorkerSpec:
         root: the dataset root, cut from shard paths in messages to clients.
         max_connections: client data connections kept at once.
         curve: the server's CURVE policy for the data socket (None: clear text).
+        remote: storage options and cache size for remote shards.
     """
 
     backend: str
@@ -57,6 +59,7 @@ class WorkerSpec:
     root: str
     max_connections: int
     curve: ServerCurve | None = None
+    remote: RemoteConfig | None = None
 
 
 class ReaderCache:
@@ -73,7 +76,7 @@ class ReaderCache:
             self._open.move_to_end(shard)
             return reader
         reader = open_shard(self._spec.shards[shard], cache_dir=self._spec.cache_dir,
-                            on_error=self._spec.on_error)
+                            on_error=self._spec.on_error, remote=self._spec.remote)
         self._open[shard] = reader
         while len(self._open) > self._capacity:
             self._open.popitem(last=False)[1].close()

@@ -6,9 +6,13 @@ writable, else in ``cache_dir``. It then memory-maps the tar and collates any sa
 with vectorized gathers: ``.npy`` fields become one ``(n, *shape)`` array, integer fields come
 from the index itself, text and bytes fields become :class:`~dataflow.batch.Ragged` columns.
 
-A tar that cannot be memory-mapped in place (gzipped, or remote) is first decompressed or
-downloaded once into ``cache_dir`` as an uncompressed copy, kept next to a record of the
-shard's identity and replaced when the shard changes; that copy is then memory-mapped.
+A gzipped tar is first decompressed once into ``cache_dir`` as an uncompressed copy, kept next
+to a record of the shard's identity and replaced when the shard changes; that copy is then
+memory-mapped. A plain remote tar is not copied: reads fetch the byte span of each sample they
+need (:meth:`TarReader._fetch`) through the bounded block cache
+(:mod:`dataflow.readers.remotefile`). Only indexing a remote tar without a cached index needs
+the whole tar once: it is streamed into a temporary file, indexed and deleted. A cached index
+of a remote tar is verified with a few exact ranged reads of the sampled headers.
 
 A zero-byte tar, like a tar holding only its end-of-archive blocks, is a shard of zero
 samples and no fields.
@@ -25,6 +29,9 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import shutil
+import tempfile
+from typing import cast
 
 import numpy as np
 
@@ -32,7 +39,9 @@ from dataflow.batch import Batch, Column, Ragged
 from dataflow.errors import ShardReadError
 from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
+from dataflow.readers.remotefile import STREAM_BUFFER, RemoteBlob, buffered
 from dataflow.readers.tarindex import OutdatedIndex, TarIndex, build_index, gather_fixed
+from dataflow.remote import RemoteConfig
 from dataflow.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
@@ -73,36 +82,75 @@ class TarReader(ShardReader):
         index_built: whether opening this reader built the index (``False``: loaded a cache).
     """
 
-    def __init__(self, url: str, *, cache_dir: str, on_error: str, gzipped: bool) -> None:
+    def __init__(self, url: str, *, cache_dir: str, on_error: str, gzipped: bool,
+                 blob: RemoteBlob | None = None, remote: RemoteConfig | None = None) -> None:
         super().__init__(url, on_error)
-        ident = identity(url)
+        self._mm: mmap.mmap | None = None
+        self._buf = np.empty(0, dtype=np.uint8)
+        self._blob = None if gzipped else blob
+        ident = identity(url, remote)
+        paths = _index_paths(url, cache_dir)
+        if self._blob is not None:
+            # problem() takes only len() and slices of the tar, which the probe gives.
+            probe = cast(bytes, _HeaderProbe(self._blob))
+            self.index_path, index = self._find_index(paths, ident, probe)
+            self.index_built = index is None
+            if index is None:
+                index = self._index_remote(self._blob, cache_dir, ident)
+                self.index_path = save_index(index, paths)
+            self._adopt(index)
+            return
         damage = None
         if gzipped or not is_local(url):
-            path, damage = local_copy(url, cache_dir, gunzip=gzipped)
+            path, damage = local_copy(url, cache_dir, gunzip=gzipped, remote=remote)
         else:
             path = local_path(url)
         if damage is not None:
             self._damaged(ShardReadError(url, f"{damage}: the rest of the shard, from the first "
                                          "damage the tar walk meets, is lost (its samples "
                                          "cannot be counted)"))
+        data = self._map(path)
+        self.index_path, index = self._find_index(paths, ident, data)
+        self.index_built = index is None
+        if index is None:
+            try:
+                index = build_index(url, data, ident, self.on_error, resync=damage is None)
+            except BaseException:
+                self.close()
+                raise
+            self.index_path = save_index(index, paths)
+        self._adopt(index)
+
+    def _map(self, path: str) -> bytes | mmap.mmap:
+        """Map the uncompressed tar at ``path`` (a zero-byte one is ``b""``)."""
         try:
             with open(path, "rb") as f:
                 empty = os.fstat(f.fileno()).st_size == 0
                 self._mm = None if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as e:
-            raise ShardReadError(url, f"cannot map tar: {e}", offset=0) from e
+            raise ShardReadError(self.url, f"cannot map tar: {e}", offset=0) from e
         data: bytes | mmap.mmap = b"" if self._mm is None else self._mm
         self._buf = np.frombuffer(data, dtype=np.uint8)
-        paths = _index_paths(url, cache_dir)
-        self.index_path, index = self._find_index(paths, ident, data)
-        self.index_built = index is None
-        if index is None:
-            try:
-                index = build_index(url, data, ident, on_error, resync=damage is None)
-            except BaseException:
-                self.close()
-                raise
-            self.index_path = save_index(index, paths)
+        return data
+
+    def _index_remote(self, blob: RemoteBlob, cache_dir: str, ident: str) -> TarIndex:
+        """Index a remote tar from a temporary local copy, deleted once indexed (its blocks
+        stay in the bounded cache for the reads)."""
+        os.makedirs(cache_dir, exist_ok=True)
+        try:
+            with tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".index-") as tmp:
+                shutil.copyfileobj(buffered(blob), tmp, STREAM_BUFFER)
+                tmp.flush()
+                data = self._map(tmp.name)
+                try:
+                    return build_index(self.url, data, ident, self.on_error)
+                finally:
+                    self._unmap()
+        except OSError as e:
+            raise ShardReadError(self.url, f"cannot copy the tar into {cache_dir} to index "
+                                 f"it: {e}") from e
+
+    def _adopt(self, index: TarIndex) -> None:
         self._index = index
         self.schema = index.schema
         self.skipped = index.skipped
@@ -149,28 +197,53 @@ class TarReader(ShardReader):
     def _gather(self, rows: slice | np.ndarray) -> Batch:
         """Every field of ``rows`` (a slice, or int64 sample indices of shape ``(n,)``)."""
         ix = self._index
+        offsets, sizes = ix.offsets[rows], ix.sizes[rows]
+        buf = self._buf
+        if self._blob is not None:
+            buf, offsets = self._fetch(self._blob, offsets, sizes)
         out: Batch = {}
         for j, (spec, codec) in enumerate(zip(self.schema, ix.codecs, strict=True)):
-            offs = ix.offsets[rows, j]
+            offs = offsets[:, j]
             if codec == "int":
                 out[spec.name] = ix.ints[rows, j].copy()
             elif codec.startswith("npy:"):
-                out[spec.name] = self._npy(np.dtype(codec[4:]), spec.shape, offs,
+                out[spec.name] = self._npy(buf, np.dtype(codec[4:]), spec.shape, offs,
                                            int(ix.sizes[0, j]))
             else:
-                out[spec.name] = self._ragged(offs, ix.sizes[rows, j], codec)
+                out[spec.name] = self._ragged(buf, offs, sizes[:, j], codec)
         return out
 
-    def _npy(self, dtype: np.dtype, shape: tuple[int, ...], offs: np.ndarray,
+    def _fetch(self, blob: RemoteBlob, offsets: np.ndarray,
+               sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes of the rows' fields from the remote tar: one span per row (its first
+        field's data to its last one's end), back to back in one buffer.
+
+        Args:
+            offsets: int64 ``(n, fields)``: where each field's data lies in the tar.
+            sizes: int64 ``(n, fields)``: its size.
+
+        Returns:
+            The uint8 buffer, and ``offsets`` moved into it.
+        """
+        data = np.array([c != "int" for c in self._index.codecs], dtype=bool)
+        if not len(offsets) or not data.any():
+            return self._buf, offsets
+        lo = offsets[:, data].min(axis=1)
+        hi = (offsets + sizes)[:, data].max(axis=1)
+        buf, where = blob.spans(lo, hi)
+        return buf, offsets - lo[:, None] + where[:, None]
+
+    @staticmethod
+    def _npy(buf: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], offs: np.ndarray,
              size: int) -> np.ndarray:
-        arr = gather_fixed(self._buf, offs, size).view(dtype).reshape((len(offs), *shape))
+        arr = gather_fixed(buf, offs, size).view(dtype).reshape((len(offs), *shape))
         return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
 
-    def _ragged(self, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Column:
+    @staticmethod
+    def _ragged(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Column:
         """One copy of every row's bytes, back to back (one ``np.concatenate`` of views)."""
         bounds = np.zeros(len(offs) + 1, dtype=np.int64)
         np.cumsum(sizes, out=bounds[1:])
-        buf = self._buf
         values = np.concatenate(
             [buf[o : o + s] for o, s in zip(offs.tolist(), sizes.tolist(), strict=True)]
         )
@@ -178,6 +251,9 @@ class TarReader(ShardReader):
 
     def close(self) -> None:
         self.closed = True
+        self._unmap()
+
+    def _unmap(self) -> None:
         self._buf = np.empty(0, dtype=np.uint8)
         mm, self._mm = self._mm, None
         if mm is not None:
@@ -185,3 +261,19 @@ class TarReader(ShardReader):
                 mm.close()
             except BufferError:
                 log.debug("%s: arrays still view the map; it is unmapped when they go", self.url)
+
+
+class _HeaderProbe:
+    """The length and slices of a remote tar, enough for :meth:`TarIndex.problem` to check
+    a cached index: the few headers it reads are fetched exactly (small ranged reads), not as
+    whole cached blocks."""
+
+    def __init__(self, blob: RemoteBlob) -> None:
+        self._blob = blob
+
+    def __len__(self) -> int:
+        return self._blob.size
+
+    def __getitem__(self, at: slice) -> bytes:
+        start, stop, _ = at.indices(self._blob.size)
+        return self._blob.read_exact(start, stop)
