@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import zmq
 
 from dataflow.errors import DataflowError, ServerStartError
+from dataflow.remote import session
 from dataflow.scan import build_index
 from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
@@ -21,6 +22,7 @@ from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.server.pool import WorkerPool
 from dataflow.server.tasks import WorkerSpec
 from dataflow.server.transform import load_transform
+from dataflow.sources import is_local
 
 log = logging.getLogger("dataflow.server")
 
@@ -80,6 +82,8 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
                             on_error=config.on_error, remote=config.remote)
         log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
                  index.total, index.fingerprint)
+        if not all(is_local(s) for s in index.shards):
+            log.info("remote reads while indexing: %s", session(config.remote).stats())
         data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
         pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
