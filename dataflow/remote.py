@@ -315,8 +315,8 @@ class Remote:
         fs, path = self.fs(url)
         data = self.call(url, lambda: fs.cat_file(path, start=start, end=stop))
         if len(data) > stop - start:
-            raise RangeUnsupported(f"{url}: the server ignores HTTP Range requests "
-                                   f"(asked for {stop - start} bytes, got {len(data)})")
+            raise RangeUnsupported(f"the server ignores HTTP Range requests (asked for "
+                                   f"{stop - start} bytes, got {len(data)})")
         return bytes(data)
 
     def stats(self) -> dict[str, float]:
