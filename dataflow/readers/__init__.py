@@ -134,7 +134,7 @@ def open_shard(
 
 def _open_remote(url: str, cache_dir: str, on_error: str, remote: RemoteConfig) -> ShardReader:
     blob = open_blob(url, remote, cache_dir)
-    fmt = detect_format(url, blob.read(0, _MAGIC_BYTES), blob.size)
+    fmt = detect_format(url, blob.read_exact(0, _MAGIC_BYTES), blob.size)
     if fmt in ("arrow-file", "arrow-stream"):
         return RemoteArrowReader(url, blob, on_error, file=fmt == "arrow-file")
     if fmt == "parquet":

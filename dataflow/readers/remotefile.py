@@ -12,7 +12,8 @@ the cache, with a warning; a file larger than the whole cache is refused (naming
 ``--cache-size``).
 
 :class:`RemoteStream` is a seekable binary file over a blob, for readers that want a file
-(Parquet, the Arrow message walk, the tar index build).
+(Parquet, the Arrow message walk). Indexing a tar copies it once with
+:meth:`RemoteBlob.copy_to`, which does not fill the cache.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import io
 import logging
 import os
 import threading
+from typing import IO
 
 import numpy as np
 
@@ -155,14 +157,43 @@ class RemoteBlob:
         stop = min(stop, self.size)
         if stop <= start:
             return b""
+        cached = self._cached(start, stop)
+        if cached is not None:
+            return cached
         if not self._no_range:
             try:
-                return self.remote.read_range(self.url, start, stop)
+                data = self.remote.read_range(self.url, start, stop)
             except RangeUnsupported as e:
                 self._fetch_whole(str(e))
             except RemoteFailure as e:
                 raise ShardReadError(self.url, e.reason, offset=start) from e
+            else:
+                with self._count:
+                    self.fetched += len(data)
+                return data
         return self.read(start, stop)
+
+    def copy_to(self, dst: IO[bytes]) -> None:
+        """Write the whole file to ``dst``: cached blocks from the cache, the others fetched
+        :data:`STREAM_BUFFER` bytes at a time in parallel and not cached (a one-pass copy
+        must not push out what the reads use)."""
+        step = STREAM_BUFFER // BLOCK_BYTES
+        for first in range(0, self.blocks, step):
+            spans = [(b * BLOCK_BYTES, (b + 1) * BLOCK_BYTES)
+                     for b in range(first, min(first + step, self.blocks))]
+            for data in self.remote.pool.map(lambda s: self.read_exact(*s), spans):
+                dst.write(data)
+
+    def _cached(self, start: int, stop: int) -> bytes | None:
+        """Bytes ``[start, stop)`` if their blocks are all cached, else ``None``."""
+        parts = []
+        for b in range(start // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1):
+            lo = max(start - b * BLOCK_BYTES, 0)
+            data = self._lru.get(self._key(b), lo, min(stop - b * BLOCK_BYTES, BLOCK_BYTES))
+            if data is None:
+                return None
+            parts.append(data)
+        return b"".join(parts)
 
     def spans(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Byte spans ``[starts[i], stops[i])`` back to back in one buffer.

@@ -12,7 +12,8 @@ memory-mapped. A plain remote tar is not copied: reads fetch the byte span of ea
 need (:meth:`TarReader._fetch`) through the bounded block cache
 (:mod:`dataflow.readers.remotefile`). Only indexing a remote tar without a cached index needs
 the whole tar once: it is streamed into a temporary file, indexed and deleted. A cached index
-of a remote tar is verified with a few exact ranged reads of the sampled headers.
+of a remote tar is verified with :data:`REMOTE_VERIFY_HEADERS` exact ranged reads of sampled
+headers.
 
 A zero-byte tar, like a tar holding only its end-of-archive blocks, is a shard of zero
 samples and no fields.
@@ -26,10 +27,10 @@ identity matched (a damaged or tampered index).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import mmap
 import os
-import shutil
 import tempfile
 from typing import cast
 
@@ -39,12 +40,23 @@ from dataflow.batch import Batch, Column, Ragged
 from dataflow.errors import ShardReadError
 from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
-from dataflow.readers.remotefile import STREAM_BUFFER, RemoteBlob, buffered
-from dataflow.readers.tarindex import OutdatedIndex, TarIndex, build_index, gather_fixed
+from dataflow.readers.remotefile import RemoteBlob
+from dataflow.readers.tarindex import (
+    OutdatedIndex,
+    TarIndex,
+    build_index,
+    gather_fixed,
+)
+from dataflow.readers.tarwalk import BLOCK as TAR_BLOCK
 from dataflow.remote import RemoteConfig
 from dataflow.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
+
+REMOTE_VERIFY_HEADERS = 8
+"""Sample headers checked when the cached index of a remote tar is loaded (a local tar's
+check reads up to 64): each costs a ranged GET per shard at every start, and the index is
+already tied to the shard's size and ETag or modification time."""
 
 
 def _index_paths(url: str, cache_dir: str) -> list[str]:
@@ -91,9 +103,7 @@ class TarReader(ShardReader):
         ident = identity(url, remote)
         paths = _index_paths(url, cache_dir)
         if self._blob is not None:
-            # problem() takes only len() and slices of the tar, which the probe gives.
-            probe = cast(bytes, _HeaderProbe(self._blob))
-            self.index_path, index = self._find_index(paths, ident, probe)
+            self.index_path, index = self._find_index(paths, ident, _HeaderProbe(self._blob))
             self.index_built = index is None
             if index is None:
                 index = self._index_remote(self._blob, cache_dir, ident)
@@ -134,12 +144,11 @@ class TarReader(ShardReader):
         return data
 
     def _index_remote(self, blob: RemoteBlob, cache_dir: str, ident: str) -> TarIndex:
-        """Index a remote tar from a temporary local copy, deleted once indexed (its blocks
-        stay in the bounded cache for the reads)."""
+        """Index a remote tar from a temporary local copy, deleted once indexed."""
         os.makedirs(cache_dir, exist_ok=True)
         try:
             with tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".index-") as tmp:
-                shutil.copyfileobj(buffered(blob), tmp, STREAM_BUFFER)
+                blob.copy_to(tmp)
                 tmp.flush()
                 data = self._map(tmp.name)
                 try:
@@ -157,7 +166,7 @@ class TarReader(ShardReader):
         self.skip_log.extend(index.skips)
 
     def _find_index(
-        self, paths: list[str], ident: str, data: bytes | mmap.mmap
+        self, paths: list[str], ident: str, data: bytes | mmap.mmap | _HeaderProbe
     ) -> tuple[str | None, TarIndex | None]:
         """The first cached index that is current and verifies against the tar, with its
         path; a rejected one that claims to be current is logged."""
@@ -178,7 +187,8 @@ class TarReader(ShardReader):
                 continue
             if self.on_error == "raise" and index.skips:
                 continue  # built under "skip": it hides damage that must raise
-            problem = index.problem(data)
+            problem = (_remote_problem(index, data) if isinstance(data, _HeaderProbe)
+                       else index.problem(data))
             if problem is None:
                 return path, index
             log.warning("%s: cached tar index %s rejected, rebuilding: %s", self.url, path,
@@ -263,17 +273,41 @@ class TarReader(ShardReader):
                 log.debug("%s: arrays still view the map; it is unmapped when they go", self.url)
 
 
+def _remote_problem(index: TarIndex, probe: _HeaderProbe) -> str | None:
+    """:meth:`TarIndex.problem` for a remote tar: every field within the tar, and the headers
+    of :data:`REMOTE_VERIFY_HEADERS` evenly spread samples (first and last included), fetched
+    in parallel."""
+    n = len(index)
+    if n and (index.offsets.min() < 0 or (index.offsets + index.sizes).max() > len(probe)):
+        return f"a field lies outside the tar's {len(probe)} bytes"
+    picks = np.unique(np.linspace(0, max(n - 1, 0), min(n, REMOTE_VERIFY_HEADERS)).astype(
+        np.int64))
+    sampled = dataclasses.replace(index, offsets=index.offsets[picks],
+                                  sizes=index.sizes[picks], ints=index.ints[picks],
+                                  headers=index.headers[picks])
+    probe.prefetch(sampled.headers)
+    return sampled.problem(cast(bytes, probe))  # problem() takes only len() and slices
+
+
 class _HeaderProbe:
-    """The length and slices of a remote tar, enough for :meth:`TarIndex.problem` to check
-    a cached index: the few headers it reads are fetched exactly (small ranged reads), not as
-    whole cached blocks."""
+    """The length and slices of a remote tar, enough to check a cached index without
+    fetching the tar: headers are fetched by exact ranged reads (from the block cache when it
+    holds them)."""
 
     def __init__(self, blob: RemoteBlob) -> None:
         self._blob = blob
+        self._got: dict[tuple[int, int], bytes] = {}
+
+    def prefetch(self, headers: np.ndarray) -> None:
+        """Fetch the tar header block at each of ``headers`` (byte offsets), in parallel."""
+        spans = [(h, h + TAR_BLOCK) for h in headers.tolist()]
+        got = self._blob.remote.pool.map(lambda s: self._blob.read_exact(*s), spans)
+        self._got = dict(zip(spans, got, strict=True))
 
     def __len__(self) -> int:
         return self._blob.size
 
     def __getitem__(self, at: slice) -> bytes:
         start, stop, _ = at.indices(self._blob.size)
-        return self._blob.read_exact(start, stop)
+        found = self._got.get((start, stop))
+        return found if found is not None else self._blob.read_exact(start, stop)

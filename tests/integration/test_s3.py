@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from s3tools import CREDENTIALS, ThrottlingProxy, moto_s3, s3_client
 
+from dataflow.bench.s3local import CREDENTIALS, S3Proxy, moto_s3, s3_client
 from dataflow.client import DataLoader
 from dataflow.demo import DemoResult, DemoSpec, make_demo
 from dataflow.errors import ServerUnavailable, SpecError
@@ -121,7 +121,7 @@ def test_four_kinds_through_a_throttling_s3_exactly_once(s3: str, tmp_path) -> N
         path = demo.paths[k]
         client.upload_file(str(path), BUCKET, f"mixed/{k}-{kind}-{os.path.basename(path)}")
         total += demo.sizes[k]
-    with ThrottlingProxy(s3, every=3) as proxy, launch(
+    with S3Proxy(s3, every=3) as proxy, launch(
             [f"s3://{BUCKET}/mixed/*"], workers=1, env=CREDENTIALS,
             extra_args=_args(proxy.endpoint, str(tmp_path / "cache"))) as server:
         _check_exactly_once(_epoch(server.endpoint), total)

@@ -84,7 +84,7 @@ def test_remote_arrow_is_read_through_the_block_cache_once(tmp_path) -> None:
         with open_shard(url, cache_dir=str(cache)) as r:
             assert isinstance(r, RemoteArrowReader)
             np.testing.assert_array_equal(r.read(0, 10)["x"], np.arange(10))
-            assert r.blob.fetched == len(data)
+            assert len(data) <= r.blob.fetched <= len(data) + 512  # + the sniffed head
         assert os.listdir(cache) == ["blocks"]
         with open_shard(url, cache_dir=str(cache)) as r:
             assert len(r) == 10 and r.read(4, 6)["s"][1] == "55555"

@@ -1,4 +1,5 @@
-"""A moto S3 server on loopback, and a throttling HTTP proxy to put in front of it."""
+"""S3 on loopback for the bench and the tests: a moto server and a counting, optionally
+throttling, HTTP proxy in front of it (``moto`` is a dev dependency)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from moto.server import ThreadedMotoServer
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": "us-east-1"}
-"""Dummy credentials (moto accepts any); given to the test process and the servers."""
+"""Dummy credentials (moto accepts any), for the calling process and the servers it starts."""
 
 SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
             b"<Message>Please reduce your request rate.</Message></Error>")
@@ -25,7 +26,8 @@ def moto_s3() -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
-        yield f"http://127.0.0.1:{server._server.server_port}"
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
     finally:
         server.stop()
 
@@ -35,19 +37,22 @@ def s3_client(endpoint: str):  # noqa: ANN201 - boto3 client types are generated
                         aws_secret_access_key="testing", region_name="us-east-1")
 
 
-class ThrottlingProxy:
-    """Forwards HTTP requests to ``upstream``, answering every ``every``-th GET of an object
-    with ``503 SlowDown`` instead (listing and HEAD requests pass).
+class S3Proxy:
+    """Forwards HTTP requests to ``upstream`` on loopback, counting them and the bytes of the
+    replies; with ``every`` > 0, answers every ``every``-th GET of an object with
+    ``503 SlowDown`` instead (listing and HEAD requests pass).
 
     Attributes:
         endpoint: the proxy's URL.
         throttled: GETs answered with 503.
         forwarded: requests passed to the upstream.
+        bytes_out: body bytes of the replies passed back.
     """
 
-    def __init__(self, upstream: str, every: int) -> None:
+    def __init__(self, upstream: str, every: int = 0) -> None:
         self.throttled = 0
         self.forwarded = 0
+        self.bytes_out = 0
         self._every = every
         self._gets = 0
         self._lock = threading.Lock()
@@ -79,6 +84,7 @@ class ThrottlingProxy:
                     conn.close()
                 with proxy._lock:
                     proxy.forwarded += 1
+                    proxy.bytes_out += len(data)
                 self.send_response(reply.status)
                 skip = ("transfer-encoding", "connection") + (
                     () if self.command == "HEAD" else ("content-length",))
@@ -99,6 +105,8 @@ class ThrottlingProxy:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def _throttle(self) -> bool:
+        if self._every <= 0:
+            return False
         with self._lock:
             self._gets += 1
             if self._gets % self._every == 0:
@@ -106,7 +114,7 @@ class ThrottlingProxy:
                 return True
             return False
 
-    def __enter__(self) -> ThrottlingProxy:
+    def __enter__(self) -> S3Proxy:
         self._thread.start()
         return self
 
