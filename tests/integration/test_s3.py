@@ -184,3 +184,18 @@ def test_missing_bucket_is_one_line_naming_it(s3: str, tmp_path) -> None:
                     remote=RemoteConfig.of({"endpoint_url": s3}))
     assert "bucket 'no-such-bucket' does not exist at " + s3 in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.timeout(60)
+def test_missing_credentials_is_one_line(s3: str, tmp_path, monkeypatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookups
+    remote = RemoteConfig.of({"endpoint_url": s3, "skip_instance_cache": True})
+    with pytest.raises(SpecError) as e:
+        build_index(f"s3://{BUCKET}/*.tar", cache_dir=str(tmp_path), remote=remote)
+    assert f"access denied at {s3}: check the credentials" in str(e.value)
+    assert "\n" not in str(e.value)

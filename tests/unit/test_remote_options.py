@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dataflow.errors import ConfigError
-from dataflow.remote import (
-    RemoteConfig,
-    describe,
-    endpoint_of,
-    is_throttle,
-    parse_size,
-    parse_storage_options,
-)
+from dataflow.remote import RemoteConfig, parse_size, parse_storage_options
+from dataflow.remoteerrors import describe, endpoint_of, is_throttle
 from dataflow.server.config import parse_args
 
 
