@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 BLOCK_BYTES = 1 << 20
 BLOCKS_DIR = "blocks"
 """Subdirectory of ``--cache-dir`` holding the cached blocks (bounded by ``--cache-size``)."""
+REFETCHES = 4
+"""Fetches of a block evicted between its fetch and its read before a read gives up."""
 STREAM_BUFFER = 8 << 20
 """Read size of :class:`RemoteStream`'s buffer: 8 blocks fetched in parallel per refill."""
 
@@ -145,9 +147,16 @@ class RemoteBlob:
             lo = max(start - b * BLOCK_BYTES, 0)
             hi = min(stop - b * BLOCK_BYTES, BLOCK_BYTES)
             data = self._lru.get(self._key(b), lo, hi)
-            while data is None:  # evicted since ensure(): fetch it again
-                self._fetch(b)
+            for _ in range(REFETCHES):
+                if data is not None:
+                    break
+                self._fetch(b)  # evicted since ensure() by other reads: fetch it again
                 data = self._lru.get(self._key(b), lo, hi)
+            if data is None:
+                raise ShardReadError(self.url, f"block {b} was evicted {REFETCHES} times before "
+                                     f"it could be read: --cache-size ({self._lru.limit} "
+                                     "bytes) is too small for the reads in flight",
+                                     offset=b * BLOCK_BYTES)
             parts.append(data)
         return b"".join(parts)
 
