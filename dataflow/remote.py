@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import random
 import re
 import time
@@ -251,3 +252,7 @@ class RemoteFailure(DataflowError):
 def session(config: RemoteConfig) -> Remote:
     """This process's :class:`Remote` for ``config`` (one per config, made on first use)."""
     return Remote(config)
+
+
+# A forked child must not use its parent's Remote: the pool's threads do not exist there.
+os.register_at_fork(after_in_child=session.cache_clear)
