@@ -17,6 +17,7 @@ from dataflow.readers import open_shard
 from dataflow.readers.base import SkipRecord, check_on_error
 from dataflow.readers.cache import identity
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
+from dataflow.remote import RemoteConfig
 from dataflow.splits import dataset_shards
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,12 @@ class _Shard(NamedTuple):
 
 
 def _count(url: str, cache_dir: str | None, on_error: str, options: ReadOptions,
-           tar: TarOptions) -> _Shard:
+           tar: TarOptions, remote: RemoteConfig | None) -> _Shard:
     """Open one shard; its identity is taken first, so a shard rewritten while it is counted
     shows a stale identity (a fingerprint that later mismatches), never a new one."""
-    ident = identity(url)
+    ident = identity(url, remote)
     with open_shard(url, cache_dir=cache_dir, on_error=on_error, options=options,
-                    tar=tar) as r:
+                    tar=tar, remote=remote) as r:
         found = r.census()
         return _Shard(len(r), r.schema, r.skipped, tuple(r.skip_log), ident,
                       tuple(sorted(found.nulls.items())), found.categories)
@@ -55,6 +56,7 @@ def build_index(
     options: ReadOptions | None = None,
     split: str | None = None,
     tar: TarOptions = DEFAULT_OPTIONS,
+    remote: RemoteConfig | None = None,
 ) -> DatasetIndex:
     """Resolve specs, open every shard (in a bounded thread pool), count and check schemas.
 
@@ -79,6 +81,7 @@ def build_index(
             categories of dictionary fields into the index's ``read``.
         split: the split of a Hugging Face ``DatasetDict`` root (see :mod:`dataflow.splits`).
         tar: passed to :func:`dataflow.readers.open_shard`.
+        remote: storage options and cache size for remote shards.
 
     Raises:
         SpecError: a spec matches nothing.
@@ -89,12 +92,12 @@ def build_index(
     check_on_error(on_error)
     if max_workers < 1:
         raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
-    shards, root = dataset_shards(specs, split)
+    shards, root = dataset_shards(specs, split, remote)
     common = os.path.commonprefix(shards)
     options = with_hive(options if options is not None else ReadOptions(), shards,
                         root or common[: common.rfind("/") + 1])
     with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
-        results = list(pool.map(lambda u: _count(u, cache_dir, on_error, options, tar),
+        results = list(pool.map(lambda u: _count(u, cache_dir, on_error, options, tar, remote),
                                      shards))
     for url, r in zip(shards, results, strict=True):
         if r.skips:

@@ -22,10 +22,10 @@ import re
 from collections.abc import Sequence
 from typing import IO
 
-import fsspec
 from braceexpand import braceexpand
 
-from dataflow.errors import SpecError
+from dataflow.errors import ConfigError, SpecError
+from dataflow.remote import Remote, RemoteConfig, RemoteFailure, session
 
 SHARD_EXTENSIONS = (".arrow", ".feather", ".ipc", ".parquet", ".tar", ".tar.gz", ".tgz")
 INDEX_SUFFIX = ".dfidx"
@@ -46,18 +46,20 @@ def local_path(url: str) -> str:
     return os.path.abspath(os.path.expanduser(url))
 
 
-def open_file(url: str) -> IO[bytes]:
+def open_file(url: str, remote: RemoteConfig | None = None) -> IO[bytes]:
     """Open a shard for binary reading, locally or through fsspec.
 
     Args:
         url: a local path or any URL fsspec understands.
+        remote: storage options for a remote URL.
 
     Returns:
         A seekable binary file object; the caller closes it.
     """
     if is_local(url):
         return open(local_path(url), "rb")
-    return fsspec.open(url, "rb").open()
+    fs, path = session(remote or RemoteConfig()).fs(url)
+    return fs.open(path, "rb")
 
 
 def is_shard_name(name: str) -> bool:
@@ -82,18 +84,23 @@ def expand_braces(spec: str) -> list[str]:
         raise SpecError(f"{spec!r}: unbalanced braces") from e
 
 
-def resolve(specs: str | Sequence[str]) -> list[str]:
+def resolve(specs: str | Sequence[str], remote: RemoteConfig | None = None) -> list[str]:
     """Resolve dataset specs to a deterministic, de-duplicated list of shard URLs/paths.
+
+    Remote specs are listed once here (a server lists its dataset once at start; reader
+    processes and trainer ranks never list).
 
     Args:
         specs: one spec or a sequence of specs (see the module docstring).
+        remote: storage options for remote specs.
 
     Returns:
         Shards sorted within each spec, specs in the order given, first occurrence kept.
         Local shards are absolute paths; remote ones are full URLs.
 
     Raises:
-        SpecError: a spec matches no shard, or a brace expansion names a missing file.
+        SpecError: a spec matches no shard, or a brace expansion names a missing file, or a
+            remote store cannot be listed (one line naming the endpoint or bucket).
     """
     if isinstance(specs, str):
         specs = [specs]
@@ -102,7 +109,7 @@ def resolve(specs: str | Sequence[str]) -> list[str]:
     seen: set[str] = set()
     out: list[str] = []
     for spec in specs:
-        found = sorted(set(_resolve_one(spec)))
+        found = sorted(set(_resolve_one(spec, remote or RemoteConfig())))
         if not found:
             raise SpecError(f"{spec!r} matches no shard")
         for shard in found:
@@ -112,12 +119,13 @@ def resolve(specs: str | Sequence[str]) -> list[str]:
     return out
 
 
-def _resolve_one(spec: str) -> list[str]:
+def _resolve_one(spec: str, remote: RemoteConfig) -> list[str]:
     expanded = expand_braces(spec)
     braced = len(expanded) > 1
     found: list[str] = []
     for pattern in expanded:
-        matches = _local_matches(pattern) if is_local(pattern) else _remote_matches(pattern)
+        matches = (_local_matches(pattern) if is_local(pattern)
+                   else _remote_matches(pattern, session(remote)))
         matches = [m for m in matches if not m.endswith(INDEX_SUFFIX)]
         if braced and not matches and not _GLOB_CHARS.search(pattern):
             raise SpecError(f"{spec!r}: {pattern} does not exist")
@@ -141,12 +149,13 @@ def _local_matches(pattern: str) -> list[str]:
     return out
 
 
-def _remote_matches(pattern: str) -> list[str]:
+def _remote_matches(pattern: str, remote: Remote) -> list[str]:
     try:
-        fs, path = fsspec.core.url_to_fs(pattern)
-    except (ImportError, ValueError) as e:
-        raise SpecError(f"{pattern!r}: cannot open filesystem: {e}") from e
-    try:
+        fs, path = remote.fs(pattern)
+    except ConfigError as e:
+        raise SpecError(str(e)) from e
+
+    def listing() -> list[str]:
         hits = fs.glob(path) if _GLOB_CHARS.search(path) else ([path] if fs.exists(path) else [])
         out: list[str] = []
         for hit in hits:
@@ -154,6 +163,12 @@ def _remote_matches(pattern: str) -> list[str]:
                 out.extend(p for p in fs.find(hit) if is_shard_name(p))
             else:
                 out.append(hit)
-    except OSError as e:
-        raise SpecError(f"{pattern!r}: {e}") from e
-    return [fs.unstrip_protocol(p) for p in out]
+        if not out and not pattern.startswith(("http://", "https://")):
+            fs.ls(path.split("/", 1)[0])  # nothing found: raises if the bucket is the cause
+        return out
+
+    try:
+        found = remote.call(pattern, listing)
+    except RemoteFailure as e:
+        raise SpecError(f"{pattern}: cannot list: {e.reason}") from e
+    return [fs.unstrip_protocol(p) for p in found]

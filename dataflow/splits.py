@@ -11,21 +11,37 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import fsspec
 
-from dataflow.errors import SpecError
+from dataflow.errors import ConfigError, SpecError
+from dataflow.remote import RemoteConfig, RemoteFailure, session
 from dataflow.sources import is_local, local_path, resolve
 
 DICT_FILE = "dataset_dict.json"
 STATE_FILE = "state.json"
 
 
-def _fs(spec: str) -> tuple[fsspec.AbstractFileSystem, str]:
+def _fs(spec: str, remote: RemoteConfig | None) -> tuple[fsspec.AbstractFileSystem, str]:
     if is_local(spec):
         return fsspec.filesystem("file"), os.path.abspath(local_path(spec))
-    return fsspec.core.url_to_fs(spec)
+    try:
+        return session(remote or RemoteConfig()).fs(spec)
+    except ConfigError as e:
+        raise SpecError(str(e)) from e
+
+
+def _probe(spec: str, remote: RemoteConfig | None, fn: Callable[[], bool]) -> bool:
+    """``fn()`` (a metadata request), for a remote spec under the remote layer's retries and
+    one-line errors."""
+    if is_local(spec):
+        return fn()
+    try:
+        return session(remote or RemoteConfig()).call(spec, fn)
+    except RemoteFailure as e:
+        raise SpecError(f"{spec}: cannot list: {e.reason}") from e
 
 
 def _join(spec: str, name: str) -> str:
@@ -69,8 +85,8 @@ def _state_files(spec: str, fs: fsspec.AbstractFileSystem, path: str) -> list[st
     return [_join(spec, f["filename"]) for f in files]
 
 
-def dataset_shards(specs: str | Sequence[str],
-                   split: str | None = None) -> tuple[list[str], str | None]:
+def dataset_shards(specs: str | Sequence[str], split: str | None = None,
+                   remote: RemoteConfig | None = None) -> tuple[list[str], str | None]:
     """Resolve specs like :func:`dataflow.sources.resolve`, honouring HF layouts.
 
     Returns:
@@ -86,14 +102,14 @@ def dataset_shards(specs: str | Sequence[str],
     used_split = False
     root = None
     for spec in specs:
-        fs, path = _fs(spec)
-        if not fs.isdir(path):
+        fs, path = _fs(spec, remote)
+        if not _probe(spec, remote, partial(fs.isdir, path)):
             out.append(spec)
             continue
-        if fs.isfile(_join(path, DICT_FILE)):
+        if _probe(spec, remote, partial(fs.isfile, _join(path, DICT_FILE))):
             spec = _choose_split(spec, fs, path, split)
             used_split = True
-            fs, path = _fs(spec)
+            fs, path = _fs(spec, remote)
         files = _state_files(spec, fs, path)
         out.extend(files if files is not None else [spec])
         if len(specs) == 1:
@@ -101,4 +117,4 @@ def dataset_shards(specs: str | Sequence[str],
     if split is not None and not used_split:
         raise SpecError(f"--split {split!r} given, but no spec is a Hugging Face DatasetDict "
                         f"root (a directory with {DICT_FILE})")
-    return resolve(out), root
+    return resolve(out, remote), root

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import zmq
 
 from dataflow.errors import DataflowError, ServerStartError
+from dataflow.remote import session
 from dataflow.scan import build_index
 from dataflow.server import health
 from dataflow.server.config import ServerConfig, parse_args
@@ -24,6 +25,7 @@ from dataflow.server.metrics import ServerMetrics
 from dataflow.server.pool import WorkerPool
 from dataflow.server.tasks import WorkerSpec
 from dataflow.server.transform import load_transform
+from dataflow.sources import is_local
 
 log = logging.getLogger("dataflow.server")
 
@@ -82,15 +84,17 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
     try:
         index = build_index(list(config.data), cache_dir=config.cache_dir,
                             on_error=config.on_error, options=config.read, split=config.split,
-                            tar=config.tar)
+                            tar=config.tar, remote=config.remote)
         log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
                  index.total, index.fingerprint)
+        if not all(is_local(s) for s in index.shards):
+            log.info("remote reads while indexing: %s", session(config.remote).stats())
         data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
         pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
                                      config.level, config.max_reply_bytes, index.root,
                                      config.max_connections, config.curve, index.read,
-                                     config.transform_path, config.tar),
+                                     config.transform_path, config.tar, config.remote),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
         if config.metrics_port is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dataflow.columns import ReadOptions
@@ -13,6 +13,7 @@ from dataflow.errors import ConfigError
 from dataflow.exporter import check_metrics_address
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
 from dataflow.readers.tarindex import MISSING_FIELD
+from dataflow.remote import ENV_STORAGE_OPTIONS, RemoteConfig, parse_size, parse_storage_options
 from dataflow.security import ServerCurve, server_curve
 from dataflow.server.dataflags import add_data_flags, read_options
 from dataflow.wire import MAX_BATCH_SIZE
@@ -78,6 +79,7 @@ class ServerConfig:
         metrics_bind: IP address the metrics endpoint listens on.
         read: which columns are served and how (:mod:`dataflow.columns`).
         split: the split of a Hugging Face DatasetDict root.
+        remote: storage options and local cache size for remote shards.
     """
 
     data: tuple[str, ...]
@@ -103,6 +105,7 @@ class ServerConfig:
     metrics_bind: str = DEFAULT_METRICS_BIND
     read: ReadOptions = ReadOptions()
     split: str | None = None
+    remote: RemoteConfig = RemoteConfig()
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -207,6 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "sys.path) (default: the directory the server starts in)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="local cache for remote shards and tar member indexes")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="option for the fsspec filesystem of remote shards, repeatable, e.g. "
+                        "endpoint_url=http://127.0.0.1:9000, anon=true, "
+                        "client_kwargs.region_name=eu-west-1 (a value is read as JSON when it "
+                        f"parses); over the JSON object in ${ENV_STORAGE_OPTIONS}")
+    p.add_argument("--cache-size", default="8G", metavar="BYTES",
+                   help="most bytes of remote shard data cached on disk under --cache-dir "
+                        "(least recently used evicted first); e.g. 512M, 20G "
+                        "(default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                    help="logging level (default: %(default)s)")
     p.add_argument("--max-credits", type=int, default=DEFAULT_MAX_CREDITS, metavar="N",
@@ -289,11 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
-    """Parse command-line flags; exits with a usage message on invalid input."""
+def parse_args(argv: Sequence[str] | None = None,
+               environ: Mapping[str, str] = os.environ) -> ServerConfig:
+    """Parse command-line flags (and ``$DATAFLOW_STORAGE_OPTIONS``); exits with a usage
+    message on invalid input."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
+        options = parse_storage_options(ns.storage_option, environ.get(ENV_STORAGE_OPTIONS))
+        remote = RemoteConfig.of(options, cache_bytes=parse_size(ns.cache_size))
         return ServerConfig(
             data=tuple(ns.data), bind=ns.bind,
             workers=default_workers() if ns.workers is None else ns.workers,
@@ -309,7 +325,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             max_inbound_bytes=ns.max_inbound_bytes,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
             metrics_port=ns.metrics_port, metrics_bind=ns.metrics_bind,
-            read=read_options(ns), split=ns.split,
+            read=read_options(ns), split=ns.split, remote=remote,
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -18,6 +18,7 @@ from dataflow.columns import ReadOptions
 from dataflow.errors import InternalError
 from dataflow.readers import ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar import DEFAULT_OPTIONS
+from dataflow.remote import RemoteConfig
 from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
 from dataflow.transform import TransformContext, batch_seed
@@ -50,6 +51,7 @@ class WorkerSpec:
         max_connections: client data connections kept at once.
         curve: the server's CURVE policy for the data socket (None: clear text).
         read: how readers convert columns (the index's ``read``).
+        remote: storage options and cache size for remote shards.
     """
 
     backend: str
@@ -67,6 +69,7 @@ class WorkerSpec:
     read: ReadOptions = ReadOptions()
     transform_path: str | None = None
     tar: TarOptions = DEFAULT_OPTIONS
+    remote: RemoteConfig | None = None
 
 
 class ReaderCache:
@@ -84,7 +87,7 @@ class ReaderCache:
             return reader
         reader = open_shard(self._spec.shards[shard], cache_dir=self._spec.cache_dir,
                             on_error=self._spec.on_error, options=self._spec.read,
-                            tar=self._spec.tar)
+                            tar=self._spec.tar, remote=self._spec.remote)
         self._open[shard] = reader
         while len(self._open) > self._capacity:
             self._open.popitem(last=False)[1].close()

@@ -13,17 +13,21 @@ from dataflow.columns import ReadOptions
 from dataflow.convert import DEFAULT
 from dataflow.errors import ShardReadError
 from dataflow.readers.arrow import ArrowFileReader, ArrowStreamReader
+from dataflow.readers.arrowremote import RemoteArrowReader
 from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_on_error
 from dataflow.readers.cache import default_cache_dir
 from dataflow.readers.multi import read_ranges
 from dataflow.readers.parquet import ParquetReader
+from dataflow.readers.remotefile import buffered, open_blob
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions, TarReader
-from dataflow.sources import open_file
+from dataflow.remote import RemoteConfig
+from dataflow.sources import is_local, open_file
 
 __all__ = [
     "ArrowFileReader",
     "ArrowStreamReader",
     "ParquetReader",
+    "RemoteArrowReader",
     "MAX_SKIP_LOG",
     "ShardReader",
     "SkipRecord",
@@ -91,18 +95,25 @@ def open_shard(
     url: str, *, cache_dir: str | None = None, on_error: str = "raise",
     options: ReadOptions = DEFAULT,
     tar: TarOptions = DEFAULT_OPTIONS,
+    remote: RemoteConfig | None = None,
 ) -> ShardReader:
     """Open one shard, detecting its format by magic bytes.
 
+    Local shards are memory-mapped. Remote ones are read through the bounded block cache
+    (:mod:`dataflow.readers.remotefile`): Parquet and Arrow by ranged reads, plain tars by
+    each sample's byte span; only a gzipped tar is decompressed whole into ``cache_dir``.
+
     Args:
         url: a local path or fsspec URL.
-        cache_dir: where tar indexes go when they cannot sit beside the shard, and where
-            gzipped tars are decompressed and remote Arrow/tar shards downloaded (once, then
-            memory-mapped); default :func:`default_cache_dir`.
+        cache_dir: where tar indexes go when they cannot sit beside the shard, where remote
+            bytes are cached (``blocks/``, bounded by ``remote.cache_bytes``) and where gzipped
+            tars are decompressed; default :func:`default_cache_dir`.
         on_error: ``"raise"`` on bad samples, or ``"skip"`` to drop them and count them in
             ``reader.skipped`` (see :class:`ShardReader`).
         options: column selection and conversion (Arrow and Parquet shards only).
         tar: WebDataset conventions of tar shards (``__key__``, samples missing a field).
+        remote: storage options and cache size for remote shards (default: none, and the
+            default size).
 
     Raises:
         ConfigError: ``on_error`` is invalid.
@@ -110,6 +121,9 @@ def open_shard(
             column options are given for a tar shard.
     """
     check_on_error(on_error)
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
+    if not is_local(url):
+        return _open_remote(url, cache_dir, on_error, remote or RemoteConfig(), options, tar)
     try:
         with open_file(url) as f:
             head = f.read(_MAGIC_BYTES)
@@ -117,15 +131,32 @@ def open_shard(
     except (OSError, ValueError) as e:
         raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
     fmt = detect_format(url, head, size)
-    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     if fmt == "arrow-file":
-        return ArrowFileReader(url, cache_dir, on_error, options)
+        return ArrowFileReader(url, on_error, options)
     if fmt == "arrow-stream":
-        return ArrowStreamReader(url, cache_dir, on_error, options)
+        return ArrowStreamReader(url, on_error, options)
     if fmt == "parquet":
         return ParquetReader(url, on_error, options)
+    _check_tar_options(url, options)
+    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
+                     options=tar)
+
+
+def _check_tar_options(url: str, options: ReadOptions) -> None:
     if options.columns is not None or options.drop or options.fill or options.hive:
         raise ShardReadError(url, "--columns, --drop-columns, --fill-value and hive "
                              "partitions apply to Arrow and Parquet shards, not tars", offset=0)
+
+
+def _open_remote(url: str, cache_dir: str, on_error: str, remote: RemoteConfig,
+                 options: ReadOptions, tar: TarOptions) -> ShardReader:
+    blob = open_blob(url, remote, cache_dir)
+    fmt = detect_format(url, blob.read_exact(0, _MAGIC_BYTES), blob.size)
+    if fmt in ("arrow-file", "arrow-stream"):
+        return RemoteArrowReader(url, blob, on_error, file=fmt == "arrow-file", options=options)
+    if fmt == "parquet":
+        return ParquetReader(url, on_error, options, source=buffered(blob))
+    _check_tar_options(url, options)
     return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
-                     options=tar)
+                     options=tar, blob=blob, remote=remote)
+

@@ -1,7 +1,7 @@
 """Arrow IPC shards: the file format (``ARROW1`` footer) and the stream format.
 
-Shards are memory-mapped (a remote shard is first downloaded once into ``cache_dir``, like a
-remote tar), so record batches are zero-copy views of the page cache. The list of record
+Local shards are memory-mapped, so record batches are zero-copy views of the page cache (remote
+ones are read by :mod:`dataflow.readers.arrowremote`). The list of record
 batches is built on open (for a stream, by reading it once; for a file, from its footer) and
 :meth:`read` slices them: a range inside one record batch is zero-copy, a range spanning
 several is concatenated (one copy). :meth:`read_many` converts each touched record batch once
@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -38,40 +38,26 @@ from dataflow.readers.base import (
     range_rows,
     split_damaged,
 )
-from dataflow.readers.cache import local_copy
 from dataflow.readers.gather import take_rows
-from dataflow.sources import is_local, local_path
+from dataflow.sources import local_path
 
 log = logging.getLogger(__name__)
 
 
-class _ArrowReader(ShardReader):
-    """Rows of a list of memory-mapped record batches."""
+class ArrowBatches(ShardReader):
+    """Rows of a list of record batches (``self._batches``, set by the subclass with
+    :meth:`_set_lengths`)."""
 
-    def __init__(self, url: str, cache_dir: str, on_error: str = "raise",
-                 options: ReadOptions = DEFAULT) -> None:
-        super().__init__(url, on_error, options)
-        path = local_path(url) if is_local(url) else local_copy(url, cache_dir, gunzip=False).path
-        try:
-            self._source = pa.memory_map(path, "r")
-        except (OSError, ValueError) as e:
-            raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
-        try:
-            schema, self._batches = self._load(self._source)
-            self.schema = self._convert_schema(schema)
-        except BaseException:
-            self._source.close()
-            raise
-        self._lengths = [b.num_rows for b in self._batches]
+    _batches: Sequence[pa.RecordBatch]
+
+    def _set_lengths(self, lengths: list[int]) -> None:
+        """Record the record batches' row counts (``self._batches`` holds the batches)."""
+        self._lengths = lengths
         self._bounds = [0, *itertools.accumulate(self._lengths)]
         self._bounds_np = np.array(self._bounds, dtype=np.int64)
         self._views: dict[int, Batch] = {}
         self._valid: set[int] = set()
         self._bad: dict[int, ShardReadError] = {}
-
-    @abstractmethod
-    def _load(self, source: pa.MemoryMappedFile) -> tuple[pa.Schema, list[pa.RecordBatch]]:
-        """The schema and every readable record batch (views of ``source``)."""
 
     def _convert_schema(self, schema: pa.Schema) -> Schema:
         try:
@@ -157,10 +143,37 @@ class _ArrowReader(ShardReader):
         self.closed = True
         self._batches = []
         self._views = {}
+
+
+class _MappedReader(ArrowBatches):
+    """A local Arrow shard, memory-mapped: record batches are views of the map."""
+
+    def __init__(self, url: str, on_error: str = "raise",
+                 options: ReadOptions = DEFAULT) -> None:
+        super().__init__(url, on_error, options)
+        try:
+            self._source = pa.memory_map(local_path(url), "r")
+        except (OSError, ValueError) as e:
+            raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
+        try:
+            schema, batches = self._load(self._source)
+            self.schema = self._convert_schema(schema)
+        except BaseException:
+            self._source.close()
+            raise
+        self._batches = batches
+        self._set_lengths([b.num_rows for b in batches])
+
+    @abstractmethod
+    def _load(self, source: pa.MemoryMappedFile) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+        """The schema and every readable record batch (views of ``source``)."""
+
+    def close(self) -> None:
+        super().close()
         self._source.close()
 
 
-class ArrowFileReader(_ArrowReader):
+class ArrowFileReader(_MappedReader):
     """An Arrow IPC file (``ARROW1`` magic, footer with record-batch offsets)."""
 
     def _load(self, source: pa.MemoryMappedFile) -> tuple[pa.Schema, list[pa.RecordBatch]]:
@@ -182,7 +195,7 @@ class ArrowFileReader(_ArrowReader):
         return reader.schema, batches
 
 
-class ArrowStreamReader(_ArrowReader):
+class ArrowStreamReader(_MappedReader):
     """An Arrow IPC stream (no footer), e.g. Hugging Face ``datasets``' ``data-*.arrow``."""
 
     def _load(self, source: pa.MemoryMappedFile) -> tuple[pa.Schema, list[pa.RecordBatch]]:

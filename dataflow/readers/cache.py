@@ -16,9 +16,8 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import IO, NamedTuple
 
-import fsspec
-
 from dataflow.errors import ShardReadError
+from dataflow.remote import RemoteConfig, RemoteFailure, session
 from dataflow.sources import is_local, local_path
 
 _COPY_CHUNK = 8 << 20
@@ -37,20 +36,31 @@ def default_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
     return os.path.join(base, "dataflow")
 
 
-def identity(url: str) -> str:
+def identity(url: str, remote: RemoteConfig | None = None) -> str:
     """A string that changes whenever the shard's content may have changed.
+
+    Args:
+        url: the shard.
+        remote: how remote shards are reached (default: no storage options).
 
     Raises:
         ShardReadError: the shard does not exist or cannot be queried.
     """
-    try:
-        if is_local(url):
+    if is_local(url):
+        try:
             st = os.stat(local_path(url))
-            return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
-        fs, path = fsspec.core.url_to_fs(url)
-        info = fs.info(path)
-    except (OSError, ValueError) as e:
-        raise ShardReadError(url, f"cannot stat shard: {e}", offset=0) from e
+        except OSError as e:
+            raise ShardReadError(url, f"cannot stat shard: {e}", offset=0) from e
+        return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
+    try:
+        info = session(remote or RemoteConfig()).info(url)
+    except RemoteFailure as e:
+        raise ShardReadError(url, f"cannot stat shard: {e.reason}", offset=0) from e
+    return info_identity(info)
+
+
+def info_identity(info: Mapping[str, object]) -> str:
+    """The identity of a remote shard from its fsspec ``info``: size plus ETag or time."""
     stamp = next(
         (info[k] for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created")
          if info.get(k) is not None),
@@ -105,7 +115,8 @@ class LocalCopy(NamedTuple):
     damage: str | None
 
 
-def local_copy(url: str, cache_dir: str, *, gunzip: bool) -> LocalCopy:
+def local_copy(url: str, cache_dir: str, *, gunzip: bool,
+               remote: RemoteConfig | None = None) -> LocalCopy:
     """A local, uncompressed copy of a remote and/or gzipped shard, made once.
 
     The copy lives in ``cache_dir`` with a sidecar ``.id`` file holding the shard's identity,
@@ -122,11 +133,12 @@ def local_copy(url: str, cache_dir: str, *, gunzip: bool) -> LocalCopy:
         url: the shard.
         cache_dir: directory for the copy (created if missing).
         gunzip: decompress while copying.
+        remote: how a remote shard is reached.
 
     Raises:
         ShardReadError: the shard cannot be read.
     """
-    ident = identity(url)
+    ident = identity(url, remote)
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, cache_name(url, ".tar" if gunzip else ".copy"))
     id_path = path + ".id"
@@ -141,7 +153,11 @@ def local_copy(url: str, cache_dir: str, *, gunzip: bool) -> LocalCopy:
     found: list[str] = []
 
     def copy(dst: IO[bytes]) -> None:
-        opener = open(local_path(url), "rb") if is_local(url) else fsspec.open(url, "rb").open()
+        if is_local(url):
+            opener = open(local_path(url), "rb")
+        else:
+            fs, path = session(remote or RemoteConfig()).fs(url)
+            opener = fs.open(path, "rb")
         with opener as raw:
             if gunzip:
                 bad = _gunzip(raw, dst)

@@ -32,7 +32,7 @@ import bisect
 import itertools
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -77,14 +77,15 @@ class _NewDamage(Exception):
 
 
 class ParquetReader(ShardReader):
-    """A Parquet file; local shards are memory-mapped, remote ones read through fsspec."""
+    """A Parquet file; local shards are memory-mapped, remote ones read through ``source``
+    (a file over the remote bytes, see :func:`dataflow.readers.open_shard`), else fsspec."""
 
-    def __init__(self, url: str, on_error: str = "raise",
-                 options: ReadOptions = DEFAULT) -> None:
+    def __init__(self, url: str, on_error: str = "raise", options: ReadOptions = DEFAULT,
+                 source: IO[bytes] | None = None) -> None:
         super().__init__(url, on_error, options)
         self._span: _Span | None = None
         self._bad: dict[int, ShardReadError] = {}
-        remote = None if is_local(url) else open_file(url)
+        remote = source if source is not None or is_local(url) else open_file(url)
         try:
             self._file = pq.ParquetFile(remote or local_path(url), memory_map=remote is None,
                                         page_checksum_verification=True)

@@ -6,9 +6,14 @@ writable, else in ``cache_dir``. It then memory-maps the tar and collates any sa
 with vectorized gathers: ``.npy`` fields become one ``(n, *shape)`` array, integer fields come
 from the index itself, text and bytes fields become :class:`~dataflow.batch.Ragged` columns.
 
-A tar that cannot be memory-mapped in place (gzipped, or remote) is first decompressed or
-downloaded once into ``cache_dir`` as an uncompressed copy, kept next to a record of the
-shard's identity and replaced when the shard changes; that copy is then memory-mapped.
+A gzipped tar is first decompressed once into ``cache_dir`` as an uncompressed copy, kept next
+to a record of the shard's identity and replaced when the shard changes; that copy is then
+memory-mapped. A plain remote tar is not copied: reads fetch the byte span of each sample they
+need (:meth:`TarReader._fetch`) through the bounded block cache
+(:mod:`dataflow.readers.remotefile`). Only indexing a remote tar without a cached index needs
+the whole tar once: it is streamed into a temporary file, indexed and deleted. A cached index
+of a remote tar is verified with :data:`REMOTE_VERIFY_HEADERS` exact ranged reads of sampled
+headers.
 
 A zero-byte tar, like a tar holding only its end-of-archive blocks, is a shard of zero
 samples and no fields.
@@ -22,17 +27,21 @@ identity matched (a damaged or tampered index).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import mmap
 import os
+import tempfile
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
-from dataflow.batch import Batch, Column, FieldSpec, Ragged
+from dataflow.batch import Batch, FieldSpec, Ragged
 from dataflow.errors import ConfigError, ShardReadError
 from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
+from dataflow.readers.remotefile import RemoteBlob
 from dataflow.readers.tarindex import (
     MISSING_FIELD,
     OutdatedIndex,
@@ -41,11 +50,17 @@ from dataflow.readers.tarindex import (
     gather_fixed,
     split_name,
 )
+from dataflow.readers.tarwalk import BLOCK as TAR_BLOCK
 from dataflow.readers.tarwalk import member_name
+from dataflow.remote import RemoteConfig
 from dataflow.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
 
+REMOTE_VERIFY_HEADERS = 8
+"""Sample headers checked when the cached index of a remote tar is loaded (a local tar's
+check reads up to 64): each costs a ranged GET per shard at every start, and the index is
+already tied to the shard's size and ETag or modification time."""
 
 KEY_FIELD = "__key__"
 """The field holding each sample's WebDataset key (``TarOptions(keys=True)``)."""
@@ -127,51 +142,88 @@ class TarReader(ShardReader):
     """
 
     def __init__(self, url: str, *, cache_dir: str, on_error: str, gzipped: bool,
-                 options: TarOptions = DEFAULT_OPTIONS) -> None:
+                 options: TarOptions = DEFAULT_OPTIONS, blob: RemoteBlob | None = None,
+                 remote: RemoteConfig | None = None) -> None:
         super().__init__(url, on_error)
         self.tar = options
-        ident = identity(url)
+        self._mm: mmap.mmap | None = None
+        self._buf = np.empty(0, dtype=np.uint8)
+        self._blob = None if gzipped else blob
+        ident = identity(url, remote)
+        paths = _index_paths(url, cache_dir, options.missing_field)
+        if self._blob is not None:
+            self.index_path, index = self._find_index(paths, ident, _HeaderProbe(self._blob))
+            self.index_built = index is None
+            if index is None:
+                index = self._index_remote(self._blob, cache_dir, ident)
+                self.index_path = save_index(index, paths)
+            self._adopt(index)
+            return
         damage = None
         if gzipped or not is_local(url):
-            path, damage = local_copy(url, cache_dir, gunzip=gzipped)
+            path, damage = local_copy(url, cache_dir, gunzip=gzipped, remote=remote)
         else:
             path = local_path(url)
         if damage is not None:
             self._damaged(ShardReadError(url, f"{damage}: the rest of the shard, from the first "
                                          "damage the tar walk meets, is lost (its samples "
                                          "cannot be counted)"))
-        try:
-            with open(path, "rb") as f:
-                empty = os.fstat(f.fileno()).st_size == 0
-                self._mm = None if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise ShardReadError(url, f"cannot map tar: {e}", offset=0) from e
-        data: bytes | mmap.mmap = b"" if self._mm is None else self._mm
-        self._buf = np.frombuffer(data, dtype=np.uint8)
-        paths = _index_paths(url, cache_dir, options.missing_field)
+        data = self._map(path)
         self.index_path, index = self._find_index(paths, ident, data)
         self.index_built = index is None
         if index is None:
             try:
-                index = build_index(url, data, ident, on_error, resync=damage is None,
+                index = build_index(url, data, ident, self.on_error, resync=damage is None,
                                     missing_field=options.missing_field)
             except BaseException:
                 self.close()
                 raise
             self.index_path = save_index(index, paths)
+        self._adopt(index)
+
+    def _map(self, path: str) -> bytes | mmap.mmap:
+        """Map the uncompressed tar at ``path`` (a zero-byte one is ``b""``)."""
+        try:
+            with open(path, "rb") as f:
+                empty = os.fstat(f.fileno()).st_size == 0
+                self._mm = None if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise ShardReadError(self.url, f"cannot map tar: {e}", offset=0) from e
+        data: bytes | mmap.mmap = b"" if self._mm is None else self._mm
+        self._buf = np.frombuffer(data, dtype=np.uint8)
+        return data
+
+    def _index_remote(self, blob: RemoteBlob, cache_dir: str, ident: str) -> TarIndex:
+        """Index a remote tar from a temporary local copy, deleted once indexed."""
+        os.makedirs(cache_dir, exist_ok=True)
+        try:
+            with tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".index-") as tmp:
+                blob.copy_to(tmp)
+                tmp.flush()
+                data = self._map(tmp.name)
+                try:
+                    return build_index(self.url, data, ident, self.on_error,
+                                       missing_field=self.tar.missing_field)
+                finally:
+                    self._unmap()
+        except OSError as e:
+            raise ShardReadError(self.url, f"cannot copy the tar into {cache_dir} to index "
+                                 f"it: {e}") from e
+
+    def _adopt(self, index: TarIndex) -> None:
         self._index = index
         # Per field: the size of a present value (filled cells have -1), and whether any is.
         self._field_size: list[int] = index.sizes.max(axis=0, initial=0).tolist()
         self._filled: list[bool] = np.any(index.sizes < 0, axis=0).tolist()
         self._keys: Ragged | None = None
         self.schema = index.schema
-        if options.keys and index.schema:
+        if self.tar.keys and index.schema:
             self.schema += (FieldSpec(KEY_FIELD, "uint8", ragged="str"),)
         self.skipped = index.skipped
         self.skip_log.extend(index.skips)
 
     def _find_index(
-        self, paths: list[str], ident: str, data: bytes | mmap.mmap
+        self, paths: list[str], ident: str, data: bytes | mmap.mmap | _HeaderProbe
     ) -> tuple[str | None, TarIndex | None]:
         """The first cached index that is current and verifies against the tar, with its
         path; a rejected one that claims to be current is logged."""
@@ -192,7 +244,8 @@ class TarReader(ShardReader):
                 continue
             if self.on_error == "raise" and index.skips:
                 continue  # built under "skip": it hides damage that must raise
-            problem = index.problem(data)
+            problem = (_remote_problem(index, data) if isinstance(data, _HeaderProbe)
+                       else index.problem(data))
             if problem is None:
                 return path, index
             log.warning("%s: cached tar index %s rejected, rebuilding: %s", self.url, path,
@@ -211,32 +264,42 @@ class TarReader(ShardReader):
     def _gather(self, rows: slice | np.ndarray) -> Batch:
         """Every field of ``rows`` (a slice, or int64 sample indices of shape ``(n,)``)."""
         ix = self._index
+        offsets, sizes = ix.offsets[rows], ix.sizes[rows]
+        buf = self._buf
+        if self._blob is not None:
+            # A filled cell points at a present cell of its field: fetch what a read takes.
+            npy = np.array([c.startswith("npy:") for c in ix.codecs], dtype=bool)
+            taken = np.where(npy, np.asarray(self._field_size, dtype=np.int64), 0)
+            buf, offsets = self._fetch(self._blob, offsets, np.where(sizes < 0, taken, sizes))
         out: Batch = {}
         for j, (spec, codec) in enumerate(zip(ix.schema, ix.codecs, strict=True)):
-            offs = ix.offsets[rows, j]
+            offs = offsets[:, j]
             if codec == "int":
                 out[spec.name] = ix.ints[rows, j].copy()
             elif codec.startswith("npy:"):
-                arr = self._npy(np.dtype(codec[4:]), spec.shape, offs, self._field_size[j])
+                arr = self._npy(buf, np.dtype(codec[4:]), spec.shape, offs, self._field_size[j])
                 if self._filled[j]:
-                    arr[ix.sizes[rows, j] < 0] = 0
+                    arr[sizes[:, j] < 0] = 0
                 out[spec.name] = arr
             else:
-                sizes = ix.sizes[rows, j]
-                out[spec.name] = self._ragged(offs, np.maximum(sizes, 0) if self._filled[j]
-                                              else sizes, codec)
+                out[spec.name] = _gather_ragged(buf, offs, np.maximum(sizes[:, j], 0)
+                                                if self._filled[j] else sizes[:, j], codec)
         if self.tar.keys and ix.schema:
             out[KEY_FIELD] = self._key_rows(rows)
         return out
 
     def _key_rows(self, rows: slice | np.ndarray) -> Ragged:
-        """The ``__key__`` of ``rows``, read from the samples' tar headers on first use."""
+        """The ``__key__`` of ``rows``, read from the samples' tar headers on first use (a
+        remote tar's headers are fetched then, in parallel)."""
         if self._keys is None:
-            data = self._mm if self._mm is not None else b""
+            data: bytes | mmap.mmap | _HeaderProbe = self._mm if self._mm is not None else b""
+            if self._blob is not None:
+                data = _HeaderProbe(self._blob)
+                data.prefetch(self._index.headers)
             raw = []
             for i, pos in enumerate(self._index.headers.tolist()):
                 try:
-                    parts = split_name(member_name(data, pos))
+                    parts = split_name(member_name(cast(bytes, data), pos))
                 except ValueError as e:
                     raise ShardReadError(self.url, f"sample key: {e}", offset=pos,
                                          index=i) from e
@@ -252,16 +315,37 @@ class TarReader(ShardReader):
         stops = keys.offsets[1:][rows]
         return _gather_ragged(keys.values, starts, stops - starts, "str")
 
-    def _npy(self, dtype: np.dtype, shape: tuple[int, ...], offs: np.ndarray,
-             size: int) -> np.ndarray:
-        arr = gather_fixed(self._buf, offs, size).view(dtype).reshape((len(offs), *shape))
-        return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
+    def _fetch(self, blob: RemoteBlob, offsets: np.ndarray,
+               sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes of the rows' fields from the remote tar: one span per row (its first
+        field's data to its last one's end), back to back in one buffer.
 
-    def _ragged(self, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Column:
-        return _gather_ragged(self._buf, offs, sizes, kind)
+        Args:
+            offsets: int64 ``(n, fields)``: where each field's data lies in the tar.
+            sizes: int64 ``(n, fields)``: its size.
+
+        Returns:
+            The uint8 buffer, and ``offsets`` moved into it.
+        """
+        data = np.array([c != "int" for c in self._index.codecs], dtype=bool)
+        if not len(offsets) or not data.any():
+            return self._buf, offsets
+        lo = offsets[:, data].min(axis=1)
+        hi = (offsets + sizes)[:, data].max(axis=1)
+        buf, where = blob.spans(lo, hi)
+        return buf, offsets - lo[:, None] + where[:, None]
+
+    @staticmethod
+    def _npy(buf: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], offs: np.ndarray,
+             size: int) -> np.ndarray:
+        arr = gather_fixed(buf, offs, size).view(dtype).reshape((len(offs), *shape))
+        return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
 
     def close(self) -> None:
         self.closed = True
+        self._unmap()
+
+    def _unmap(self) -> None:
         self._buf = np.empty(0, dtype=np.uint8)
         mm, self._mm = self._mm, None
         if mm is not None:
@@ -269,3 +353,43 @@ class TarReader(ShardReader):
                 mm.close()
             except BufferError:
                 log.debug("%s: arrays still view the map; it is unmapped when they go", self.url)
+
+
+def _remote_problem(index: TarIndex, probe: _HeaderProbe) -> str | None:
+    """:meth:`TarIndex.problem` for a remote tar: every field within the tar, and the headers
+    of :data:`REMOTE_VERIFY_HEADERS` evenly spread samples (first and last included), fetched
+    in parallel."""
+    n = len(index)
+    if n and (index.offsets.min() < 0 or (index.offsets + index.sizes).max() > len(probe)):
+        return f"a field lies outside the tar's {len(probe)} bytes"
+    picks = np.unique(np.linspace(0, max(n - 1, 0), min(n, REMOTE_VERIFY_HEADERS)).astype(
+        np.int64))
+    sampled = dataclasses.replace(index, offsets=index.offsets[picks],
+                                  sizes=index.sizes[picks], ints=index.ints[picks],
+                                  headers=index.headers[picks])
+    probe.prefetch(sampled.headers)
+    return sampled.problem(cast(bytes, probe))  # problem() takes only len() and slices
+
+
+class _HeaderProbe:
+    """The length and slices of a remote tar, enough to check a cached index without
+    fetching the tar: headers are fetched by exact ranged reads (from the block cache when it
+    holds them)."""
+
+    def __init__(self, blob: RemoteBlob) -> None:
+        self._blob = blob
+        self._got: dict[tuple[int, int], bytes] = {}
+
+    def prefetch(self, headers: np.ndarray) -> None:
+        """Fetch the tar header block at each of ``headers`` (byte offsets), in parallel."""
+        spans = [(h, h + TAR_BLOCK) for h in headers.tolist()]
+        got = self._blob.remote.pool.map(lambda s: self._blob.read_exact(*s), spans)
+        self._got = dict(zip(spans, got, strict=True))
+
+    def __len__(self) -> int:
+        return self._blob.size
+
+    def __getitem__(self, at: slice) -> bytes:
+        start, stop, _ = at.indices(self._blob.size)
+        found = self._got.get((start, stop))
+        return found if found is not None else self._blob.read_exact(start, stop)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from dataflow.errors import ConfigError, ShardReadError
-from dataflow.readers import ArrowStreamReader, detect_format, open_shard
+from dataflow.readers import ArrowStreamReader, RemoteArrowReader, detect_format, open_shard
 
 
 def _table() -> pa.Table:
@@ -72,22 +72,23 @@ def test_on_error_is_validated(tmp_path) -> None:
         open_shard(str(tmp_path / "x.tar"), on_error="ignore")
 
 
-def test_remote_arrow_is_copied_once_into_cache_dir(tmp_path) -> None:
+def test_remote_arrow_is_read_through_the_block_cache_once(tmp_path) -> None:
     url = "memory://open-test/t.arrow"
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, _table().schema) as w:
         w.write_table(_table())
-    fsspec.filesystem("memory").pipe(url, sink.getvalue().to_pybytes())
+    data = sink.getvalue().to_pybytes()
+    fsspec.filesystem("memory").pipe(url, data)
     cache = tmp_path / "cache"
     try:
         with open_shard(url, cache_dir=str(cache)) as r:
+            assert isinstance(r, RemoteArrowReader)
             np.testing.assert_array_equal(r.read(0, 10)["x"], np.arange(10))
-        copies = sorted(os.listdir(cache))
-        assert len(copies) == 2 and copies[0].endswith(".copy") and copies[1].endswith(".id")
-        mtime = os.stat(cache / copies[0]).st_mtime_ns
+            assert len(data) <= r.blob.fetched <= len(data) + 512  # + the sniffed head
+        assert os.listdir(cache) == ["blocks"]
         with open_shard(url, cache_dir=str(cache)) as r:
-            assert len(r) == 10
-        assert os.stat(cache / copies[0]).st_mtime_ns == mtime
+            assert len(r) == 10 and r.read(4, 6)["s"][1] == "55555"
+            assert r.blob.fetched == 0
     finally:
         fsspec.filesystem("memory").rm(url)
 
