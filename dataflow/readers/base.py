@@ -9,13 +9,15 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from dataflow.batch import Batch, Ragged, Schema, concat
-from dataflow.convert import from_arrow
 from dataflow.errors import ConfigError, DataflowError, ShardReadError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +204,13 @@ class ShardReader(ABC):
             self.skip_log.append(SkipRecord.of(damage[unit], n))
 
     def _from_arrow(self, table: pa.Table | pa.RecordBatch, start: int) -> Batch:
-        """Convert rows of this shard starting at ``start`` to a batch of ``self.schema``."""
+        """Convert rows of this shard starting at ``start`` to a batch of ``self.schema``.
+
+        Only the Arrow and Parquet readers call this, so pyarrow is imported here, not with
+        the module (a tar-only server never loads it).
+        """
+        from dataflow.convert import from_arrow
+
         try:
             return from_arrow(table, self.schema)
         except DataflowError as e:
