@@ -13,7 +13,7 @@ shard's identity and replaced when the shard changes; that copy is then memory-m
 A zero-byte tar, like a tar holding only its end-of-archive blocks, is a shard of zero
 samples and no fields.
 
-Damage is dealt with when the index is built (see :mod:`dataflow.readers.tarindex`): under
+Damage is dealt with when the index is built (see :mod:`dataflow.readers.tarbuild`): under
 ``on_error="skip"`` the damaged samples are left out of the index and counted once, so reads
 never meet them. A cached index is trusted only when it verifies (identity, digest, fit to
 the tar, sampled headers); one that does not is rebuilt, with a warning when the shard's
@@ -32,7 +32,9 @@ from dataflow.batch import Batch, Column, Ragged
 from dataflow.errors import ShardReadError
 from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
-from dataflow.readers.tarindex import OutdatedIndex, TarIndex, build_index, gather_fixed
+from dataflow.readers.tarbuild import build_index
+from dataflow.readers.tarindex import TarIndex, gather_fixed
+from dataflow.readers.tarindexfile import OutdatedIndex, load_tar_index, save_tar_index
 from dataflow.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ def save_index(index: TarIndex, paths: list[str]) -> str | None:
     for path in paths:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_atomic(path, index.save)
+            write_atomic(path, lambda f: save_tar_index(index, f))
             return path
         except OSError as e:
             log.debug("cannot write tar index %s: %s", path, e)
@@ -115,14 +117,14 @@ class TarReader(ShardReader):
         path; a rejected one that claims to be current is logged."""
         for path in paths:
             try:
-                index = TarIndex.load(path, self.url)
+                index = load_tar_index(path, self.url)
             except FileNotFoundError:
                 continue
             except OutdatedIndex as e:
-                log.info("%s: cached tar index %s is outdated, rebuilding: %s", self.url, path, e)
+                log.info("cached tar index outdated, rebuilding: %s", e)
                 continue
             except ValueError as e:
-                log.warning("%s: cached tar index %s rejected, rebuilding: %s", self.url, path, e)
+                log.warning("cached tar index rejected, rebuilding: %s", e)
                 continue
             if index.identity != ident:
                 log.debug("%s: cached tar index %s is of another version of the shard",
