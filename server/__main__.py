@@ -9,18 +9,21 @@ import resource
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 import zmq
 
 from dataflow.errors import DataflowError, ServerStartError
-from dataflow.scan import build_index
+from dataflow.index import dataset_root
+from dataflow.indexcache import load_index
 from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.server.pool import WorkerPool
 from dataflow.server.tasks import WorkerSpec
 from dataflow.server.transform import load_transform
+from dataflow.sources import resolve
 
 log = logging.getLogger("dataflow.server")
 
@@ -64,9 +67,19 @@ def reserve_descriptors(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
-def serve(config: ServerConfig, stop: _StopFlag) -> int:
-    """Bind the client endpoint, build the index, start workers, print the ready line, serve
-    until stopped, then tell every session the server is stopping."""
+def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
+          started: float | None = None) -> int:
+    """Bind the client endpoint, load or build the index, start workers, print the ready line,
+    serve until stopped, then tell every session the server is stopping.
+
+    Args:
+        config: the server's settings.
+        stop: polled by the serving loop.
+        progress: draw the indexing progress bar on stderr.
+        started: ``time.monotonic()`` when the process began its work, for the time to ready
+            in the log (default: when this call began).
+    """
+    started = time.monotonic() if started is None else started
     reserve_descriptors(config.descriptors)
     if config.transform:
         load_transform(config.transform)
@@ -76,28 +89,35 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
     frontend = None
     pool = None
     try:
-        index = build_index(list(config.data), cache_dir=config.cache_dir,
-                            on_error=config.on_error)
-        log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
-                 index.total, index.fingerprint)
+        shards = resolve(list(config.data))
         data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
-        pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
+        pool = WorkerPool(WorkerSpec(backend, data_sndhwm, tuple(shards), config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
-                                     config.level, config.max_reply_bytes, index.root,
+                                     config.level, config.max_reply_bytes, dataset_root(shards),
                                      config.max_connections, config.curve),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
-        frontend = Frontend(config, index, pool, ctx, backend)
+        # Reader processes boot (spawn, imports: ~0.5 s) while the index loads; they connect
+        # to the backend before the frontend binds it, which ZeroMQ allows.
         pool.start()
+        loaded = load_index(shards, cache_dir=config.cache_dir, on_error=config.on_error,
+                            max_workers=config.index_workers, progress=progress)
+        index, cache = loaded.index, "hit" if loaded.hit else "miss"
+        log.info("dataset: %d shard(s), %d sample(s), fingerprint %s; index in %.2f s "
+                 "(index cache %s)", len(index.shards), index.total, index.fingerprint,
+                 loaded.seconds, cache)
+        frontend = Frontend(config, index, pool, ctx, backend)
         frontend.wait_ready(READY_TIMEOUT_S, stop)
         if stop():
             return 0
         ready = {"event": "ready", "endpoint": frontend.endpoint, "pid": os.getpid(),
                  "workers": config.workers, "shards": len(index.shards), "samples": index.total,
                  "fingerprint": index.fingerprint, "worker_pids": pool.pids,
-                 "data_endpoints": pool.endpoints}
+                 "data_endpoints": pool.endpoints, "index_cache": cache}
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
+        log.info("ready in %.2f s (%d shards, %d samples, index cache %s)",
+                 time.monotonic() - started, len(index.shards), index.total, cache)
         log.info("serving on %s with %d worker(s)", frontend.endpoint, config.workers)
         frontend.serve(stop)
         frontend.stopping()
@@ -113,13 +133,16 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the process exit code."""
+    started = time.monotonic()
     config = parse_args(argv)
     logging.basicConfig(level=config.level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s server[%(process)d] %(message)s")
     stop = _StopFlag(os.getppid() if config.exit_with_parent else None)
     stop.install()
     try:
-        return serve(config, stop)
+        progress = config.progress == "on" or (config.progress == "auto"
+                                               and sys.stderr.isatty())
+        return serve(config, stop, progress=progress, started=started)
     except (DataflowError, OSError, zmq.ZMQError) as e:
         log.error("%s: %s", type(e).__name__, e)
         return 1

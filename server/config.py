@@ -28,6 +28,8 @@ HEADER_ROOM = 64 * 1024
 MAX_WORKERS = 256
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ON_ERROR = ("raise", "skip")
+DEFAULT_INDEX_WORKERS = 8
+PROGRESS_MODES = ("auto", "on", "off")
 
 
 def default_workers() -> int:
@@ -63,6 +65,9 @@ class ServerConfig:
             not received as whole messages (e.g. a multipart message never finished); the
             connection is cut beyond it. Also the largest frame accepted (``MAXMSGSIZE``).
         curve: CURVE keys of every client link (:mod:`dataflow.security`); None: clear text.
+        index_workers: shards opened at once while the dataset index is built.
+        progress: indexing progress bar on stderr: ``on``, ``off``, or ``auto`` (on when
+            stderr is a terminal).
     """
 
     data: tuple[str, ...]
@@ -82,6 +87,8 @@ class ServerConfig:
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
     max_inbound_bytes: int = DEFAULT_MAX_INBOUND_BYTES
     curve: ServerCurve | None = None
+    index_workers: int = DEFAULT_INDEX_WORKERS
+    progress: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -122,6 +129,11 @@ class ServerConfig:
             raise ConfigError(f"`max_inbound_bytes` must be in [{least}, {MAX_REPLY_BYTES}] "
                               f"(the largest REQUEST of `max_request_samples` ranges must fit). "
                               f"Found: {self.max_inbound_bytes}")
+        if not 1 <= self.index_workers <= 256:
+            raise ConfigError(f"`index_workers` must be in [1, 256]. Found: {self.index_workers}")
+        if self.progress not in PROGRESS_MODES:
+            raise ConfigError(f"`progress` must be one of {PROGRESS_MODES}. "
+                              f"Found: {self.progress!r}")
 
     @property
     def zmq_bind(self) -> str:
@@ -227,6 +239,17 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--curve-allowed-keys", default=None, metavar="DIR",
                      help="directory of the client public keys (*.key) accepted, read at "
                           "start; refusals are logged and counted (STATS auth_refused)")
+    start = p.add_argument_group(
+        "start-up", "the dataset index (every shard's sample count) is cached under "
+                    "--cache-dir/datasets and reused while no shard changed; otherwise every "
+                    "shard is opened, in a thread pool")
+    start.add_argument("--index-workers", type=int, default=DEFAULT_INDEX_WORKERS, metavar="N",
+                       help="shards opened at once while indexing; more helps remote shards "
+                            "(object-store latency), not local ones (default: %(default)s)")
+    start.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                       help="indexing progress bar (tqdm) on stderr, drawn once indexing "
+                            "takes over 1 s: auto draws it only when stderr is a terminal, "
+                            "never into a log file (default: %(default)s)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
@@ -248,6 +271,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
             max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
             max_inbound_bytes=ns.max_inbound_bytes,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
+            index_workers=ns.index_workers, progress=ns.progress,
         )
     except ConfigError as e:
         parser.error(str(e))
