@@ -85,7 +85,7 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
         load_transform(config.transform)
     # Abstract-namespace names (Linux): no file exists, so none is left behind, even on SIGKILL.
     backend = f"ipc://@dataflow-{os.getpid()}-{secrets.token_hex(8)}"
-    ctx = zmq.Context()
+    ctx: zmq.Context | None = None
     frontend = None
     pool = None
     try:
@@ -97,9 +97,11 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
                                      config.max_connections, config.curve),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
-        # Reader processes boot (spawn, imports: ~0.5 s) while the index loads; they connect
-        # to the backend before the frontend binds it, which ZeroMQ allows.
-        pool.start()
+        # Reader processes start while the index loads, forked before this process has a
+        # ZeroMQ context (see WorkerPool.start); they connect to the backend before the
+        # frontend binds it, which ZeroMQ allows.
+        pool.start(fork=True)
+        ctx = zmq.Context()
         loaded = load_index(shards, cache_dir=config.cache_dir, on_error=config.on_error,
                             max_workers=config.index_workers, progress=progress)
         index, cache = loaded.index, "hit" if loaded.hit else "miss"
@@ -128,7 +130,8 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
             pool.close()
         if frontend is not None:
             frontend.close(STOPPING_LINGER_MS)
-        ctx.term()
+        if ctx is not None:
+            ctx.term()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
