@@ -9,10 +9,14 @@ measures, in one run, repeats interleaved:
   opened, no tar walked);
 * ``cached``: the dataset index cache of the run before (no shard opened, one ``stat`` each);
 * ``torch+webdataset``: ``torch.utils.data.DataLoader`` over the bench's webdataset pipeline,
-  from construction to its first batch.
+  from construction to its first batch, in this process (torch already imported);
+* ``torch+webdataset, new process``: the same from ``Popen`` of a fresh interpreter that
+  imports torch and webdataset first, as a server pays its own imports.
 
 Server times are wall times from ``Popen`` (interpreter start and imports included) to the
-ready line, and to the first batch a :class:`dataflow.client.DataLoader` gets from it.
+ready line, and to the first batch a :class:`dataflow.client.DataLoader` gets from it; the
+server's own log adds the time its index took and its time to ready from ``main()`` (after
+its imports).
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import statistics
+import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -29,7 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCENARIOS = ("cold", "tar indexes", "cached", "torch+webdataset")
+SCENARIOS = ("cold", "tar indexes", "cached", "torch+webdataset",
+             "torch+webdataset, new process")
+_LOGGED = {"index_s": re.compile(r"index in ([0-9.]+) s"),
+           "main_to_ready_s": re.compile(r"ready in ([0-9.]+) s")}
 FEATURE = 16
 """float32 values per sample's ``x.npy``."""
 
@@ -123,8 +133,27 @@ def _server_run(paths: list[str], cfg: StartupConfig, cache_dir: str) -> dict:
             batch = next(iter(dl))
         first = time.monotonic() - start
         _check(batch, cfg)
-        return {"ready_s": ready, "first_batch_s": first,
-                "index_cache": handle.ready["index_cache"]}
+        deadline = time.monotonic() + cfg.timeout_s
+        while "ready in" not in (log := handle.stderr_tail()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    found = {k: rx.search(log) for k, rx in _LOGGED.items()}
+    return {"ready_s": ready, "first_batch_s": first, "index_cache": handle.ready["index_cache"],
+            **{k: float(m.group(1)) if m else None for k, m in found.items()}}
+
+
+_TORCH_CHILD = ("import sys, json; del sys.path[0]; from dataflow.bench.startup import "
+                "StartupConfig, _torch_run; c = json.loads(sys.argv[1]); "
+                "print(json.dumps(_torch_run(c.pop('paths'), StartupConfig(**c))))")
+
+
+def _torch_process_run(paths: list[str], cfg: StartupConfig) -> dict:
+    """Seconds from ``Popen`` of a fresh interpreter to its torch DataLoader's first batch."""
+    arg = json.dumps({"paths": paths, "batch_size": cfg.batch_size, "workers": cfg.workers,
+                      "timeout_s": cfg.timeout_s})
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", _TORCH_CHILD, arg], check=True, timeout=cfg.timeout_s,
+                   stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    return {"ready_s": None, "first_batch_s": time.monotonic() - start, "index_cache": None}
 
 
 def _torch_run(paths: list[str], cfg: StartupConfig) -> dict:
@@ -156,38 +185,48 @@ def measure(paths: list[str], cfg: StartupConfig) -> dict[str, list[dict]]:
             runs["tar indexes"].append(_server_run(paths, cfg, os.path.join(cache, "b")))
             runs["cached"].append(_server_run(paths, cfg, os.path.join(cache, "b")))
         runs["torch+webdataset"].append(_torch_run(paths, cfg))
+        runs["torch+webdataset, new process"].append(_torch_process_run(paths, cfg))
     return runs
 
 
 def _median(runs: list[dict], key: str) -> float | None:
-    values = [r[key] for r in runs if r[key] is not None]
+    values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(values) if values else None
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
-    """Per scenario: median seconds to ready and to first batch, and the cache outcomes."""
-    return {s: {"ready_s": _median(r, "ready_s"), "first_batch_s": _median(r, "first_batch_s"),
+    """Per scenario: median seconds (to ready, to first batch, logged by the server), and the
+    cache outcomes."""
+    keys = ("ready_s", "first_batch_s", *_LOGGED)
+    return {s: {**{k: _median(r, k) for k in keys},
                 "index_cache": sorted({str(x["index_cache"]) for x in r})}
             for s, r in runs.items()}
 
 
 def format_rows(shards: int, summary: dict[str, dict]) -> list[str]:
-    """Markdown table rows: shards, scenario, ready, first batch, ratio to torch+webdataset."""
-    base = summary["torch+webdataset"]["first_batch_s"]
+    """Markdown table rows: shards, scenario, seconds to ready, to first batch, the server's
+    index and main-to-ready times, first batch relative to torch+webdataset in a new process."""
+    base = summary["torch+webdataset, new process"]["first_batch_s"]
     rows = []
     for s in SCENARIOS:
-        ready, first = summary[s]["ready_s"], summary[s]["first_batch_s"]
-        ratio = f"{first / base:.2f}x" if base else "-"
-        rows.append(f"| {shards} | {s} | {'-' if ready is None else f'{ready:.2f}'} | "
-                    f"{first:.2f} | {ratio} |")
+        row = summary[s]
+        cells = [_cell(row[k]) for k in ("ready_s", "first_batch_s", "index_s",
+                                          "main_to_ready_s")]
+        ratio = f"{row['first_batch_s'] / base:.2f}x" if base else "-"
+        rows.append(f"| {shards} | {s} | {' | '.join(cells)} | {ratio} |")
     return rows
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def run_startup(cfg: StartupConfig) -> dict:
     """Write the datasets, measure each, print a markdown table, save JSON under ``out_dir``."""
     doc: dict = {"config": cfg.__dict__, "results": {}}
-    lines = ["| shards | scenario | ready (s) | first batch (s) | first batch vs torch+wds |",
-             "| ---: | --- | ---: | ---: | ---: |"]
+    lines = ["| shards | scenario | ready (s) | first batch (s) | index (s, logged) | "
+             "main() to ready (s, logged) | first batch vs torch+wds new process |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for n in cfg.shard_counts:
         directory = os.path.join(cfg.out_dir, f"startup-{n}x{cfg.samples_per_shard}")
         print(f"shards: {directory}", flush=True)

@@ -153,6 +153,7 @@ def load_index(
     if scanned is not None:
         log_skips(scanned.skipped, scanned.damaged, len(shards))
     else:
+        log.info("indexing %d shard(s), %d at once", len(shards), min(max_workers, len(shards)))
         scanned = scan_shards(shards, cache_dir=cache_dir, on_error=on_error,
                               max_workers=max_workers, progress=progress)
         data = _encode(scanned, on_error)
