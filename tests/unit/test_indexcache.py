@@ -143,3 +143,12 @@ def test_parallel_scan_equals_serial(tmp_path, n_shards: int, workers: int) -> N
     assert scan_shards(shards, max_workers=workers) == serial
     assert scan_shards(shards, max_workers=workers, progress=True) == serial
     assert serial.index.shards == tuple(shards)
+
+
+def test_progress_bar_goes_to_stderr(shards, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr("dataflow.scan.PROGRESS_DELAY_S", 0.0)
+    _load(shards, str(tmp_path / "quiet"))
+    assert capsys.readouterr().err == ""
+    _load(shards, str(tmp_path / "shown"), progress=True)
+    err = capsys.readouterr().err
+    assert "indexing shards" in err and f"/{len(shards)} " in err
