@@ -142,7 +142,7 @@ def _server_run(paths: list[str], cfg: StartupConfig, cache_dir: str) -> dict:
 
 
 _TORCH_CHILD = ("import sys, json; del sys.path[0]; from dataflow.bench.startup import "
-                "StartupConfig, _torch_run; c = json.loads(sys.argv[1]); "
+                "StartupConfig, _torch_run; c = json.loads(sys.stdin.read()); "
                 "print(json.dumps(_torch_run(c.pop('paths'), StartupConfig(**c))))")
 
 
@@ -151,8 +151,8 @@ def _torch_process_run(paths: list[str], cfg: StartupConfig) -> dict:
     arg = json.dumps({"paths": paths, "batch_size": cfg.batch_size, "workers": cfg.workers,
                       "timeout_s": cfg.timeout_s})
     start = time.monotonic()
-    subprocess.run([sys.executable, "-c", _TORCH_CHILD, arg], check=True, timeout=cfg.timeout_s,
-                   stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-c", _TORCH_CHILD], input=arg.encode(), check=True,
+                   timeout=cfg.timeout_s, stdout=subprocess.PIPE)
     return {"ready_s": None, "first_batch_s": time.monotonic() - start, "index_cache": None}
 
 
