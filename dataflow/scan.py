@@ -105,10 +105,16 @@ def scan_shards(
     try:
         with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
             futures = [pool.submit(_count, u, cache_dir, on_error) for u in shards]
-            if bar is not None:
-                for _ in as_completed(futures):
-                    bar.update()
-            results = [f.result() for f in futures]
+            try:
+                if bar is not None:
+                    for done in as_completed(futures):
+                        done.result()
+                        bar.update()
+                results = [f.result() for f in futures]
+            except BaseException:
+                for f in futures:  # the first failure ends the scan: open no further shard
+                    f.cancel()
+                raise
     finally:
         if bar is not None:
             bar.close()
