@@ -6,8 +6,8 @@ and the damage it left out, behind a SHA-256 digest of that content. It is used 
 every shard's identity (size and mtime, or ETag) is still the one recorded: checking that
 costs one ``stat`` per local shard (one metadata request per remote one, in a thread pool),
 not an open. A shard changed, added or removed, a file of another version, or a file that
-fails its digest or does not parse means a rebuild (the last two with a warning: a cache
-is never trusted blindly), and the rebuilt index replaces the file.
+fails its digest or does not parse means a rebuild (the last two with a warning: a cache is
+never trusted blindly), and the rebuilt index replaces the file.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataflow.errors import ConfigError, DataflowError
 from dataflow.index import DatasetIndex
 from dataflow.readers.cache import default_cache_dir, identity, write_atomic
 from dataflow.scan import MAX_OPEN_WORKERS, Scanned, log_skips, scan_shards
+from dataflow.sources import is_local
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +92,26 @@ def read_cache(path: str, shards: Sequence[str], on_error: str) -> Scanned:
 
 
 def changed_shards(index: DatasetIndex, max_workers: int) -> list[str]:
-    """Shards of ``index`` whose identity differs now (or that cannot be stat'ed)."""
+    """Shards of ``index`` whose identity differs now (or that cannot be stat'ed).
 
-    def changed(pair: tuple[str, str]) -> bool:
+    Local shards are checked in this thread (a ``stat`` costs microseconds, less than handing
+    it to a pool); remote ones in a pool of ``max_workers`` threads (a request each).
+    """
+
+    def changed(url: str, ident: str) -> bool:
         try:
-            return identity(pair[0]) != pair[1]
+            return identity(url) != ident
         except DataflowError:
             return True
 
     pairs = list(zip(index.shards, index.identities, strict=True))
-    with ThreadPoolExecutor(max(1, min(max_workers, len(pairs)))) as pool:
-        flags = list(pool.map(changed, pairs))
-    return [url for url, bad in zip(index.shards, flags, strict=True) if bad]
+    remote = [(u, i) for u, i in pairs if not is_local(u)]
+    bad = {u for u, i in pairs if is_local(u) and changed(u, i)}
+    if remote:
+        with ThreadPoolExecutor(min(max_workers, len(remote))) as pool:
+            flags = list(pool.map(changed, *zip(*remote, strict=True)))
+        bad.update(u for (u, _), flag in zip(remote, flags, strict=True) if flag)
+    return [u for u in index.shards if u in bad]
 
 
 def _cached(path: str, shards: Sequence[str], on_error: str,
