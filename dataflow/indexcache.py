@@ -154,6 +154,8 @@ def load_index(
             :func:`dataflow.scan.build_index` (a cache hit opens no shard, so raises none of
             the shard errors).
     """
+    if max_workers < 1:
+        raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
     start = time.monotonic()
     path = cache_path(cache_dir or default_cache_dir(), shards, on_error)
     saved: str | None = path

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from dataflow.demo import DemoSpec, make_demo
-from dataflow.errors import ShardReadError
+from dataflow.errors import ConfigError, ShardReadError
 from dataflow.indexcache import cache_path, load_index
 from dataflow.scan import build_index, scan_shards
 from dataflow.sources import resolve
@@ -168,3 +168,8 @@ def test_first_unreadable_shard_ends_the_scan(tmp_path, progress: bool) -> None:
         scan_shards(paths, max_workers=1, progress=progress)
     assert os.path.exists(paths[0] + ".dfidx")
     assert not any(os.path.exists(p + ".dfidx") for p in paths[10:])
+
+
+def test_max_workers_is_validated(shards, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"`max_workers` must be at least 1. Found: 0"):
+        _load(shards, str(tmp_path / "cache"), max_workers=0)
