@@ -1,4 +1,5 @@
-"""Command line: ``python -m dataflow.bench demo|run|sweep`` (console script ``dataflow-bench``)."""
+"""Command line: ``python -m dataflow.bench demo|run|sweep|startup`` (console script
+``dataflow-bench``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from dataflow.bench.config import LOADERS, STEP_MODES, BenchConfig
 from dataflow.bench.data import ensure_demo
 from dataflow.bench.session import run_config
+from dataflow.bench.startup import StartupConfig, run_startup
 from dataflow.bench.sweep import AXES, run_sweep
 from dataflow.demo import FORMATS
 from dataflow.errors import DataflowError
@@ -111,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
             "and peak RSS, as a table, a JSON file of every step and a PNG plot."
         ),
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,run,sweep}")
+    sub = p.add_subparsers(dest="command", required=True,
+                           metavar="{demo,run,sweep,startup}")
     demo = sub.add_parser(
         "demo", help="the first thing to run: demo data, 2 local servers, dataflow vs torch",
         description="Write demo shards (cached under --out), start local dataflow servers and "
@@ -131,7 +134,45 @@ def build_parser() -> argparse.ArgumentParser:
                        "(workers per server) for every loader (default: %(default)s)")
     sweep.add_argument("--values", type=lambda t: _csv(float, t), default=[0.0, 5.0, 20.0],
                        help="comma-separated values of the axis (default: 0,5,20)")
+    _startup_parser(sub)
     return p
+
+
+def _startup_parser(sub: argparse._SubParsersAction) -> None:
+    d = StartupConfig()
+    st = sub.add_parser(
+        "startup", help="time to ready and to first batch on thousands of small tar shards",
+        description="Write small tar shards (once, under --out) and time, per shard count, "
+        "from starting a dataflow server to its ready line and to a client's first batch: "
+        "cold (no index at all), with tar indexes only, and with the dataset index cache; "
+        "against torch DataLoader + webdataset to its first batch on the same shards.")
+    st.add_argument("--shard-counts", type=lambda t: _csv(int, t), default=list(d.shard_counts),
+                    help="comma-separated dataset sizes in shards (default: "
+                    f"{','.join(map(str, d.shard_counts))})")
+    st.add_argument("--samples-per-shard", type=int, default=d.samples_per_shard,
+                    help="samples per tar shard (default: %(default)s)")
+    st.add_argument("--batch-size", type=int, default=d.batch_size,
+                    help="samples per batch (default: %(default)s)")
+    st.add_argument("--workers", type=int, default=d.workers,
+                    help="server reader processes and torch DataLoader workers "
+                    "(default: %(default)s)")
+    st.add_argument("--repeats", type=int, default=d.repeats,
+                    help="runs per scenario, interleaved; medians reported "
+                    "(default: %(default)s)")
+    st.add_argument("--timeout", type=float, default=d.timeout_s,
+                    help="seconds to wait for a ready line or a first batch "
+                    "(default: %(default)s)")
+    st.add_argument("--out", default=d.out_dir,
+                    help="directory for the shards and startup.json (default: %(default)s)")
+
+
+def _run_startup(args: argparse.Namespace) -> int:
+    cfg = StartupConfig(
+        shard_counts=tuple(args.shard_counts), samples_per_shard=args.samples_per_shard,
+        batch_size=args.batch_size, workers=args.workers, repeats=args.repeats,
+        timeout_s=args.timeout, out_dir=args.out)
+    run_startup(cfg)
+    return 0
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -168,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
+        if args.command == "startup":
+            return _run_startup(args)
         cfg = config_from_args(args)
         if args.command == "sweep":
             doc = run_sweep(cfg, args.axis, args.values, tag=args.tag or "sweep")

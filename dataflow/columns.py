@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -253,3 +254,24 @@ def serving_options(options: ReadOptions, nulls: Mapping[str, int],
         masked.append(name)
     cats = tuple((k, tuple(sorted(set(v)))) for k, v in sorted((categories or {}).items()))
     return replace(options, masked=tuple(masked), categories=cats)
+
+
+class Census(NamedTuple):
+    """What a shard holds that the schema does not say.
+
+    Attributes:
+        nulls: null slots per selected leaf (``name``) and null items inside its lists
+            (``name[]``), for the leaves that have any.
+        categories: under ``dictionary="codes"``, per dictionary leaf the values of its
+            dictionaries.
+    """
+
+    nulls: dict[str, int]
+    categories: dict[str, set]
+
+    def add(self, other: Census) -> None:
+        """Count ``other`` in too."""
+        for name, n in other.nulls.items():
+            self.nulls[name] = self.nulls.get(name, 0) + n
+        for name, values in other.categories.items():
+            self.categories.setdefault(name, set()).update(values)

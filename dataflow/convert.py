@@ -23,6 +23,7 @@ from dataflow.batch import Batch, FieldSpec, Schema
 from dataflow.columns import (
     ITEMS_SUFFIX,
     VALID_SUFFIX,
+    Census,
     ReadOptions,
     is_pandas_index,
     pandas_index_columns,
@@ -173,27 +174,6 @@ def _class_names(schema: pa.Schema) -> dict[str, str]:
 def schema_of_arrow(schema: pa.Schema, opts: ReadOptions = DEFAULT) -> Schema:
     """The served schema: :func:`base_schema` plus masks and hive fields."""
     return with_extras(base_schema(schema, opts), opts)
-
-
-class Census(NamedTuple):
-    """What a shard holds that the schema does not say.
-
-    Attributes:
-        nulls: null slots per selected leaf (``name``) and null items inside its lists
-            (``name[]``), for the leaves that have any.
-        categories: under ``dictionary="codes"``, per dictionary leaf the values of its
-            dictionaries.
-    """
-
-    nulls: dict[str, int]
-    categories: dict[str, set]
-
-    def add(self, other: Census) -> None:
-        """Count ``other`` in too."""
-        for name, n in other.nulls.items():
-            self.nulls[name] = self.nulls.get(name, 0) + n
-        for name, values in other.categories.items():
-            self.categories.setdefault(name, set()).update(values)
 
 
 def census(table: pa.Table | pa.RecordBatch, opts: ReadOptions = DEFAULT) -> Census:

@@ -17,6 +17,12 @@ from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError, SchemaMismatchError
 
 
+def dataset_root(shards: Sequence[str]) -> str:
+    """The longest common prefix of ``shards`` that ends with ``/`` (``""`` when none)."""
+    prefix = os.path.commonprefix(list(shards))
+    return prefix[: prefix.rfind("/") + 1]
+
+
 @dataclass(frozen=True)
 class DatasetIndex:
     """Shards of one dataset with their sample counts, identities and shared schema.
@@ -75,8 +81,7 @@ class DatasetIndex:
     def root(self) -> str:
         """The dataset root: the longest common prefix of the shards that ends with ``/``
         (``""`` when they share none)."""
-        prefix = os.path.commonprefix(list(self.shards))
-        return prefix[: prefix.rfind("/") + 1]
+        return dataset_root(self.shards)
 
     @property
     def fingerprint(self) -> str:

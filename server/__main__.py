@@ -10,13 +10,15 @@ import resource
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 import zmq
 
 from dataflow.errors import DataflowError, ServerStartError
+from dataflow.indexcache import load_index
 from dataflow.remote import session
-from dataflow.scan import build_index
+from dataflow.scan import ScanOptions, resolve_dataset
 from dataflow.server import health
 from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
@@ -69,24 +71,38 @@ def reserve_descriptors(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
-def serve(config: ServerConfig, stop: _StopFlag) -> int:
-    """Bind the client endpoint, build the index, start workers, print the ready line, serve
-    until stopped, then tell every session the server is stopping."""
+def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
+          started: float | None = None) -> int:
+    """Bind the client endpoint, load or build the index, start workers, print the ready line,
+    serve until stopped, then tell every session the server is stopping.
+
+    Args:
+        config: the server's settings.
+        stop: polled by the serving loop.
+        progress: draw the indexing progress bar on stderr.
+        started: ``time.monotonic()`` when the process began its work, for the time to ready
+            in the log (default: when this call began).
+    """
+    started = time.monotonic() if started is None else started
     reserve_descriptors(config.descriptors)
     if config.transform:
         load_transform(config.transform, config.transform_path)
     # Abstract-namespace names (Linux): no file exists, so none is left behind, even on SIGKILL.
     backend = f"ipc://@dataflow-{os.getpid()}-{secrets.token_hex(8)}"
-    ctx = zmq.Context()
+    ctx: zmq.Context | None = None
     frontend = None
     pool = None
     metrics = None
     try:
-        index = build_index(list(config.data), cache_dir=config.cache_dir,
-                            on_error=config.on_error, options=config.read, split=config.split,
-                            tar=config.tar, remote=config.remote)
-        log.info("dataset: %d shard(s), %d sample(s), fingerprint %s", len(index.shards),
-                 index.total, index.fingerprint)
+        shards, read = resolve_dataset(list(config.data), split=config.split,
+                                       read=config.read, remote=config.remote)
+        loaded = load_index(shards, cache_dir=config.cache_dir, on_error=config.on_error,
+                            max_workers=config.index_workers, progress=progress,
+                            how=ScanOptions(read, config.tar, config.remote))
+        index, cache = loaded.index, "hit" if loaded.hit else "miss"
+        log.info("dataset: %d shard(s), %d sample(s), fingerprint %s; index in %.2f s "
+                 "(index cache %s)", len(index.shards), index.total, index.fingerprint,
+                 loaded.seconds, cache)
         if not all(is_local(s) for s in index.shards):
             log.info("remote reads while indexing: %s", session(config.remote).stats())
         data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
@@ -97,11 +113,15 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
                                      config.transform_path, config.tar, config.remote),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
+        # Reader processes are forked (they share this process's imports) before it has a
+        # ZeroMQ context or a metrics thread (see WorkerPool.start: a process running other
+        # threads, such as the remote layer's, spawns them instead).
+        pool.start(fork=True)
+        ctx = zmq.Context()
         if config.metrics_port is not None:
             metrics = ServerMetrics(config.metrics_port, config.metrics_bind)
         frontend = Frontend(config, index, pool, ctx, backend,
                             metrics.publish if metrics is not None else None)
-        pool.start()
         frontend.wait_ready(READY_TIMEOUT_S, stop)
         if stop():
             return 0
@@ -110,10 +130,12 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
         ready = {"event": "ready", "endpoint": frontend.endpoint, "pid": os.getpid(),
                  "workers": config.workers, "shards": len(index.shards), "samples": index.total,
                  "fingerprint": index.fingerprint, "worker_pids": pool.pids,
-                 "data_endpoints": pool.endpoints,
+                 "data_endpoints": pool.endpoints, "index_cache": cache,
                  "metrics_port": metrics.port if metrics is not None else None}
         sys.stdout.write(json.dumps(ready) + "\n")
         sys.stdout.flush()
+        log.info("ready in %.2f s (%d shards, %d samples, index cache %s)",
+                 time.monotonic() - started, len(index.shards), index.total, cache)
         log.info("serving on %s with %d worker(s)", frontend.endpoint, config.workers)
         frontend.serve(stop)
         frontend.stopping()
@@ -126,11 +148,13 @@ def serve(config: ServerConfig, stop: _StopFlag) -> int:
             pool.close()
         if frontend is not None:
             frontend.close(STOPPING_LINGER_MS)
-        ctx.term()
+        if ctx is not None:
+            ctx.term()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the process exit code."""
+    started = time.monotonic()
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["health"]:
         return health.main(args[1:])
@@ -140,7 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = _StopFlag(os.getppid() if config.exit_with_parent else None)
     stop.install()
     try:
-        return serve(config, stop)
+        progress = config.progress == "on" or (config.progress == "auto"
+                                               and sys.stderr.isatty())
+        return serve(config, stop, progress=progress, started=started)
     except (DataflowError, OSError, zmq.ZMQError) as e:
         log.error("%s: %s", type(e).__name__, e)
         return 1

@@ -35,6 +35,8 @@ MAX_WORKERS = 256
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ON_ERROR = ("raise", "skip")
 DEFAULT_METRICS_BIND = "127.0.0.1"
+DEFAULT_INDEX_WORKERS = 8
+PROGRESS_MODES = ("auto", "on", "off")
 
 
 def default_workers() -> int:
@@ -80,6 +82,9 @@ class ServerConfig:
         read: which columns are served and how (:mod:`dataflow.columns`).
         split: the split of a Hugging Face DatasetDict root.
         remote: storage options and local cache size for remote shards.
+        index_workers: shards opened at once while the dataset index is built.
+        progress: indexing progress bar on stderr: ``on``, ``off``, or ``auto`` (on when
+            stderr is a terminal).
     """
 
     data: tuple[str, ...]
@@ -106,6 +111,8 @@ class ServerConfig:
     read: ReadOptions = ReadOptions()
     split: str | None = None
     remote: RemoteConfig = RemoteConfig()
+    index_workers: int = DEFAULT_INDEX_WORKERS
+    progress: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -151,6 +158,11 @@ class ServerConfig:
                               f"Found: {self.max_inbound_bytes}")
         if self.metrics_port is not None:
             check_metrics_address(self.metrics_port, self.metrics_bind, "metrics")
+        if not 1 <= self.index_workers <= 256:
+            raise ConfigError(f"`index_workers` must be in [1, 256]. Found: {self.index_workers}")
+        if self.progress not in PROGRESS_MODES:
+            raise ConfigError(f"`progress` must be one of {PROGRESS_MODES}. "
+                              f"Found: {self.progress!r}")
 
     @property
     def zmq_bind(self) -> str:
@@ -294,6 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
                           "pod IP) for a Prometheus on another host. It has no "
                           "authentication, so it stays on loopback unless asked "
                           "(default: %(default)s)")
+    start = p.add_argument_group(
+        "start-up", "the dataset index (every shard's sample count) is cached under "
+                    "--cache-dir/datasets and reused while no shard changed; otherwise every "
+                    "shard is opened, in a thread pool")
+    start.add_argument("--index-workers", type=int, default=DEFAULT_INDEX_WORKERS, metavar="N",
+                       help="shards opened at once while indexing; more helps remote shards "
+                            "(object-store latency), not local ones (default: %(default)s)")
+    start.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                       help="indexing progress bar (tqdm) on stderr, drawn once indexing "
+                            "takes over 1 s: auto draws it only when stderr is a terminal, "
+                            "never into a log file (default: %(default)s)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
@@ -326,6 +349,7 @@ def parse_args(argv: Sequence[str] | None = None,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
             metrics_port=ns.metrics_port, metrics_bind=ns.metrics_bind,
             read=read_options(ns), split=ns.split, remote=remote,
+            index_workers=ns.index_workers, progress=ns.progress,
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -1,6 +1,8 @@
 """Reader worker processes: serve tasks (:mod:`dataflow.server.tasks`), send replies to clients.
 
-A worker is a process started with the ``spawn`` method. It has two sockets:
+A worker is a process forked from the server before it creates its ZeroMQ context (the first
+workers: their imports are already done) or started with the ``spawn`` method (replacements).
+It has two sockets:
 
 * a DEALER connected to the frontend's private ``ipc://`` backend (tasks and notices);
 * a ROUTER *data* socket bound next to the server's client endpoint (``tcp://host:*``, or
@@ -155,7 +157,8 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
         data_bind: endpoint to bind the data socket to (a concrete one for a replacement).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=spec.log_level,
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker has the server's handler
+    logging.basicConfig(level=spec.log_level, force=True,
                         format="%(asctime)s %(levelname)s worker[%(process)d] %(message)s")
     transform = (load_transform(spec.transform, spec.transform_path) if spec.transform
                  else None)

@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.batch import Batch, Schema
-from dataflow.columns import ReadOptions
-from dataflow.convert import DEFAULT, Census, census, check_selection, schema_of_arrow
+from dataflow.columns import Census, ReadOptions
+from dataflow.convert import DEFAULT, census, check_selection, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.base import (
     ShardReader,

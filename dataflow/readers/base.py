@@ -9,16 +9,20 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from dataflow.batch import Batch, Ragged, Schema, concat
-from dataflow.columns import ReadOptions, hive_columns
-from dataflow.convert import DEFAULT, Census, from_arrow
+from dataflow.columns import Census, ReadOptions, hive_columns
 from dataflow.errors import ConfigError, DataflowError, ShardReadError
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 log = logging.getLogger(__name__)
+
+_DEFAULT = ReadOptions()
 
 ON_ERROR = ("raise", "skip")
 MAX_SKIP_LOG = 1000
@@ -97,7 +101,7 @@ class ShardReader(ABC):
     schema: Schema
     closed: bool = False
 
-    def __init__(self, url: str, on_error: str, options: ReadOptions = DEFAULT) -> None:
+    def __init__(self, url: str, on_error: str, options: ReadOptions = _DEFAULT) -> None:
         self.url = url
         self.options = options
         self.on_error = check_on_error(on_error)
@@ -210,7 +214,13 @@ class ShardReader(ABC):
             self.skip_log.append(SkipRecord.of(damage[unit], n))
 
     def _from_arrow(self, table: pa.Table | pa.RecordBatch, start: int) -> Batch:
-        """Convert rows of this shard starting at ``start`` to a batch of ``self.schema``."""
+        """Convert rows of this shard starting at ``start`` to a batch of ``self.schema``.
+
+        Only the Arrow and Parquet readers call this, so pyarrow is imported here, not with
+        the module (a tar-only server never loads it).
+        """
+        from dataflow.convert import from_arrow
+
         try:
             batch = from_arrow(table, self.schema, self.options)
             if self.options.hive:

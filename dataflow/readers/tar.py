@@ -18,7 +18,7 @@ headers.
 A zero-byte tar, like a tar holding only its end-of-archive blocks, is a shard of zero
 samples and no fields.
 
-Damage is dealt with when the index is built (see :mod:`dataflow.readers.tarindex`): under
+Damage is dealt with when the index is built (see :mod:`dataflow.readers.tarbuild`): under
 ``on_error="skip"`` the damaged samples are left out of the index and counted once, so reads
 never meet them. A cached index is trusted only when it verifies (identity, digest, fit to
 the tar, sampled headers); one that does not is rebuilt, with a warning when the shard's
@@ -42,14 +42,9 @@ from dataflow.errors import ConfigError, ShardReadError
 from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, identity, local_copy, write_atomic
 from dataflow.readers.remotefile import RemoteBlob
-from dataflow.readers.tarindex import (
-    MISSING_FIELD,
-    OutdatedIndex,
-    TarIndex,
-    build_index,
-    gather_fixed,
-    split_name,
-)
+from dataflow.readers.tarbuild import build_index
+from dataflow.readers.tarindex import MISSING_FIELD, TarIndex, gather_fixed, split_name
+from dataflow.readers.tarindexfile import OutdatedIndex, load_tar_index, save_tar_index
 from dataflow.readers.tarwalk import BLOCK as TAR_BLOCK
 from dataflow.readers.tarwalk import member_name
 from dataflow.remote import RemoteConfig
@@ -124,7 +119,7 @@ def save_index(index: TarIndex, paths: list[str]) -> str | None:
     for path in paths:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_atomic(path, index.save)
+            write_atomic(path, lambda f: save_tar_index(index, f))
             return path
         except OSError as e:
             log.debug("cannot write tar index %s: %s", path, e)
@@ -229,14 +224,14 @@ class TarReader(ShardReader):
         path; a rejected one that claims to be current is logged."""
         for path in paths:
             try:
-                index = TarIndex.load(path, self.url)
+                index = load_tar_index(path, self.url)
             except FileNotFoundError:
                 continue
             except OutdatedIndex as e:
-                log.info("%s: cached tar index %s is outdated, rebuilding: %s", self.url, path, e)
+                log.info("cached tar index outdated, rebuilding: %s", e)
                 continue
             except ValueError as e:
-                log.warning("%s: cached tar index %s rejected, rebuilding: %s", self.url, path, e)
+                log.warning("cached tar index rejected, rebuilding: %s", e)
                 continue
             if index.identity != ident:
                 log.debug("%s: cached tar index %s is of another version of the shard",

@@ -19,6 +19,7 @@ BLOCK = 512
 _ZERO_BLOCK = bytes(BLOCK)
 _FILE_TYPES = (b"0", b"\0", b"7")
 _USTAR_POSIX = b"ustar\x0000"
+_HIGH_BYTES = bytes(range(0x80, 0x100))
 
 
 class Damage(NamedTuple):
@@ -72,7 +73,7 @@ def _checksum(block: bytes, signed: bool = False) -> int:
     """
     total = sum(block) - sum(block[148:156]) + 8 * 0x20
     if signed:
-        total -= 256 * sum(1 for b in block if b >= 0x80)
+        total -= 256 * (len(block) - len(bytes(block).translate(None, _HIGH_BYTES)))
     return total
 
 
@@ -105,7 +106,7 @@ def valid_header(data: bytes | mmap.mmap, pos: int) -> bool:
         stored = _octal(block[148:156])
     except ValueError:
         return False
-    return stored in (_checksum(block), _checksum(block, signed=True))
+    return stored == _checksum(block) or stored == _checksum(block, signed=True)
 
 
 def resync(data: bytes | mmap.mmap, after: int) -> int | None:

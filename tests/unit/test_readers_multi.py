@@ -16,7 +16,7 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers import ShardReader, open_shard, read_ranges
 from dataflow.readers.multi import describe_ranges
-from dataflow.readers.tarindex import TarIndex
+from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
 
 KINDS = ["arrow-file", "arrow-stream", "parquet", "tar"]
 
@@ -154,10 +154,10 @@ def test_unexpected_errors_name_the_shard_and_ranges(tmp_path) -> None:
             t.addfile(info, io.BytesIO(f.getvalue()))
     with open_shard(path) as r:
         index_path = r.index_path
-    good = TarIndex.load(index_path, path)
+    good = load_tar_index(index_path, path)
     damaged = dataclasses.replace(good, codecs=("npy:<not-a-dtype",))
     with open(index_path, "wb") as f:
-        damaged.save(f)
+        save_tar_index(damaged, f)
     with open_shard(path) as r:
         assert not r.index_built
         with pytest.raises(DataflowError) as e:

@@ -20,7 +20,8 @@ from dataflow.demo import DemoSpec, demo_samples, make_demo
 from dataflow.errors import ShardReadError
 from dataflow.readers import TarReader, open_shard
 from dataflow.readers.cache import default_cache_dir
-from dataflow.readers.tarindex import TarIndex, field_of, gather_fixed, split_name
+from dataflow.readers.tarindex import field_of, gather_fixed, split_name
+from dataflow.readers.tarindexfile import load_tar_index
 
 SPEC = DemoSpec(fmt="tar", shards=2, samples_per_shard=40, image_shape=(3, 4, 5), seed=1)
 NOBODY = 65534
@@ -316,7 +317,7 @@ def test_index_goes_to_cache_dir_when_shard_directory_is_read_only() -> None:
 def test_cached_index_must_fit_the_tar(tmp_path) -> None:
     path = _cli_tar(tmp_path, _members(3))
     open_shard(path).close()
-    index = TarIndex.load(path + ".dfidx", path)
+    index = load_tar_index(path + ".dfidx", path)
     with open(path, "rb") as f:
         data = f.read()
     assert index.problem(data) is None

@@ -57,3 +57,14 @@ def test_webdataset_flags() -> None:
     text = build_parser().format_help()
     for flag in ("--transform-path", "--key-field", "--missing-field"):
         assert flag in text
+def test_startup_flags() -> None:
+    config = parse_args(["--data", "x"])
+    assert (config.index_workers, config.progress) == (8, "auto")
+    config = parse_args(["--data", "x", "--index-workers", "32", "--progress", "off"])
+    assert (config.index_workers, config.progress) == (32, "off")
+    with pytest.raises(ConfigError, match=r"`index_workers` must be in \[1, 256\]. Found: 0"):
+        ServerConfig(("x",), index_workers=0)
+    with pytest.raises(ConfigError, match=r"`progress` must be one of .* Found: 'yes'"):
+        ServerConfig(("x",), progress="yes")
+    text = build_parser().format_help()
+    assert "--index-workers" in text and "--progress" in text
