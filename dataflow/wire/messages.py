@@ -6,6 +6,7 @@ Kinds (server -> client): INDEX, BATCH, ERROR, HEARTBEAT, STATS_REPLY.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,7 +178,7 @@ class ArraySpec:
     dtype: str
     shape: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
