@@ -13,7 +13,7 @@ PAX-header tars), decoding with Pillow and random-cropping to 224x224 on both si
   GPU-idle fraction, wait / wall time. The budgets differ on purpose: this is what moving
   the decode off the trainer host buys.
 
-Usage: python -m dataflow.bench.decode [--workers 2] [--batch-size 64] [--step-ms 20]
+Usage: python -m dataflow.bench.decode [--workers 2] [--batch-size 64] [--step-ms 100]
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="default: %(default)s")
     p.add_argument("--batches", type=int, default=40,
                    help="timed batches per measurement (default: %(default)s)")
-    p.add_argument("--step-ms", type=float, default=20.0,
+    p.add_argument("--step-ms", type=float, default=100.0,
                    help="offload case: sleep step per batch, ms (default: %(default)s)")
     p.add_argument("--shards", type=int, default=8, help="default: %(default)s")
     p.add_argument("--samples-per-shard", type=int, default=500, help="default: %(default)s")
