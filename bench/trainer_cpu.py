@@ -14,6 +14,7 @@ Without CUDA, torch's ``pin_memory=True`` pins nothing (torch warns and skips it
 dataflow's ``pin_memory`` is off too.
 
 Usage: python -m dataflow.bench.trainer_cpu [--format arrow] [--batch-size 256] [--epochs 10]
+[--step-ms 0]
 """
 
 from __future__ import annotations
@@ -61,14 +62,18 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
-def measure(epochs: Iterable[Iterable]) -> tuple[float, float, int, dict[str, float]]:
-    """(trainer CPU s, wall s, batches, CPU s per thread name) over ``epochs``."""
+def measure(epochs: Iterable[Iterable], step_s: float = 0.0
+            ) -> tuple[float, float, int, dict[str, float]]:
+    """(trainer CPU s, wall s, batches, CPU s per thread name) over ``epochs``, sleeping
+    ``step_s`` after each batch (a GPU step: the trainer's CPU stays free)."""
     n = 0
     threads0 = thread_cpu()
     cpu0, wall0 = _cpu(), time.perf_counter()
     for epoch in epochs:
         for _ in epoch:
             n += 1
+            if step_s:
+                time.sleep(step_s)
     cpu, wall = _cpu() - cpu0, time.perf_counter() - wall0
     threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu().items()}
     return cpu, wall, n, threads
@@ -96,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="default: %(default)s")
     p.add_argument("--epochs", type=int, default=10,
                    help="timed epochs after one warm-up epoch (default: %(default)s)")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="sleep per batch, like a GPU step; with a step the loaders' request "
+                   "windows are full and every batch is a hand-over (default: %(default)s)")
     p.add_argument("--shards", type=int, default=8, help="default: %(default)s")
     p.add_argument("--samples-per-shard", type=int, default=1000, help="default: %(default)s")
     args = p.parse_args(argv)
@@ -109,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
             torch_dl = _torch_loader(args.format, list(demo.paths), args.batch_size)
             for _ in torch_dl:
                 pass
-            cpu, wall, n, _ = measure(torch_dl for _ in range(args.epochs))
+            cpu, wall, n, _ = measure((torch_dl for _ in range(args.epochs)),
+                                      args.step_ms / 1e3)
         rows.append((f"torch DataLoader(num_workers=2, pin_memory=True), {kind}", cpu, wall, n))
         del torch_dl
 
@@ -118,14 +127,15 @@ def main(argv: list[str] | None = None) -> None:
         ) as dl:
             for _ in dl:
                 pass
-            cpu, wall, n, threads = measure(dl for _ in range(args.epochs))
+            cpu, wall, n, threads = measure((dl for _ in range(args.epochs)),
+                                            args.step_ms / 1e3)
         rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
 
     base = rows[0][1] / rows[0][3]
     command = " ".join(argv or sys.argv[1:])
     print(f"command: python -m dataflow.bench.trainer_cpu {command}".rstrip())
     print(f"{demo.total} samples in {args.shards} {args.format} shards, batch {args.batch_size}, "
-          f"{args.epochs} timed epochs after warm-up, CUDA available: "
+          f"{args.epochs} timed epochs after warm-up, step {args.step_ms:g} ms, CUDA available: "
           f"{torch.cuda.is_available()}")
     print()
     print("| loader | batches | trainer CPU s | CPU ms / batch | wall s | ratio to torch |")

@@ -6,7 +6,6 @@ Kinds (server -> client): INDEX, BATCH, ERROR, HEARTBEAT, STATS_REPLY.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ DTYPES = frozenset(
      "float16", "float32", "float64"]
 )
 OFFSETS_SUFFIX = ".offsets"
+ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 
 Buffer = bytes | memoryview
 
@@ -178,9 +178,9 @@ class ArraySpec:
     dtype: str
     shape: tuple[int, ...]
 
-    @functools.cached_property
+    @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * ITEMSIZE[self.dtype]
 
 
 @dataclass(frozen=True)
