@@ -34,10 +34,14 @@ class LoaderRun(Protocol):
     Attributes:
         name: the loader's name in the report.
         description: how it was set up (processes, options), one line.
+        budget: loading processes it uses, its share of the CPU budget: dataflow's reader
+            processes over all servers (front processes not counted), torch's and the peers'
+            workers.
     """
 
     name: str
     description: str
+    budget: int
 
     def batches(self) -> Iterator[Batch]:
         """Batches forever, epoch after epoch (calling ``set_epoch`` where there is one)."""
@@ -47,6 +51,17 @@ class LoaderRun(Protocol):
 
     def close(self) -> None:
         """Stop the loader and its processes; idempotent."""
+
+
+def dataflow_budget(readers: tuple[int, ...], *, local: bool) -> str:
+    """How dataflow's servers are set up, from each server's reader process count."""
+    counts = sorted(set(readers))
+    shape = (f"{len(readers)} x {counts[0]}" if len(counts) == 1
+             else " + ".join(str(r) for r in readers))
+    where = "local" if local else "given"
+    unmeasured = "" if local else "; their CPU and RSS not measured"
+    return (f"{len(readers)} {where} server(s): {shape} = {sum(readers)} reader process(es) "
+            f"+ {len(readers)} front process(es){unmeasured}")
 
 
 class DataflowRun:
@@ -69,20 +84,20 @@ class DataflowRun:
         try:
             if cfg.endpoints:
                 endpoints = list(cfg.endpoints)
-                self.description = f"{len(endpoints)} given server(s), processes not measured"
             else:
                 for _ in range(cfg.servers):
                     self._handles.append(launch(list(data.shards), workers=cfg.workers_per_server,
                                                 timeout=cfg.timeout_s))
                 endpoints = [h.endpoint for h in self._handles]
-                self.description = (f"{cfg.servers} local server(s) x {cfg.workers_per_server} "
-                                    f"reader process(es)")
             self._loader = DataLoader(
                 endpoints, batch_size=cfg.batch_size, rank=0, world_size=1,
                 shuffle=cfg.shuffle, seed=cfg.seed, pin_memory=pin_memory,
                 prefetch=max(1, math.ceil(cfg.prefetch / len(endpoints))),
                 timeout=cfg.timeout_s,
             )
+            readers = self._loader.server_readers
+            self.budget = sum(readers)
+            self.description = dataflow_budget(readers, local=not cfg.endpoints)
         except BaseException:
             self.close()
             raise
@@ -121,6 +136,7 @@ class ReiterableRun:
 
     name: str
     description: str
+    budget: int
 
     def __init__(self) -> None:
         self._before = set(descendants([os.getpid()]))
@@ -182,5 +198,6 @@ class TorchRun(ReiterableRun):
             num_workers=cfg.workers, pin_memory=pin_memory, persistent_workers=True,
             prefetch_factor=prefetch_factor, timeout=cfg.timeout_s,
         )
+        self.budget = cfg.workers
         self.description = (f"DataLoader({kind}, num_workers={cfg.workers}, "
                             f"prefetch_factor={prefetch_factor}, pin_memory={pin_memory})")

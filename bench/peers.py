@@ -92,10 +92,12 @@ def _loader_kwargs(cfg: BenchConfig, pin_memory: bool) -> _LoaderKwargs:
 class _TorchLoaderPeer(ReiterableRun):
     """A peer whose loader is a torch-style DataLoader over its own dataset class."""
 
-    def __init__(self, name: str, loader: Iterable[Batch], description: str) -> None:
+    def __init__(self, name: str, loader: Iterable[Batch], description: str,
+                 budget: int) -> None:
         super().__init__()
         self.name = name
         self.description = description
+        self.budget = budget
         self._loader = loader
 
 
@@ -138,7 +140,8 @@ def _streaming_open(cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> _
     loader = torch.utils.data.DataLoader(dataset, collate_fn=_collate_host,
                                          **_loader_kwargs(cfg, pin_memory))
     return _TorchLoaderPeer("streaming", loader,
-                            f"StreamingDataset (MDS) + DataLoader(num_workers={cfg.workers})")
+                            f"StreamingDataset (MDS) + DataLoader(num_workers={cfg.workers})",
+                            cfg.workers)
 
 
 def _litdata_prepare(cfg: BenchConfig, data: BenchData) -> dict[str, object]:
@@ -159,7 +162,7 @@ def _litdata_open(cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> _To
     loader = litdata.StreamingDataLoader(dataset, collate_fn=_collate_host,
                                          **_loader_kwargs(cfg, pin_memory))
     return _TorchLoaderPeer("litdata", loader,
-                            f"litdata StreamingDataLoader(num_workers={cfg.workers})")
+                            f"litdata StreamingDataLoader(num_workers={cfg.workers})", cfg.workers)
 
 
 def _ray_table(url: str) -> object:
@@ -233,6 +236,7 @@ class RayRun:
                 "started with _node_ip_address=127.0.0.1; the bench runs on loopback only"
             )
         self._cfg = cfg
+        self.budget = cfg.workers
         self._pin = pin_memory
         self._path = path
         self.description = (f"ray.data.read_parquet + iter_torch_batches, num_cpus={cfg.workers}"
@@ -275,22 +279,45 @@ class Peer:
     Attributes:
         module: the module whose import decides availability.
         install: how to install it, for the skip message.
+        needs: per module the peer imports when it loads (other than its own), how to
+            install it when missing or broken, for the skip message.
         prepare: converts the dataset (cached); returns path, seconds and cache hit.
         open: opens the loader (after ``prepare``).
     """
 
     module: str
     install: str
+    needs: dict[str, str]
     prepare: Callable[[BenchConfig, BenchData], dict[str, object]]
     open: OpenPeer
 
 
+TORCHVISION_FIX = (
+    f"install the torchvision release built for this torch ({torch.__version__}) without "
+    "letting pip change torch, e.g. `pip install --no-deps torchvision==<matching version> "
+    "--index-url https://download.pytorch.org/whl/cpu` for a CPU torch (the default index "
+    "may only have a CUDA build, which fails to load with a CPU torch: "
+    "`operator torchvision::nms does not exist`)"
+)
+
 PEERS: dict[str, Peer] = {
-    "streaming": Peer("streaming", "pip install mosaicml-streaming", _streaming_prepare,
-                      _streaming_open),
-    "litdata": Peer("litdata", "pip install litdata", _litdata_prepare, _litdata_open),
-    "ray": Peer("ray.data", "pip install 'ray[data]'", _ray_prepare, RayRun),
+    "streaming": Peer("streaming", "pip install mosaicml-streaming",
+                      {"torchvision": TORCHVISION_FIX}, _streaming_prepare, _streaming_open),
+    "litdata": Peer("litdata", "pip install litdata", {"torchvision": TORCHVISION_FIX},
+                    _litdata_prepare, _litdata_open),
+    "ray": Peer("ray.data", "pip install 'ray[data]'", {"pydantic": "pip install pydantic"},
+                _ray_prepare, RayRun),
 }
+
+
+def _needed(peer: Peer, error: BaseException) -> str | None:
+    """The dependency of ``peer`` that ``error`` is about, or None."""
+    missing = getattr(error, "name", None) or ""
+    text = str(error)
+    for module in peer.needs:
+        if missing.split(".")[0] == module or module in text:
+            return module
+    return None
 
 
 def unavailable_reason(name: str) -> str | None:
@@ -300,8 +327,12 @@ def unavailable_reason(name: str) -> str | None:
         return None
     try:
         importlib.import_module(peer.module)
-    except ImportError as e:
-        return f"not installed ({e}); install with `{peer.install}` (optional extra)"
-    except Exception as e:  # a broken install (e.g. a mismatched extension) skips the peer
+    except Exception as e:  # ImportError, or a broken install (a mismatched extension)
+        dependency = _needed(peer, e)
+        if dependency is not None:
+            return (f"`{peer.module}` imports `{dependency}`, which is missing or broken "
+                    f"({type(e).__name__}: {e}); fix: {peer.needs[dependency]}")
+        if isinstance(e, ImportError):
+            return f"not installed ({e}); install with `{peer.install}` (optional extra)"
         return f"fails to import: {type(e).__name__}: {e}"
     return None

@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dataflow.bench.report import budget_title
+
 MISSING = "matplotlib is not installed; skipping the PNG (pip install 'dataflow[plot]')"
 
 
@@ -58,8 +60,9 @@ def plot_run(doc: Mapping[str, Any], path: str) -> str | None:
     ax_rate.set_ylabel("samples/s")
     ax_rate.set_title("throughput (median)")
     cfg = doc["config"]
+    budget = {name: loaders[name]["budget"] for name in names}
     fig.suptitle(f"{doc['data']['format']}, batch {cfg['batch_size']}, {doc['step']}, "
-                 f"{cfg['workers']} loading processes per loader", fontsize=10)
+                 f"{budget_title(budget)}", fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -69,7 +72,8 @@ def plot_run(doc: Mapping[str, Any], path: str) -> str | None:
 
 def plot_sweep(axis: str, values: Sequence[float],
                idle: Mapping[str, Sequence[float | None]],
-               rate: Mapping[str, Sequence[float | None]], path: str) -> str | None:
+               rate: Mapping[str, Sequence[float | None]], path: str, *,
+               integer: bool = False) -> str | None:
     """GPU-idle fraction and samples/s against the swept setting, one line per loader.
 
     Args:
@@ -78,6 +82,7 @@ def plot_sweep(axis: str, values: Sequence[float],
         idle: per loader, GPU-idle fraction per value (None: not measured).
         rate: per loader, samples/s per value.
         path: PNG file to write.
+        integer: the setting is a count (servers): ticks at the swept values only.
 
     Returns:
         ``path``, or None when matplotlib is missing.
@@ -96,6 +101,8 @@ def plot_sweep(axis: str, values: Sequence[float],
     ax_rate.set_xlabel(axis)
     ax_rate.set_ylabel("samples/s")
     for ax in (ax_idle, ax_rate):
+        if integer:
+            ax.set_xticks([int(v) for v in values])
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()

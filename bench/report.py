@@ -63,11 +63,39 @@ def _cell(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
+def budgets(outcome: BenchOutcome) -> dict[str, int]:
+    """Per loader that ran, the loading processes it used."""
+    return {name: runs[0].budget for name, runs in outcome.results.items() if runs}
+
+
+def unequal_budgets(budget: Mapping[str, int]) -> str | None:
+    """A warning naming each loader's loading processes when they differ, else None."""
+    if len(set(budget.values())) <= 1:
+        return None
+    each = ", ".join(f"{name} {n}" for name, n in budget.items())
+    return (f"unequal CPU budgets (loading processes: {each}): ratios marked ! compare "
+            "different budgets, not loaders")
+
+
+def budget_title(budget: Mapping[str, int]) -> str:
+    """The CPU budget for a plot title: one count when equal, else every loader's."""
+    counts = set(budget.values())
+    if len(counts) == 1:
+        return f"{counts.pop()} loading processes per loader"
+    return "UNEQUAL budgets: " + ", ".join(f"{name} {n}" for name, n in budget.items()) + \
+        " loading processes"
+
+
 def summary_rows(outcome: BenchOutcome, order: Sequence[str]) -> list[list[str]]:
-    """One row of cells per loader (medians over repeats; skipped/failed rows say why)."""
+    """One row of cells per loader (medians over repeats; skipped/failed rows say why).
+
+    The ratio to the baseline's samples/s is marked ``!`` when the loader used a different
+    number of loading processes than the baseline.
+    """
     medians = {name: median_figures(runs) for name, runs in outcome.results.items()
                if name not in outcome.failed}
     base = medians.get(BASELINE, {}).get("samples_per_s")
+    budget = budgets(outcome)
     rows = []
     for name in order:
         if name in outcome.skipped:
@@ -81,25 +109,33 @@ def summary_rows(outcome: BenchOutcome, order: Sequence[str]) -> list[list[str]]
         f = medians[name]
         rate = f["samples_per_s"]
         ratio = f"{rate / base:.2f}x" if base and rate is not None else "n/a"
+        if base and budget[name] != budget[BASELINE]:
+            ratio += "!"
         cells = [_cell(f[key], fmt) for key, _, fmt in COLUMNS]
-        rows.append([name, *cells[:2], ratio, *cells[2:]])
+        rows.append([name, str(budget[name]), *cells[:2], ratio, *cells[2:]])
     return rows
 
 
 def _headers() -> list[str]:
     names = [title for _, title, _ in COLUMNS]
-    return ["loader", *names[:2], f"vs {BASELINE}", *names[2:]]
+    return ["loader", "procs", *names[:2], f"vs {BASELINE}", *names[2:]]
 
 
 def format_table(outcome: BenchOutcome, order: Sequence[str], *, markdown: bool = False) -> str:
-    """The summary table, plain text for the terminal or GitHub markdown."""
+    """The summary table, plain text for the terminal or GitHub markdown.
+
+    ``procs`` is each loader's loading processes; a line under the table warns when they
+    differ between loaders.
+    """
     headers = _headers()
     rows = summary_rows(outcome, order)
+    warning = unequal_budgets(budgets(outcome))
+    note = [] if warning is None else ["", f"WARNING: {warning}"]
     if markdown:
         lines = ["| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
         for row in rows:
             lines.append("| " + " | ".join(row + [""] * (len(headers) - len(row))) + " |")
-        return "\n".join(lines)
+        return "\n".join(lines + note)
     full = [r for r in rows if len(r) == len(headers)]
     widths = [max(len(h), *(len(r[i]) for r in full)) if full else len(h)
               for i, h in enumerate(headers)]
@@ -111,7 +147,7 @@ def format_table(outcome: BenchOutcome, order: Sequence[str], *, markdown: bool 
                                    for i, (c, w) in enumerate(zip(row, widths, strict=True))))
         else:
             lines.append(f"{row[0].ljust(widths[0])}  {row[1]}")
-    return "\n".join(lines)
+    return "\n".join(lines + note)
 
 
 def _floats(a: np.ndarray, scale: float = 1.0) -> list[float]:
@@ -129,6 +165,7 @@ def to_json(cfg: BenchConfig, data: BenchData, outcome: BenchOutcome, *, step: s
     for name, runs in outcome.results.items():
         loaders[name] = {
             "description": runs[0].description,
+            "budget": runs[0].budget,
             "median": median_figures(runs),
             "failed": outcome.failed.get(name),
             "runs": [

@@ -48,6 +48,7 @@ class RunResult:
         loader_cpu_s: CPU seconds of the loader's processes over the measured steps (None:
             not measurable).
         loader_processes: loader processes seen.
+        budget: loading processes the loader used (see ``LoaderRun.budget``).
     """
 
     loader: str
@@ -59,6 +60,7 @@ class RunResult:
     loader_peak_rss: int | None
     loader_cpu_s: float | None
     loader_processes: int
+    budget: int
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures of this run (units in the key names)."""
@@ -188,7 +190,7 @@ def run_once(name: str, repeat: int, cfg: BenchConfig, data: BenchData, step: St
     result = RunResult(
         loader=name, repeat=repeat, description=loader.description, measurement=measurement,
         setup_s=setup_s, trainer_peak_rss=trainer_rss, loader_peak_rss=loader_rss,
-        loader_cpu_s=loader_cpu, loader_processes=len(pids),
+        loader_cpu_s=loader_cpu, loader_processes=len(pids), budget=loader.budget,
     )
     f = result.figures()
     progress.line(f"{label}: GPU-idle {f['gpu_idle']:.1%}, {f['samples_per_s']:,.0f} samples/s")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -38,7 +39,9 @@ def header(cfg: BenchConfig, data: BenchData, step: str, page_cache: str) -> str
               f"dataflow {cfg.servers} server(s) x {cfg.workers_per_server} reader process(es)"
               f" + 1 front process per server; peers {cfg.workers} workers)")
     if cfg.endpoints:
-        budget = f"dataflow uses {len(cfg.endpoints)} given server(s); others {cfg.workers} workers"
+        budget = (f"dataflow: the reader processes of {len(cfg.endpoints)} given server(s), "
+                  f"as they report them (table column procs); torch and peers {cfg.workers} "
+                  "workers")
     return "\n".join([
         f"data: {len(data.shards)} {data.fmt} shards, {data.total:,} samples, "
         f"{data.nbytes / 2**20:.1f} MiB (dataflow index {data.index_s:.2f} s)",
@@ -49,17 +52,34 @@ def header(cfg: BenchConfig, data: BenchData, step: str, page_cache: str) -> str
     ])
 
 
+def free_tag(out_dir: str, tag: str, files: Callable[[str], Sequence[str]]) -> str:
+    """``tag``, or ``tag-2``, ``tag-3``, ...: the first whose output ``files`` are all absent.
+
+    Args:
+        out_dir: the output directory.
+        tag: the wanted base name.
+        files: the file names (in ``out_dir``) a run with a given tag writes.
+    """
+    candidate, n = tag, 1
+    while any(os.path.exists(os.path.join(out_dir, f)) for f in files(candidate)):
+        n += 1
+        candidate = f"{tag}-{n}"
+    return candidate
+
+
 def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO = sys.stdout,
                progress: Progress | None = None) -> SessionResult:
     """Run every loader of ``cfg`` and write ``<out_dir>/<tag>.json`` (and ``.png``).
 
     Args:
         cfg: the configuration.
-        tag: base name of the output files.
+        tag: base name of the output files; ``-2``, ``-3``, ... is appended when files of
+            that name exist (an earlier run's files are never overwritten).
         plot: write the PNG.
         out: stream for the header, the table and the output paths.
         progress: progress display (default: stderr).
     """
+    tag = free_tag(cfg.out_dir, tag, lambda t: (f"{t}.json", f"{t}.png"))
     data = load(cfg.data)
     page_cache = warm_page_cache(data)
     step = make_step(cfg.step, cfg.step_ms)

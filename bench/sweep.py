@@ -20,7 +20,7 @@ from dataflow.bench.config import BenchConfig
 from dataflow.bench.plot import MISSING, plot_sweep
 from dataflow.bench.report import JsonDoc, write_json
 from dataflow.bench.runner import Progress
-from dataflow.bench.session import run_config
+from dataflow.bench.session import free_tag, run_config
 from dataflow.errors import ConfigError
 
 AXES = ("step-ms", "servers")
@@ -31,6 +31,9 @@ def point_config(base: BenchConfig, axis: str, value: float) -> BenchConfig:
     if axis == "step-ms":
         return dataclasses.replace(base, step_ms=float(value))
     if axis == "servers":
+        if value != int(value) or value < 1:
+            raise ConfigError(f"`servers` sweep values must be whole numbers of 1 or more. "
+                              f"Found: {value:g}")
         servers = int(value)
         return dataclasses.replace(base, servers=servers,
                                    workers=servers * base.workers_per_server)
@@ -41,6 +44,9 @@ def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str
               out: TextIO = sys.stdout, progress: Progress | None = None) -> JsonDoc:
     """Run ``base`` at each value of ``axis``; write ``<tag>.json`` and ``<tag>.png``.
 
+    ``-2``, ``-3``, ... is appended to ``tag`` when an earlier sweep's files have that name, so
+    a second sweep never overwrites the first.
+
     Returns:
         The sweep's JSON document: axis, values, per loader the median GPU-idle fraction and
         samples/s per value, and the per-point output files.
@@ -49,6 +55,8 @@ def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str
         raise ConfigError(f"`axis` must be one of {AXES}. Found: {axis!r}")
     if not values:
         raise ConfigError("`values` must hold at least one sweep point. Found: []")
+    tag = free_tag(base.out_dir, tag, lambda t: [f"{t}.json", f"{t}.png", *(
+        f"{t}-{axis}-{v:g}.{ext}" for v in values for ext in ("json", "png"))])
     idle: dict[str, list[float | None]] = {name: [] for name in base.loaders}
     rate: dict[str, list[float | None]] = {name: [] for name in base.loaders}
     points = []
@@ -68,8 +76,11 @@ def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str
                     "samples_per_s": rate, "points": points}
     json_path = os.path.join(base.out_dir, f"{tag}.json")
     write_json(json_path, doc)
-    label = "step time, ms" if axis == "step-ms" else "dataflow servers (= CPU budget / per-server)"
-    png = plot_sweep(label, values, idle, rate, os.path.join(base.out_dir, f"{tag}.png"))
+    label = ("step time, ms" if axis == "step-ms" else
+             f"dataflow servers (CPU budget: {base.workers_per_server} loading processes per "
+             "server, for every loader)")
+    png = plot_sweep(label, values, idle, rate, os.path.join(base.out_dir, f"{tag}.png"),
+                     integer=axis == "servers")
     print(f"\nsweep over {axis}: GPU-idle fraction per loader", file=out)
     print(f"  {axis:<10}" + "".join(f"{v:>10g}" for v in values), file=out)
     for name in base.loaders:

@@ -1,11 +1,14 @@
 """P2: trainer-process CPU seconds per batch, dataflow DataLoader vs torch DataLoader.
 
-Both read the same Arrow demo shards (images 3x64x64 uint8, ids, labels, text). The torch
-side is a map-style Arrow dataset (``bench.torch_datasets.ArrowMapDataset``) with
-``DataLoader(num_workers=2, pin_memory=True)``; the dataflow side is one loader server
-(``--workers 2``) and ``client.DataLoader``. Only the trainer process is measured
-(``getrusage(RUSAGE_SELF)``: user + system CPU of all its threads, not of worker or server
-processes). The target is a ratio <= 0.25.
+Both read the same demo shards (images 3x64x64 uint8, ids, labels, text): Arrow (``--format
+arrow``; torch side: a map-style Arrow dataset, ``bench.torch_datasets.ArrowMapDataset``) or
+tar written by webdataset's ``TarWriter``, PAX headers included (``--format tar``; torch side:
+the bench's webdataset pipeline, batching in the workers). torch runs
+``DataLoader(num_workers=2, pin_memory=True)``; dataflow one loader server (``--workers 2``)
+and ``client.DataLoader``. Only the trainer process is measured (``getrusage(RUSAGE_SELF)``:
+user + system CPU of all its threads, not of worker or server processes), and for dataflow
+also per thread (``/proc/self/task``: the trainer's own thread, the client's I/O thread and
+ZeroMQ's I/O thread, which receives the bytes from the kernel). The target is a ratio <= 0.25.
 
 ``--metrics-rounds N`` also measures the cost of ``DataLoader(metrics=registry)``: two loaders
 on the same server, one with metrics and one without, timed an epoch each in turn for N rounds
@@ -15,16 +18,18 @@ on the same server, one with metrics and one without, timed an epoch each in tur
 Without CUDA, torch's ``pin_memory=True`` pins nothing (torch warns and skips it) and
 dataflow's ``pin_memory`` is off too.
 
-Usage: python -m dataflow.bench.trainer_cpu [--batch-size 256] [--epochs 10]
-[--metrics-rounds 10]
+Usage: python -m dataflow.bench.trainer_cpu [--format arrow] [--batch-size 256] [--epochs 10]
+[--step-ms 0] [--metrics-rounds 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import tempfile
+import threading
 import time
 import timeit
 import warnings
@@ -34,7 +39,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
-from dataflow.bench.torch_datasets import ArrowMapDataset
+from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
 from dataflow.client import DataLoader
 from dataflow.client.buffers import Ready
 from dataflow.client.metrics import StallMeter
@@ -42,20 +47,59 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.scan import build_index
 from dataflow.server import launch
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
 
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
-def measure(epochs: Iterable[Iterable]) -> tuple[float, float, int]:
-    """(trainer CPU s, wall s, batches) over ``epochs`` (each an iterable of batches)."""
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of each live thread of this process, summed by name (a
+    Python thread's name, else the OS thread's)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread exited meanwhile
+        name = names.get(int(tid)) or stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return out
+
+
+def measure(epochs: Iterable[Iterable], step_s: float = 0.0
+            ) -> tuple[float, float, int, dict[str, float]]:
+    """(trainer CPU s, wall s, batches, CPU s per thread name) over ``epochs``, sleeping
+    ``step_s`` after each batch (a GPU step: the trainer's CPU stays free)."""
     n = 0
+    threads0 = thread_cpu()
     cpu0, wall0 = _cpu(), time.perf_counter()
     for epoch in epochs:
         for _ in epoch:
             n += 1
-    return _cpu() - cpu0, time.perf_counter() - wall0, n
+            if step_s:
+                time.sleep(step_s)
+    cpu, wall = _cpu() - cpu0, time.perf_counter() - wall0
+    threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu().items()}
+    return cpu, wall, n, threads
+
+
+def _torch_loader(fmt: str, paths: list[str], batch_size: int) -> torch.utils.data.DataLoader:
+    index = build_index(paths)
+    if fmt == "tar":
+        pipeline = webdataset_pipeline(index.shards, index.schema, batch_size=batch_size,
+                                       shuffle=True, seed=0)
+        return torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=2,
+                                           pin_memory=True, persistent_workers=True)
+    dataset = ArrowMapDataset(index.shards, index.sizes, index.schema, "arrow-file")
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
+                                       num_workers=2, pin_memory=True,
+                                       persistent_workers=True)
 
 
 def metrics_overhead(endpoint: str, batch_size: int, rounds: int) -> tuple[list, float]:
@@ -70,7 +114,7 @@ def metrics_overhead(endpoint: str, batch_size: int, rounds: int) -> tuple[list,
             batch = next(iter(dl))
         for _ in range(rounds):
             for key, dl in loaders.items():
-                totals[key] = [t + m for t, m in zip(totals[key], measure([dl]), strict=True)]
+                totals[key] = [t + m for t, m in zip(totals[key], measure([dl])[:3], strict=True)]
     meter, ready = StallMeter(), Ready(batch)
     calls = 100_000
     hook_us = timeit.timeit(lambda: meter.batch(0.001, ready), number=calls) / calls * 1e6
@@ -82,30 +126,34 @@ def metrics_overhead(endpoint: str, batch_size: int, rounds: int) -> tuple[list,
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dataflow.bench.trainer_cpu",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--shards", type=int, default=8)
-    p.add_argument("--samples-per-shard", type=int, default=1000)
+    p.add_argument("--format", choices=("arrow", "tar"), default="arrow",
+                   help="demo shard format; tar is compared with torch + webdataset "
+                   "(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=256, help="default: %(default)s")
+    p.add_argument("--epochs", type=int, default=10,
+                   help="timed epochs after one warm-up epoch (default: %(default)s)")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="sleep per batch, like a GPU step; with a step the loaders' request "
+                   "windows are full and every batch is a hand-over (default: %(default)s)")
+    p.add_argument("--shards", type=int, default=8, help="default: %(default)s")
+    p.add_argument("--samples-per-shard", type=int, default=1000, help="default: %(default)s")
     p.add_argument("--metrics-rounds", type=int, default=0,
                    help="also compare loaders with and without metrics=registry over this "
                         "many alternating epochs each (default: 0, not measured)")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-trainer-cpu-") as tmp:
-        demo = make_demo(tmp, DemoSpec(shards=args.shards,
+        demo = make_demo(tmp, DemoSpec(fmt=args.format, shards=args.shards,
                                        samples_per_shard=args.samples_per_shard), progress=None)
-        index = build_index(list(demo.paths))
-
-        dataset = ArrowMapDataset(index.shards, index.sizes, index.schema, "arrow-file")
+        kind = ("webdataset pipeline" if args.format == "tar" else "map-style Arrow")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch_dl = torch.utils.data.DataLoader(
-                dataset, batch_size=args.batch_size, shuffle=True, num_workers=2,
-                pin_memory=True, persistent_workers=True)
-            list(zip(range(2), torch_dl, strict=False))
-            cpu, wall, n = measure(torch_dl for _ in range(args.epochs))
-        rows.append(("torch DataLoader(num_workers=2, pin_memory=True), map-style Arrow",
-                     cpu, wall, n))
+            torch_dl = _torch_loader(args.format, list(demo.paths), args.batch_size)
+            for _ in torch_dl:
+                pass
+            cpu, wall, n, _ = measure((torch_dl for _ in range(args.epochs)),
+                                      args.step_ms / 1e3)
+        rows.append((f"torch DataLoader(num_workers=2, pin_memory=True), {kind}", cpu, wall, n))
         del torch_dl
 
         with launch(list(demo.paths), workers=2) as server, DataLoader(
@@ -113,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
         ) as dl:
             for _ in dl:
                 pass
-            cpu, wall, n = measure(dl for _ in range(args.epochs))
+            cpu, wall, n, threads = measure((dl for _ in range(args.epochs)),
+                                            args.step_ms / 1e3)
             rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
             if args.metrics_rounds:
                 pair, hook_us = metrics_overhead(server.endpoint, args.batch_size,
@@ -123,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     base = rows[0][1] / rows[0][3]
     command = " ".join(argv or sys.argv[1:])
     print(f"command: python -m dataflow.bench.trainer_cpu {command}".rstrip())
-    print(f"{demo.total} samples in {args.shards} Arrow shards, batch {args.batch_size}, "
-          f"{args.epochs} timed epochs after warm-up, CUDA available: "
+    print(f"{demo.total} samples in {args.shards} {args.format} shards, batch {args.batch_size}, "
+          f"{args.epochs} timed epochs after warm-up, step {args.step_ms:g} ms, CUDA available: "
           f"{torch.cuda.is_available()}")
     print()
     print("| loader | batches | trainer CPU s | CPU ms / batch | wall s | ratio to torch |")
@@ -132,6 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, cpu, wall, n in rows:
         print(f"| {name} | {n} | {cpu:.2f} | {1000 * cpu / n:.2f} | {wall:.2f} | "
               f"{cpu / n / base:.2f} |")
+    n = rows[1][3]
+    print("\ndataflow trainer CPU by thread, ms / batch: " + ", ".join(
+        f"{name} {1000 * s / n:.2f}" for name, s in sorted(threads.items(), key=lambda t: -t[1])
+        if s > 0))
     if args.metrics_rounds:
         (_, off_cpu, _, off_n), (_, on_cpu, _, on_n) = rows[-2:]
         print(f"\nmetrics on vs off: trainer CPU per batch x{on_cpu / on_n / (off_cpu / off_n):.3f}"

@@ -5,7 +5,10 @@ real loader server and reads it with the real DataLoader in 4 MiB batches over l
 (each reader process sends its batches straight to the client's data connection to it; the
 server's front process only routes requests and credits),
 then measures raw pyzmq PUSH/PULL (zero-copy send, zero-copy receive) of 4 MiB messages between
-two processes on the same machine. Prints a table; the target ratio is >= 0.70.
+two processes on the same machine. Prints a table; the target ratio is >= 0.70. On a loaded
+machine the throughput ratio is noise; the receiving process's CPU seconds per GiB (all its
+threads: ZeroMQ's I/O thread and the client's included) is the load-insensitive figure: the
+receiver is the bottleneck, and its CPU per GiB relative to raw pyzmq's bounds the ratio.
 
 Usage: python -m dataflow.bench.transport [--mib-per-batch 4] [--gib 2] [--workers 1 2]
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -60,8 +64,14 @@ def write_dataset(out: str, shards: int, samples: int) -> list[str]:
     return paths
 
 
-def raw_zmq(n: int, size: int) -> float:
-    """Bytes/s of ``n`` raw PUSH/PULL messages of ``size`` bytes from a second process."""
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def raw_zmq(n: int, size: int) -> tuple[float, float]:
+    """Bytes/s of ``n`` raw PUSH/PULL messages of ``size`` bytes from a second process, and
+    the receiving process's CPU seconds per GiB."""
     proc = subprocess.Popen([sys.executable, "-c", _PUSHER, str(n), str(size)],
                             stdout=subprocess.PIPE)
     assert proc.stdout is not None  # stdout=PIPE
@@ -73,30 +83,32 @@ def raw_zmq(n: int, size: int) -> float:
         sock.setsockopt(zmq.RCVTIMEO, 30_000)
         sock.connect(f"tcp://127.0.0.1:{port}")
         sock.recv(copy=False)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu()
         for _ in range(n - 1):
             sock.recv(copy=False)
-        elapsed = time.perf_counter() - start
-        return (n - 1) * size / elapsed
+        elapsed, cpu = time.perf_counter() - start, _cpu() - cpu
+        return (n - 1) * size / elapsed, cpu / ((n - 1) * size / 2**30)
     finally:
         sock.close(linger=0)
         proc.wait(30)
 
 
-def dataflow_rate(endpoint: str, batch: int, epochs: int) -> tuple[float, int]:
-    """Bytes/s through the DataLoader (first epoch is warm-up), and batches timed."""
+def dataflow_rate(endpoint: str, batch: int, epochs: int) -> tuple[float, int, float]:
+    """Bytes/s through the DataLoader (first epoch is warm-up), batches timed, and the
+    client process's CPU seconds per GiB."""
     with DataLoader(endpoint, batch_size=batch, rank=0, world_size=1, shuffle=False,
                     prefetch=4, timeout=60) as dl:
         for _ in dl:
             pass
         nbytes = 0
         count = 0
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu()
         for _ in range(epochs):
             for b in dl:
                 nbytes += b["x"].numel()
                 count += 1
-        return nbytes / (time.perf_counter() - start), count
+        cpu = _cpu() - cpu
+        return nbytes / (time.perf_counter() - start), count, cpu / (nbytes / 2**30)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,23 +127,27 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
         paths = write_dataset(tmp, shards, per_shard)
-        raw = raw_zmq(n_raw, size)
-        rows.append(("raw pyzmq PUSH/PULL (copy=False both ends)", "-", raw, n_raw - 1))
+        raw, raw_cpu = raw_zmq(n_raw, size)
+        rows.append(("raw pyzmq PUSH/PULL (copy=False both ends)", "-", raw, n_raw - 1,
+                     raw_cpu))
         for w in args.workers:
             with launch(paths, workers=w, timeout=120) as server:
-                rate, count = dataflow_rate(server.endpoint, batch, epochs)
+                rate, count, cpu = dataflow_rate(server.endpoint, batch, epochs)
             rows.append(("dataflow server + DataLoader (reader -> client direct)", str(w), rate,
-                         count))
-        raw2 = raw_zmq(n_raw, size)
-        rows.append(("raw pyzmq PUSH/PULL (again)", "-", raw2, n_raw - 1))
+                         count, cpu))
+        raw2, raw2_cpu = raw_zmq(n_raw, size)
+        rows.append(("raw pyzmq PUSH/PULL (again)", "-", raw2, n_raw - 1, raw2_cpu))
     base = (raw + raw2) / 2
+    base_cpu = (raw_cpu + raw2_cpu) / 2
     print(f"command: python -m dataflow.bench.transport {' '.join(argv or sys.argv[1:])}".rstrip())
     print(f"message/batch size {size / 2**20:.0f} MiB, loopback tcp, {os.cpu_count()} CPUs")
     print()
-    print("| path | server workers | GB/s | messages | ratio to raw (mean of both raw runs) |")
-    print("| --- | --- | --- | --- | --- |")
-    for name, w, rate, count in rows:
-        print(f"| {name} | {w} | {rate / 1e9:.2f} | {count} | {rate / base:.2f} |")
+    print("| path | server workers | GB/s | messages | ratio to raw (mean of both raw runs) "
+          "| receiver CPU s / GiB | raw's CPU / this CPU |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, w, rate, count, cpu in rows:
+        print(f"| {name} | {w} | {rate / 1e9:.2f} | {count} | {rate / base:.2f} | {cpu:.2f} | "
+              f"{base_cpu / cpu:.2f} |")
 
 
 if __name__ == "__main__":

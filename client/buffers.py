@@ -4,12 +4,12 @@ A BATCH's arrays are received into one uint8 buffer laid out by
 :class:`dataflow.wire.BatchLayout` (the layout the wire's decoder uses too) with ``recv_into``;
 the yielded tensors are typed views of that buffer (CPU) or of its device copy (CUDA).
 
-* :class:`HostSink` (device None or CPU): every batch gets a buffer of its own, so a batch the
+* :class:`HostSink` (device None or CPU): every batch has memory of its own, so a batch the
   user keeps never aliases memory that is reused later. Pinned buffers come from torch's
-  caching host allocator (CUDA available and ``pin_memory``); plain ones from a
-  :class:`HostPool` that takes a buffer back only when every tensor of its batch is gone —
-  a fresh multi-MiB allocation per batch costs a page fault per 4 KiB page (the kernel maps
-  and zeroes each one), which measured as more than half of the client's CPU per batch.
+  caching host allocator (CUDA available and ``pin_memory``); otherwise the tensors view the
+  ZeroMQ messages the frames arrived in (:func:`frame_views`), which saves the client a
+  memcpy per batch and any buffer bookkeeping (a fresh multi-MiB buffer of our own per batch
+  cost a page fault per 4 KiB page, and a pool of them Python per batch).
 * :class:`CudaSink`: a fixed ring of reusable pinned host slots; after a batch is received into
   a slot its H2D copy is issued on a dedicated CUDA stream and an event recorded; the slot is
   reused only after that event completed, and the consumer's stream waits on the event before
@@ -21,17 +21,16 @@ consumer's thread.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import zmq
 
 from dataflow import wire
 
 RING_SLOTS = 3
-POOL_ROUND = 64 * 1024
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
@@ -83,83 +82,64 @@ class Ready:
     base: torch.Tensor | None = None
 
 
-class _Lease:
-    """A pooled buffer lent to one batch; back to its pool when the last view of it dies.
+def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
+                frames: Sequence[zmq.Frame]) -> dict[str, torch.Tensor]:
+    """Typed tensors of ``msg``'s arrays over its received buffer frames, by name.
 
-    numpy keeps the object that provides ``__array_interface__`` as the base of the array it
-    builds, and torch keeps that array alive as long as any tensor viewing it, so ``__del__``
-    runs exactly when the batch's last tensor is gone.
+    An array of at least ``ZERO_COPY_MIN_BYTES`` that travelled in one frame is viewed in
+    place: the tensor keeps ZeroMQ's message alive and writes go to that message, which no
+    one else uses. Smaller arrays, arrays split over several frames (> 8 MiB) and frames not
+    aligned for their dtype are copied into fresh memory.
+
+    Args:
+        msg: the BATCH header.
+        layout: ``BatchLayout.of(msg)``.
+        frames: the buffer frames, sizes already checked against ``layout.frames``.
+
+    Raises:
+        ProtocolError: a ragged field's offsets do not fit its values.
     """
-
-    def __init__(self, pool: HostPool, buf: np.ndarray, nbytes: int) -> None:
-        self._pool = pool
-        self._buf = buf
-        self.__array_interface__ = {
-            "data": (buf.ctypes.data, False), "shape": (nbytes,), "typestr": "|u1",
-            "version": 3,
-        }
-
-    def __del__(self) -> None:
-        self._pool.give_back(self._buf)
-
-
-class HostPool:
-    """Reusable plain host buffers, at most ``capacity`` kept idle.
-
-    Thread invariant: :meth:`take` runs on the I/O thread; :meth:`give_back` on whichever
-    thread drops a batch's last tensor; both under one lock.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._idle: dict[int, list[np.ndarray]] = {}
-        self._count = 0
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        """A uint8 tensor of ``nbytes`` bytes that no live batch uses."""
-        size = max(-(-nbytes // POOL_ROUND) * POOL_ROUND, POOL_ROUND)
-        with self._lock:
-            idle = self._idle.get(size)
-            buf = idle.pop() if idle else None
-            if buf is not None:
-                self._count -= 1
-        if buf is None:
-            buf = np.empty(size, dtype=np.uint8)
-        return torch.from_numpy(np.asarray(_Lease(self, buf, nbytes)))
-
-    def give_back(self, buf: np.ndarray) -> None:
-        # Allocate before taking the lock: an allocation can start a garbage collection whose
-        # finalizers (another batch's lease) call give_back on this same thread.
-        fresh: list[np.ndarray] = []
-        with self._lock:
-            if self._count < self._capacity:
-                self._idle.setdefault(len(buf), fresh).append(buf)
-                self._count += 1
-
-    @property
-    def idle(self) -> int:
-        """Buffers waiting to be reused."""
-        return self._count
+    out: dict[str, torch.Tensor] = {}
+    i = 0
+    for spec, count in zip(msg.arrays, layout.counts, strict=True):
+        if count == 1 and spec.nbytes >= wire.ZERO_COPY_MIN_BYTES:
+            dtype = TORCH_DTYPES[spec.dtype]
+            flat = torch.frombuffer(frames[i], dtype=torch.uint8)
+            if flat.data_ptr() % dtype.itemsize:
+                flat = flat.clone()
+            typed = flat.view(dtype)
+        elif count == 1:
+            typed = torch.from_numpy(np.frombuffer(frames[i].buffer, dtype=spec.dtype).copy())
+        else:
+            typed = torch.from_numpy(np.concatenate(
+                [np.frombuffer(f.buffer, dtype=np.uint8) for f in frames[i : i + count]]
+            ).view(spec.dtype))
+        i += count
+        out[spec.name] = typed.view(spec.shape)
+    if msg.ragged:
+        wire.check_ragged(msg, {n + wire.OFFSETS_SUFFIX: out[n + wire.OFFSETS_SUFFIX].numpy()
+                                for n, _ in msg.ragged})
+    return out
 
 
 class HostSink:
-    """A host buffer of its own per batch (pinned when ``pin``); tensors stay on the CPU.
+    """Batches on the CPU: pinned buffers of their own, or ZeroMQ's own message buffers.
+
+    With ``pin`` each batch is received into a fresh buffer from torch's caching host
+    allocator (:meth:`land`, :meth:`finish`). Without, the receiver takes the frames as
+    ZeroMQ messages (``zero_copy``) and :func:`frame_views` views them: no copy in the
+    client, no buffer of ours; a batch the user keeps holds its messages and nothing else.
 
     Args:
-        pin: use pinned memory (torch's caching host allocator) instead of the pool.
-        pool_capacity: idle plain buffers kept for reuse.
+        pin: use pinned memory (torch's caching host allocator).
     """
 
-    def __init__(self, pin: bool, pool_capacity: int = 16) -> None:
+    def __init__(self, pin: bool) -> None:
         self._pin = pin
-        self.pool = HostPool(pool_capacity)
+        self.zero_copy = not pin
 
     def land(self, layout: wire.BatchLayout) -> Landing:
-        if self._pin:
-            host = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=True)
-        else:
-            host = self.pool.take(layout.nbytes)
+        host = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=True)
         return Landing(host, host.numpy(), layout.offsets)
 
     def finish(self, landing: Landing, msg: wire.BatchMsg) -> Ready:

@@ -119,6 +119,8 @@ class DataLoader:
     the same dataset (otherwise it stays out, logged). Liveness is judged by the servers'
     connections and HEARTBEAT answers, never by how long a big reply takes.
 
+    ``server_readers`` holds each server's reader process count, as its INDEX reply said.
+
     Under the server's ``--on-error skip`` a batch may be short: damaged samples are left out,
     and counted in ``stats()["skipped"]``.
 
@@ -239,6 +241,7 @@ class DataLoader:
 
     def _handshake(self) -> DatasetIndex:
         indexes = self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
+        self.server_readers = tuple(msg.workers for msg in indexes)
         parsed = [DatasetIndex.from_json(msg.index_json) for msg in indexes]
         prints = {e: idx.fingerprint for e, idx in zip(self._endpoints, parsed, strict=True)}
         if len(set(prints.values())) > 1:

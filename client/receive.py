@@ -1,8 +1,10 @@
 """Receiving one message from a server's socket: the header, then array frames in place.
 
-A BATCH's frames are received with ``recv_into`` straight into a sink buffer laid out by
-:class:`dataflow.wire.BatchLayout` (the same layout the wire's validating decoder uses), and
-its ragged offsets are checked there, so a malformed batch is a ``ProtocolError`` naming the
+A BATCH's frames are received either as ZeroMQ messages that the batch's tensors view
+(:func:`dataflow.client.buffers.frame_views`, plain host memory), or with ``recv_into``
+straight into a pinned sink buffer laid out by :class:`dataflow.wire.BatchLayout` (the same
+layout the wire's validating decoder uses). Either way the frame count and sizes and the
+ragged offsets are checked first, so a malformed batch is a ``ProtocolError`` naming the
 endpoint before any tensor is made of it.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import zmq
 
 from dataflow import wire
-from dataflow.client.buffers import CudaSink, HostSink, Ready
+from dataflow.client.buffers import CudaSink, HostSink, Ready, frame_views
 from dataflow.errors import ProtocolError
 
 
@@ -60,6 +62,8 @@ def receive_batch(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
             do not fit their values (naming the endpoint and the request).
     """
     layout = wire.BatchLayout.of(msg)
+    if isinstance(sink, HostSink) and sink.zero_copy:
+        return _receive_frames(sock, endpoint, msg, layout)
     landing = sink.land(layout)
     buf = landing.array
     raw = buf.data  # a memoryview of the buffer: recv_into writes there without a copy
@@ -80,3 +84,28 @@ def receive_batch(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
     except ProtocolError as e:
         raise ProtocolError(f"{endpoint}: {e}") from e
     return sink.finish(landing, msg)
+
+
+def _receive_frames(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
+                    layout: wire.BatchLayout) -> Ready:
+    """The batch as tensors viewing its frames' ZeroMQ messages (see ``frame_views``)."""
+    frames = []
+    more = sock.getsockopt(zmq.RCVMORE)
+    for _, n in layout.frames:
+        if not more:
+            raise ProtocolError(f"{endpoint}: BATCH {msg.req_id} ended after fewer than its "
+                                f"{len(layout.frames)} buffer frames")
+        frame = sock.recv(copy=False)
+        more = frame.more
+        if len(frame) != n:
+            drain(sock)
+            raise ProtocolError(f"{endpoint}: BATCH {msg.req_id}: a frame of {len(frame)} bytes "
+                                f"where {n} were announced")
+        frames.append(frame)
+    extra = drain(sock) if more else 0
+    if extra:
+        raise ProtocolError(f"{endpoint}: BATCH {msg.req_id} has {extra} extra frame(s)")
+    try:
+        return Ready(frame_views(msg, layout, frames))
+    except ProtocolError as e:
+        raise ProtocolError(f"{endpoint}: {e}") from e

@@ -11,7 +11,7 @@
 This package never imports pyarrow or torch.
 """
 
-from dataflow.wire.arrays import batch_to_message, message_to_batch
+from dataflow.wire.arrays import ZERO_COPY_MIN_BYTES, batch_to_message, message_to_batch
 from dataflow.wire.codec import SPECS, MessageSpec, decode, decode_header, encode, kind_of
 from dataflow.wire.fields import (
     MAX_BATCH_SIZE,
@@ -23,11 +23,17 @@ from dataflow.wire.fields import (
     MAX_RANGES,
     MAX_TEXT,
 )
-from dataflow.wire.layout import ALIGN, MAX_FRAME_BYTES, BatchLayout
+from dataflow.wire.layout import (
+    ALIGN,
+    MAX_FRAME_BYTES,
+    BatchLayout,
+    check_ragged,
+)
 from dataflow.wire.messages import (
     DTYPES,
     MAGIC,
     NO_TAG,
+    OFFSETS_SUFFIX,
     VERSION,
     ArraySpec,
     BatchMsg,
@@ -52,6 +58,7 @@ __all__ = [
     "MAX_INDEX_BYTES", "MAX_NAME", "NO_TAG", "MAX_RANGES", "MAX_TEXT", "SPECS",
     "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "BatchTag", "Buffer", "Bye", "ErrorKind",
     "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",
-    "Stats", "StatsReply", "batch_to_message", "decode",
+    "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES",
+    "Stats", "StatsReply", "batch_to_message", "check_ragged", "decode",
     "decode_header", "encode", "kind_of", "message_to_batch",
 ]

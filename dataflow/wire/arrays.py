@@ -18,7 +18,6 @@ from dataflow.wire.fields import (
     MAX_NDIM,
     BodyCodec,
     FieldError,
-    is_int,
 )
 from dataflow.wire.layout import BatchLayout, chunk_sizes
 from dataflow.wire.messages import DTYPES, OFFSETS_SUFFIX, ArraySpec, BatchMsg, Buffer
@@ -27,17 +26,21 @@ ZERO_COPY_MIN_BYTES = 64 * 1024
 
 
 def _array_spec(item: Any) -> ArraySpec:
-    if not isinstance(item, list) or len(item) != 3:
+    # ``type(x) is`` checks: JSON values are exactly str / int / list (bool is not an int here).
+    if type(item) is not list or len(item) != 3:
         raise FieldError("entries must be [name, dtype, shape]")
     name, dtype, shape = item
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+    if type(name) is not str or not 0 < len(name) <= MAX_NAME:
         raise FieldError(f"array names must be non-empty strings of at most {MAX_NAME} "
                          "characters")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
+    if type(dtype) is not str or dtype not in DTYPES:
         raise FieldError(f"array {name!r}: dtype must be one of {sorted(DTYPES)}")
-    if (not isinstance(shape, list) or not 1 <= len(shape) <= MAX_NDIM
-            or not all(is_int(d) and 0 <= d <= INT64_MAX for d in shape)):
+    if type(shape) is not list or not 1 <= len(shape) <= MAX_NDIM:
         raise FieldError(f"array {name!r}: shape must be 1 to {MAX_NDIM} non-negative integers")
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= INT64_MAX:
+            raise FieldError(f"array {name!r}: shape must be 1 to {MAX_NDIM} non-negative "
+                             "integers")
     return ArraySpec(name, dtype, tuple(shape))
 
 

@@ -39,6 +39,19 @@ def check_offsets(name: str, offsets: np.ndarray, n_values: int) -> None:
                             f"decrease and end at {n_values} values")
 
 
+def check_ragged(msg: BatchMsg, raw: dict[str, np.ndarray]) -> None:
+    """Validate the ragged offsets of ``msg`` given its offsets arrays by name (their bytes as
+    uint8, or int64).
+
+    Raises:
+        ProtocolError: a ragged field's offsets do not start at 0, decrease or do not end at
+            its number of values (the message names the field).
+    """
+    specs = {s.name: s for s in msg.arrays}
+    for name, _ in msg.ragged:
+        check_offsets(name, raw[name + OFFSETS_SUFFIX].view(np.int64), specs[name].shape[0])
+
+
 @dataclass(frozen=True)
 class BatchLayout:
     """Where the arrays of one BATCH lie in one receive buffer.
@@ -49,26 +62,32 @@ class BatchLayout:
         offsets: byte offset of each array of ``msg.arrays`` in that buffer.
         frames: ``(start, size)`` in the buffer of each buffer frame after the header, in frame
             order.
+        counts: how many of those frames each array travels in, in array order.
     """
 
     nbytes: int
     offsets: tuple[int, ...]
     frames: tuple[tuple[int, int], ...]
+    counts: tuple[int, ...]
 
     @classmethod
     def of(cls, msg: BatchMsg) -> BatchLayout:
         """The layout of ``msg``'s arrays (a header-only message is enough)."""
         offsets: list[int] = []
         frames: list[tuple[int, int]] = []
+        counts: list[int] = []
         pos = 0
         for spec in msg.arrays:
             offsets.append(pos)
             start = pos
-            for n in chunk_sizes(spec.nbytes):
+            nbytes = spec.nbytes
+            sizes = chunk_sizes(nbytes)
+            counts.append(len(sizes))
+            for n in sizes:
                 frames.append((start, n))
                 start += n
-            pos += -(-spec.nbytes // ALIGN) * ALIGN
-        return cls(pos, tuple(offsets), tuple(frames))
+            pos += -(-nbytes // ALIGN) * ALIGN
+        return cls(pos, tuple(offsets), tuple(frames), tuple(counts))
 
     def _raw(self, msg: BatchMsg, buf: np.ndarray) -> dict[str, np.ndarray]:
         if buf.dtype != np.uint8 or buf.ndim != 1 or buf.nbytes < self.nbytes:
@@ -84,10 +103,7 @@ class BatchLayout:
             ProtocolError: ``buf`` is too small, or a ragged field's offsets do not start at 0,
                 decrease or do not end at its number of values (the message names the field).
         """
-        raw = self._raw(msg, buf)
-        specs = {s.name: s for s in msg.arrays}
-        for name, _ in msg.ragged:
-            check_offsets(name, raw[name + OFFSETS_SUFFIX].view(np.int64), specs[name].shape[0])
+        check_ragged(msg, self._raw(msg, buf))
 
     def arrays(self, msg: BatchMsg, buf: np.ndarray) -> dict[str, np.ndarray]:
         """Typed views (no copy) of ``msg``'s arrays in ``buf``, by name, in frame order."""

@@ -23,6 +23,7 @@ DTYPES = frozenset(
      "float16", "float32", "float64"]
 )
 OFFSETS_SUFFIX = ".offsets"
+ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 
 Buffer = bytes | memoryview
 
@@ -200,7 +201,7 @@ class ArraySpec:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * ITEMSIZE[self.dtype]
 
 
 @dataclass(frozen=True)

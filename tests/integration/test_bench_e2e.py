@@ -160,3 +160,28 @@ def test_sigterm_stops_the_servers_the_bench_started(tmp_path):
         for pid in servers:
             if os.path.exists(f"/proc/{pid}"):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(90)
+def test_given_servers_budget_is_stated_and_earlier_files_are_kept(tmp_path):
+    from dataflow.server.launch import launch
+
+    out = tmp_path / "out"
+    data = ensure_demo(str(tmp_path / "data"), fmt="tar", shards=SHARDS,
+                       samples_per_shard=PER_SHARD)
+    out.mkdir()
+    (out / "ep.json").write_text("an earlier run\n")
+    with launch([data], workers=3, timeout=60) as server:
+        cmd = [sys.executable, "-m", "dataflow.bench", "run", data, "--endpoints",
+               server.endpoint, "--loaders", "dataflow,torch", "--workers", "2",
+               "--batch-size", "16", "--steps", "10", "--warmup", "2", "--repeats", "1",
+               "--step-ms", "1", "--out", str(out), "--tag", "ep"]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=80)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "ep.json").read_text() == "an earlier run\n"
+    doc = json.loads((out / "ep-2.json").read_text())
+    assert doc["loaders"]["dataflow"]["budget"] == 3
+    assert doc["loaders"]["torch"]["budget"] == 2
+    assert "1 given server(s): 1 x 3 = 3 reader process(es)" in (
+        doc["loaders"]["dataflow"]["description"])
+    assert "WARNING: unequal CPU budgets (loading processes: dataflow 3, torch 2)" in done.stdout

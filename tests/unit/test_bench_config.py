@@ -10,6 +10,7 @@ import pytest
 
 from dataflow.bench.__main__ import build_parser, config_from_args, main
 from dataflow.bench.config import BenchConfig
+from dataflow.bench.session import free_tag
 from dataflow.bench.sweep import point_config
 from dataflow.errors import ConfigError
 
@@ -54,6 +55,19 @@ def test_sweep_points():
     assert (four.servers, four.workers) == (4, 4)
     with pytest.raises(ConfigError, match="`axis`"):
         point_config(base, "batch", 1)
+    with pytest.raises(ConfigError, match="whole numbers of 1 or more. Found: 1.5"):
+        point_config(base, "servers", 1.5)
+
+
+def test_a_second_run_never_overwrites_the_first(tmp_path):
+    def files(tag):
+        return [f"{tag}.json", f"{tag}-servers-2.json"]
+
+    assert free_tag(str(tmp_path), "sweep", files) == "sweep"
+    (tmp_path / "sweep-servers-2.json").write_text("{}")
+    assert free_tag(str(tmp_path), "sweep", files) == "sweep-2"
+    (tmp_path / "sweep-2.json").write_text("{}")
+    assert free_tag(str(tmp_path), "sweep", files) == "sweep-3"
 
 
 def test_cli_parses_into_config(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -13,7 +14,9 @@ import pytest
 
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
+from dataflow.bench.loaders import dataflow_budget
 from dataflow.bench.loop import Measurement
+from dataflow.bench.peers import PEERS, unavailable_reason
 from dataflow.bench.plot import plot_run, plot_sweep
 from dataflow.bench.procs import (
     _is_loopback,
@@ -25,7 +28,14 @@ from dataflow.bench.procs import (
     peak_rss_bytes,
     total_peak_rss,
 )
-from dataflow.bench.report import format_table, machine_info, summary_rows, to_json, write_json
+from dataflow.bench.report import (
+    budget_title,
+    format_table,
+    machine_info,
+    summary_rows,
+    to_json,
+    write_json,
+)
 from dataflow.bench.runner import BenchOutcome, RunResult, median_figures
 
 STEPS = 10
@@ -43,7 +53,8 @@ def measurement(wait_ms: float, samples: int = 64) -> Measurement:
 
 def run(loader: str, repeat: int, wait_ms: float, **kw) -> RunResult:
     defaults = dict(description=f"{loader} setup", setup_s=1.0, trainer_peak_rss=300 << 20,
-                    loader_peak_rss=200 << 20, loader_cpu_s=0.05, loader_processes=2)
+                    loader_peak_rss=200 << 20, loader_cpu_s=0.05, loader_processes=2,
+                    budget=2)
     return RunResult(loader=loader, repeat=repeat, measurement=measurement(wait_ms),
                      **{**defaults, **kw})
 
@@ -91,16 +102,56 @@ def test_medians_skip_unmeasurable_figures(outcome):
 def test_table_rows(outcome):
     rows = summary_rows(outcome, ["dataflow", "torch", "ray", "litdata"])
     assert [r[0] for r in rows] == ["dataflow", "torch", "ray", "litdata"]
-    assert rows[1][3] == "1.00x"
-    assert float(rows[0][3].rstrip("x")) > 1.0
+    assert rows[1][1] == "2" and rows[1][4] == "1.00x"
+    assert float(rows[0][4].rstrip("x")) > 1.0
     assert rows[2][1].startswith("skipped: not installed")
     assert rows[3][1].startswith("FAILED: RuntimeError")
     text = format_table(outcome, ["dataflow", "torch", "ray", "litdata"])
-    assert "GPU-idle" in text and "n/a" in text
+    assert "GPU-idle" in text and "n/a" in text and "WARNING" not in text
     md = format_table(outcome, ["dataflow", "torch"], markdown=True)
     lines = md.splitlines()
     assert lines[0].startswith("| loader |") and len(lines) == 4
     assert len({line.count("|") for line in lines}) == 1
+
+
+def test_unequal_budgets_are_flagged(tmp_path, outcome):
+    outcome.results["dataflow"] = [run("dataflow", r, 0.0, budget=9) for r in range(3)]
+    rows = summary_rows(outcome, ["dataflow", "torch"])
+    assert rows[0][1] == "9" and rows[0][4].endswith("x!")
+    assert rows[1][4] == "1.00x"
+    for markdown in (False, True):
+        text = format_table(outcome, ["dataflow", "torch"], markdown=markdown)
+        assert "WARNING: unequal CPU budgets (loading processes: dataflow 9, torch 2)" in text
+    assert budget_title({"dataflow": 9, "torch": 2}) == (
+        "UNEQUAL budgets: dataflow 9, torch 2 loading processes")
+    assert budget_title({"dataflow": 2, "torch": 2}) == "2 loading processes per loader"
+    doc = to_json(cfg(tmp_path), data(), outcome, step="sleep", page_cache="warm", machine={})
+    assert doc["loaders"]["dataflow"]["budget"] == 9
+
+
+def test_dataflow_budget_names_each_server():
+    assert dataflow_budget((4, 4), local=True) == (
+        "2 local server(s): 2 x 4 = 8 reader process(es) + 2 front process(es)")
+    assert dataflow_budget((8, 1), local=False) == (
+        "2 given server(s): 8 + 1 = 9 reader process(es) + 2 front process(es); their CPU and "
+        "RSS not measured")
+
+
+def test_a_peer_missing_a_dependency_says_which_and_the_fix(tmp_path, monkeypatch):
+    assert "torchvision" in PEERS["streaming"].needs
+    (tmp_path / "bench_fake_peer.py").write_text("import bench_fake_absent_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fake = dataclasses.replace(PEERS["streaming"], module="bench_fake_peer",
+                               needs={"bench_fake_absent_dependency": "install the thing"})
+    monkeypatch.setitem(PEERS, "streaming", fake)
+    reason = unavailable_reason("streaming")
+    assert reason is not None
+    assert reason.startswith("`bench_fake_peer` imports `bench_fake_absent_dependency`, which "
+                             "is missing or broken (ModuleNotFoundError")
+    assert reason.endswith("fix: install the thing")
+    monkeypatch.setitem(PEERS, "streaming", dataclasses.replace(fake, module="bench_no_such"))
+    assert unavailable_reason("streaming").startswith("not installed (No module named")
+    assert unavailable_reason("torch") is None
 
 
 def test_json_holds_every_step(tmp_path, outcome):
@@ -129,6 +180,9 @@ def test_plots_are_written(tmp_path, outcome):
     sweep = plot_sweep("step ms", [0, 5], {"a": [0.5, None]}, {"a": [100.0, None]},
                        str(tmp_path / "sweep.png"))
     assert sweep and os.path.getsize(sweep) > 1000
+    servers = plot_sweep("servers", [1, 2, 4], {"a": [0.5, 0.2, 0.1]}, {"a": [1.0, 2.0, 3.0]},
+                         str(tmp_path / "servers.png"), integer=True)
+    assert servers and os.path.getsize(servers) > 1000
 
 
 @pytest.mark.timeout(30)

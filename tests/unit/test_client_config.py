@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dataflow import wire
-from dataflow.client.buffers import HostSink, typed_views
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.discovery import parse_servers
 from dataflow.errors import ConfigError
@@ -72,39 +70,3 @@ def test_dist_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(ConfigError, match="RANK"):
         dist_env(None, None)
-
-
-def test_host_sink_views_are_typed_and_fresh() -> None:
-    specs = (wire.ArraySpec("a", "int64", (3,)), wire.ArraySpec("b", "bool", (3, 2)),
-             wire.ArraySpec("c", "float16", (3,)))
-    msg = wire.BatchMsg(1, 3, specs)
-    layout = wire.BatchLayout.of(msg)
-    assert all(o % wire.ALIGN == 0 for o in layout.offsets) and layout.nbytes >= 24 + 6 + 6
-    sink = HostSink(pin=False)
-    one, two = sink.land(layout), sink.land(layout)
-    assert one.array.ctypes.data != two.array.ctypes.data
-    one.array[:] = 0
-    views = typed_views(one.host, specs, one.offsets)
-    assert views["a"].dtype == torch.int64 and views["a"].shape == (3,)
-    assert views["b"].dtype == torch.bool and views["b"].shape == (3, 2)
-    assert views["c"].dtype == torch.float16
-
-
-def test_host_pool_reuses_a_buffer_only_after_its_batch_is_gone() -> None:
-    specs = (wire.ArraySpec("x", "uint8", (4, 100_000)),)
-    sink = HostSink(pin=False, pool_capacity=2)
-    msg = wire.BatchMsg(1, 4, specs)
-    layout = wire.BatchLayout.of(msg)
-    first = sink.finish(sink.land(layout), msg).tensors["x"]
-    first.fill_(7)
-    second = sink.finish(sink.land(layout), msg).tensors["x"]
-    assert first.data_ptr() != second.data_ptr()
-    assert sink.pool.idle == 0
-    address = first.data_ptr()
-    del first
-    assert sink.pool.idle == 1
-    third = sink.finish(sink.land(layout), msg).tensors["x"]
-    assert third.data_ptr() == address
-    assert sink.pool.idle == 0
-    del second, third
-    assert sink.pool.idle == 2
