@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import zmq
 
@@ -82,6 +84,9 @@ class RawClient:
             sock.close(linger=0)
 
 
+T = TypeVar("T")
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (reads /proc)."""
     try:
@@ -155,3 +160,26 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def run_ranks(world: int, body: Callable[[int], T], timeout: float) -> list[T]:
+    """Run ``body(rank)`` for every rank of a job in threads; results in rank order. The first
+    error raised by a rank is raised here; a rank still running after ``timeout`` fails."""
+    results: dict[int, T] = {}
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = body(rank)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    assert not any(t.is_alive() for t in threads), "a rank did not finish"
+    return [results[r] for r in range(world)]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
+from srvtools import run_ranks
 
 from dataflow.client import DataLoader
 from dataflow.plan import epoch_size
@@ -15,37 +15,27 @@ BATCH = 16
 
 
 def _epoch_ids(endpoints: list[str], *, epochs: int = 1, **kwargs) -> list[list[list[int]]]:
-    """ids[rank][epoch] for every rank, running the ranks as concurrent threads."""
-    out: list[list[list[int]]] = [[] for _ in range(WORLD)]
-    errors: list[BaseException] = []
+    """Per rank, per epoch, the sample ids the rank received (ranks as concurrent threads)."""
 
-    def run(rank: int) -> None:
-        try:
-            with DataLoader(endpoints, batch_size=BATCH, rank=rank, world_size=WORLD,
-                            timeout=20, **kwargs) as dl:
-                for _ in range(epochs):
-                    ids: list[int] = []
-                    n = 0
-                    for batch in dl:
-                        n += 1
-                        ids.extend(batch["id"].tolist())
-                        assert batch["image"].shape[1:] == (3, 8, 8)
-                        offs = batch["text.offsets"]
-                        assert offs.shape == (len(batch["id"]) + 1,)
-                        assert int(offs[-1]) == batch["text"].numel()
-                    assert n == len(dl)
-                    out[rank].append(ids)
-        except BaseException as e:
-            errors.append(e)
+    def run(rank: int) -> list[list[int]]:
+        out = []
+        with DataLoader(endpoints, batch_size=BATCH, rank=rank, world_size=WORLD,
+                        timeout=20, **kwargs) as dl:
+            for _ in range(epochs):
+                ids: list[int] = []
+                n = 0
+                for batch in dl:
+                    n += 1
+                    ids.extend(batch["id"].tolist())
+                    assert batch["image"].shape[1:] == (3, 8, 8)
+                    offs = batch["text.offsets"]
+                    assert offs.shape == (len(batch["id"]) + 1,)
+                    assert int(offs[-1]) == batch["text"].numel()
+                assert n == len(dl)
+                out.append(ids)
+        return out
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(WORLD)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    if errors:
-        raise errors[0]
-    return out
+    return run_ranks(WORLD, run, 90)
 
 
 @pytest.mark.timeout(90)

@@ -3,13 +3,12 @@ loop, peeks and breaks, abandoned iterators, elastic resume on another world siz
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 
 import numpy as np
 import pytest
+from srvtools import run_ranks
 
 from dataflow.client import DataLoader
 from dataflow.errors import (
@@ -114,28 +113,6 @@ def test_set_epoch_retargets_an_unread_iterator_and_invalidates_a_read_one(demo_
         assert [_ids(b) for b in dl] == epoch2
 
 
-def _job(world: int, body: Callable[[int], object]) -> list[object]:
-    """Run ``body(rank)`` for every rank of a job in threads; results in rank order."""
-    results: list[object] = [None] * world
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = body(rank)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(100)
-    if errors:
-        raise errors[0]
-    assert not any(t.is_alive() for t in threads), "a rank did not finish"
-    return results
-
-
 @pytest.mark.timeout(120)
 def test_peeks_and_breaks_on_some_ranks_keep_counts_equal(demo_data, servers) -> None:
     demo = demo_data("arrow")
@@ -151,7 +128,7 @@ def test_peeks_and_breaks_on_some_ranks_keep_counts_equal(demo_data, servers) ->
             counts = [sum(1 for _ in dl) for _ in range(2)]
             return counts + [len(dl)]
 
-    (a, b) = _job(2, rank_body)
+    (a, b) = run_ranks(2, rank_body, 100)
     assert a == b and a[0] == a[1] == a[2]
 
 
@@ -172,7 +149,7 @@ def test_elastic_resume_reads_every_remaining_sample_once(demo_data, servers, wo
             ids = [i for _ in range(k) for i in _ids(next(it))]
             return ids, dl.state_dict()
 
-    firsts = _job(world, first_job)
+    firsts = run_ranks(world, first_job, 100)
     states = [s for _, s in firsts]  # type: ignore[misc]
     assert all(s == {**states[0], "rank": r} for r, s in enumerate(states))
     state = states[world - 1]  # any rank's state will do
@@ -186,7 +163,7 @@ def test_elastic_resume_reads_every_remaining_sample_once(demo_data, servers, wo
                 start=state["consumed"]).batches_per_rank
             return [i for b in batches for i in b]
 
-    seconds = _job(new_world, second_job)
+    seconds = run_ranks(new_world, second_job, 100)
     assert len({len(s) // BATCH for s in seconds}) <= 2  # equal batches; the last may be short
     before = [i for ids, _ in firsts for i in ids]  # type: ignore[misc]
     after = [i for ids in seconds for i in ids]  # type: ignore[union-attr]

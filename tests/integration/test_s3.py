@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from srvtools import run_ranks
 
 from dataflow.bench.s3local import CREDENTIALS, S3Proxy, moto_s3, s3_client
 from dataflow.client import DataLoader
@@ -53,31 +53,21 @@ def _upload(endpoint: str, root: str, prefix: str, spec: DemoSpec) -> DemoResult
 
 def _epoch(endpoint: str) -> list[list[int]]:
     """Sample ids per rank of one epoch, ranks as concurrent threads."""
-    out: list[list[int]] = [[] for _ in range(WORLD)]
-    errors: list[BaseException] = []
 
-    def run(rank: int) -> None:
-        try:
-            with DataLoader([endpoint], batch_size=BATCH, rank=rank, world_size=WORLD,
-                            timeout=60, seed=3) as dl:
-                for batch in dl:
-                    ids = batch["id"].numpy()
-                    image = batch["image"].numpy().reshape(len(ids), -1)
-                    want = (ids[:, None] + np.arange(image.shape[1])) % 256
-                    assert (image == want).all(), "image bytes do not match their ids"
-                    out[rank].append(len(ids))
-                    out[rank].extend(ids.tolist())
-        except BaseException as e:
-            errors.append(e)
+    def run(rank: int) -> list[int]:
+        out: list[int] = []
+        with DataLoader([endpoint], batch_size=BATCH, rank=rank, world_size=WORLD,
+                        timeout=60, seed=3) as dl:
+            for batch in dl:
+                ids = batch["id"].numpy()
+                image = batch["image"].numpy().reshape(len(ids), -1)
+                want = (ids[:, None] + np.arange(image.shape[1])) % 256
+                assert (image == want).all(), "image bytes do not match their ids"
+                out.append(len(ids))
+                out.extend(ids.tolist())
+        return out
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(WORLD)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return out
+    return run_ranks(WORLD, run, 120)
 
 
 def _check_exactly_once(per_rank: list[list[int]], total: int) -> None:
