@@ -19,6 +19,7 @@ from dataflow.readers.base import SkipRecord, check_on_error
 from dataflow.readers.cache import identity
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
 from dataflow.remote import RemoteConfig
+from dataflow.sources import is_local
 from dataflow.splits import dataset_shards
 
 log = logging.getLogger(__name__)
@@ -128,8 +129,8 @@ def scan_shards(
 ) -> Scanned:
     """Open every shard of a resolved list (in a bounded thread pool), count and check schemas.
 
-    The pool overlaps the waits of remote shards (stat, first bytes, downloads); local shards
-    with cached tar indexes cost ~0.3 ms each and gain little from it. The result is the same
+    The pool overlaps the waits of remote shards (stat, first bytes, downloads); a list of
+    local shards only is opened in one thread (their opens hold the GIL). The result is the same
     for any ``max_workers``: shards keep their order.
 
     Args:
@@ -149,8 +150,11 @@ def scan_shards(
     if not shards:
         raise ConfigError("`shards` must not be empty")
     bar = _progress(len(shards), progress)
+    # Local shards are opened in one thread: their opens hold the GIL, so more threads only
+    # add hand-overs (1,000 cached tar indexes: 0.44 s in one thread, 0.70 s in eight).
+    threads = 1 if all(is_local(u) for u in shards) else min(max_workers, len(shards))
     try:
-        with ThreadPoolExecutor(min(max_workers, len(shards))) as pool:
+        with ThreadPoolExecutor(threads) as pool:
             futures = [pool.submit(_count, u, cache_dir, on_error, how) for u in shards]
             try:
                 if bar is not None:
