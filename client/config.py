@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,8 @@ from dataflow.errors import ConfigError
 from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WINDOW
 from dataflow.security import ClientCurve
 from dataflow.shuffle import shuffle_mode
+from dataflow.wire import Hello
+from dataflow.wire.fields import FieldError, column_names
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -44,12 +47,31 @@ def _int(name: str, value: object, minimum: int) -> None:
         raise ConfigError(f"`{name}` must be an integer >= {minimum}. Found: {value!r}")
 
 
+def _columns(value: object) -> tuple[str, ...] | None:
+    """``value`` (None, or a sequence of field names) as the tuple a HELLO carries.
+
+    Raises:
+        ConfigError: not a sequence of names, none, a name twice, a name that is not a
+            non-empty string, or more than the wire allows.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ConfigError("`columns` must be a list of served field names, or None for every "
+                          f"field. Found: {value!r}")
+    try:
+        return column_names(list(value))
+    except FieldError as e:
+        raise ConfigError(f"`columns` {e}. Found: {list(value)!r}"[:400]) from None
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """Validated settings of one DataLoader (see :class:`client.DataLoader` for meanings).
 
     ``device`` is normalized: None for CPU tensors, else a CUDA device string; ``shuffle`` is
-    normalized to a mode name (True is ``"sample"``, False is ``"none"``).
+    normalized to a mode name (True is ``"sample"``, False is ``"none"``); ``columns`` to a
+    tuple.
     """
 
     servers: ServerSource
@@ -69,9 +91,11 @@ class LoaderConfig:
     window: int = DEFAULT_WINDOW
     curve: ClientCurve | None = None
     resolve_interval: float = DEFAULT_RESOLVE_INTERVAL
+    columns: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))
+        object.__setattr__(self, "columns", _columns(self.columns))
         if not isinstance(self.servers, ServerSource):
             raise ConfigError(f"`servers` must be a ServerSource. Found: {self.servers!r}")
         if (isinstance(self.resolve_interval, bool) or not isinstance(self.resolve_interval,
@@ -100,6 +124,12 @@ class LoaderConfig:
                               f"Found: {self.device!r}")
         if self.device is not None and not torch.cuda.is_available():
             raise ConfigError(f"`device` is {self.device!r} but CUDA is not available")
+
+    def hello(self, name: str) -> Hello:
+        """The HELLO said to every server: ``prefetch`` credits, the client's description
+        ``name`` and its ``columns``."""
+        return Hello(self.prefetch, name,
+                     columns=None if self.columns is None else tuple(self.columns))
 
 
 def normalize_device(device: str | torch.device | None) -> str | None:

@@ -42,12 +42,11 @@ class Dispatch:
             joining again must serve the same.
     """
 
-    def __init__(self, endpoints: list[str], credits: int, name: str, scheduler: Scheduler,
+    def __init__(self, endpoints: list[str], hello: list[wire.Buffer], scheduler: Scheduler,
                  handoff: Handoff[Ready], links: Links, control: dict[int, zmq.Socket],
                  sink: HostSink | CudaSink) -> None:
         self._endpoints = endpoints  # the I/O thread's list: it grows as servers join
-        self._credits = credits
-        self._client_name = name
+        self._hello = hello  # the encoded HELLO every server is sent
         self._scheduler = scheduler
         self.handoff = handoff
         self._links = links
@@ -161,8 +160,7 @@ class Dispatch:
         self.drop_data(server)
         self._joins[server] = Join(self._endpoints[server], self.fingerprint)
         try:
-            self._control[server].send_multipart(
-                wire.encode(wire.Hello(self._credits, self._client_name)), flags=zmq.NOBLOCK)
+            self._control[server].send_multipart(self._hello, flags=zmq.NOBLOCK)
         except zmq.Again:
             self._scheduler.join_failed(server, now, retry=True)
 

@@ -61,27 +61,26 @@ class IOThread(threading.Thread):
 
     Args:
         endpoints: server endpoints.
-        credits: credits asked of each server (the prefetch depth).
+        hello: the HELLO said to every server (credits asked of each, the prefetch depth; this
+            client's description; the columns its batches hold).
         timeout: seconds the first handshake, a join, or an epoch without any usable server
             may take before :class:`~dataflow.errors.ServerUnavailable`.
         grace: seconds a server may be disconnected or silent before it is lost.
         sink: where batches are received.
-        name: client description sent in HELLO.
         curve: CURVE keys applied to every socket (None: clear text); a refused handshake
             raises :class:`~dataflow.errors.ServerUnavailable` at once.
         find: looks the servers up again (a DNS name or a file), or None (a static list).
         resolve_interval: seconds between lookups with ``find``.
     """
 
-    def __init__(self, endpoints: Sequence[str], credits: int, timeout: float, grace: float,
-                 sink: HostSink | CudaSink, name: str, curve: ClientCurve | None = None,
+    def __init__(self, endpoints: Sequence[str], hello: wire.Hello, timeout: float,
+                 grace: float, sink: HostSink | CudaSink, curve: ClientCurve | None = None,
                  find: Lookup | None = None, resolve_interval: float = 10.0) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._endpoints = list(endpoints)
-        self._credits = credits
+        self._hello = wire.encode(hello)
         self._timeout = timeout
         self._sink = sink
-        self._client_name = name
         self._routing_id = secrets.token_hex(8).encode()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -92,7 +91,7 @@ class IOThread(threading.Thread):
         self._poller = zmq.Poller()
         self._links = Links(zmq.Context.instance(), self._poller, curve, self._endpoints)
         self._data = self._links.data
-        self._dispatch = Dispatch(self._endpoints, credits, name, self._scheduler, self.handoff,
+        self._dispatch = Dispatch(self._endpoints, self._hello, self._scheduler, self.handoff,
                                   self._links, self._control, sink)
         self._watcher = None if find is None else Watcher(find, self._wake)
         self._resolve_interval = resolve_interval
@@ -155,9 +154,8 @@ class IOThread(threading.Thread):
     def _handshake(self) -> bool:
         """Run the first handshake; False when stopped first."""
         hs = Handshake(self._endpoints, time.monotonic() + self._timeout, self._timeout)
-        hello = wire.encode(wire.Hello(self._credits, self._client_name))
         for sock in self._control.values():
-            sock.send_multipart(hello)
+            sock.send_multipart(self._hello)
         while not hs.done:
             hs.check(time.monotonic())
             events, stop = self._poll(hs.left(time.monotonic()))

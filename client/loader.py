@@ -15,6 +15,7 @@ from typing import Any, SupportsIndex
 import torch
 from prometheus_client import CollectorRegistry
 
+from dataflow.batch import Schema
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
@@ -167,6 +168,12 @@ class DataLoader:
             per registry at a time; ``close()`` unregisters); None: off.
         resolve_interval: seconds between lookups of a ``dns+tcp://`` name or a
             ``file://`` registry (ignored for a static list).
+        columns: the fields batches hold: names from :attr:`schema`, a parent name standing
+            for the fields under it (``image``: ``image.bytes`` and ``image.path``); a
+            field's ``.valid`` mask and ``.offsets`` come with it. The servers keep them of
+            each batch after their ``--transform``. None: every field. A name a server does
+            not serve makes the constructor raise :class:`~dataflow.errors.RemoteError`
+            naming it.
 
     Raises:
         ConfigError: an argument is invalid.
@@ -199,6 +206,7 @@ class DataLoader:
         server_key: str | os.PathLike | None = None,
         metrics: int | CollectorRegistry | None = None,
         resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
+        columns: Sequence[str] | None = None,
     ) -> None:
         source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
@@ -208,6 +216,7 @@ class DataLoader:
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             shuffle_window=shuffle_window, block_size=block_size, window=window,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
+            columns=columns,
         )
         cfg = self.config
         find = functools.partial(lookup, source)
@@ -216,8 +225,9 @@ class DataLoader:
             sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
         else:
             sink = HostSink(pin=pin_memory and torch.cuda.is_available())
-        self._io = IOThread(self._endpoints, cfg.prefetch, cfg.timeout, cfg.grace, sink,
-                            f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}", cfg.curve,
+        self._io = IOThread(self._endpoints,
+                            cfg.hello(f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}"),
+                            cfg.timeout, cfg.grace, sink, cfg.curve,
                             find if source.dynamic else None, cfg.resolve_interval)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
@@ -248,6 +258,12 @@ class DataLoader:
             raise DatasetMismatchError("servers serve different datasets (fingerprints "
                                        + ", ".join(f"{e}: {f}" for e, f in prints.items()) + ")")
         return parsed[0]
+
+    @property
+    def schema(self) -> Schema:
+        """Every field the servers serve (name, dtype, shape, ragged kind, meta), before any
+        server ``--transform``: what ``columns`` may name, whichever it names."""
+        return self.index.schema
 
     # -- lifecycle ------------------------------------------------------------------------------
 

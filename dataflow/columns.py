@@ -6,7 +6,8 @@ same options, so every shard converts to the same schema.
 
 Field names are those served: a struct column ``image`` serves ``image.bytes`` and
 ``image.path``. A name in ``columns`` or ``drop`` matches a served field exactly or any field
-under it (``image`` matches ``image.bytes``), so selecting a parent selects its children.
+under it (``image`` matches ``image.bytes``), so selecting a parent selects its children
+(:func:`is_under`; a client's column subset, :mod:`dataflow.subset`, matches names the same way).
 """
 
 from __future__ import annotations
@@ -95,12 +96,18 @@ class ReadOptions:
 
     def wanted(self, name: str) -> bool:
         """Whether served field ``name`` passes ``columns`` and ``drop``."""
-        if self.columns is not None and not any(_under(name, c) for c in self.columns):
+        if self.columns is not None and not any(is_under(name, c) for c in self.columns):
             return False
-        return not any(_under(name, d) for d in self.drop)
+        return not any(is_under(name, d) for d in self.drop)
 
 
-def _under(name: str, parent: str) -> bool:
+def is_under(name: str, parent: str) -> bool:
+    """Whether field ``name`` is ``parent`` or a field under it.
+
+    ``is_under("image.bytes", "image")`` and ``is_under("label.valid", "label")`` are true (a
+    struct's children, a field's null mask, offsets or inner lengths go with the field);
+    ``is_under("images", "image")`` is not.
+    """
     return name == parent or name.startswith(parent + ".")
 
 

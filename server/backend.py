@@ -128,7 +128,7 @@ class WorkerHandler:
             nxt = self._ledger.next_request()
             if nxt is None:
                 return
-            task = Task(nxt.key, nxt.req_id, nxt.ranges, nxt.tag)
+            task = Task(nxt.key, nxt.req_id, nxt.ranges, nxt.tag, nxt.columns)
             try:
                 self._backend.send_multipart([worker.identity, *encode_internal(task)],
                                              flags=zmq.NOBLOCK)

@@ -3,8 +3,10 @@
 Only a peer with a session gets more than a refusal: a REQUEST without one is refused from its
 header alone (its ranges are never decoded), STATS without one gets UnknownClient, and HELLO
 beyond ``--max-sessions`` gets ServerBusy. A REQUEST may name at most its session's
-``max_samples`` samples (the HELLO's ``batch_size``, else ``--max-request-samples``). Peer text
-reaches the log only quoted (:func:`~dataflow.server.peerlog.quote`) and rate-limited.
+``max_samples`` samples (the HELLO's ``batch_size``, else ``--max-request-samples``). A HELLO
+whose ``columns`` name a field the dataset does not serve is refused, naming it; a session's
+columns go with each of its requests to the readers. Peer text reaches the log only quoted
+(:func:`~dataflow.server.peerlog.quote`) and rate-limited.
 
 Thread invariant: used only by the frontend's thread.
 """
@@ -28,6 +30,7 @@ from dataflow.server.guard import InboundGuard
 from dataflow.server.ledger import Ledger, Refusal
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.sessions import Session, Sessions
+from dataflow.subset import unmatched
 from dataflow.wire import ErrorKind
 
 log = logging.getLogger("dataflow.server")
@@ -72,6 +75,7 @@ class ClientHandler:
         self._config = config
         self._index = relative_index(index)
         self._index_json = self._index.to_json()
+        self._fields = [f.name for f in index.schema]
         self._sizes = np.asarray(index.sizes, dtype=np.int64)
         self._sessions = sessions
         self._ledger = ledger
@@ -143,14 +147,26 @@ class ClientHandler:
             self._delivery.error(identity, -1, ErrorKind.PROTOCOL,
                                  f"a server does not accept {wire.kind_of(msg).name} messages")
 
-    def _on_hello(self, identity: bytes, s: Session | None, msg: wire.Hello,
-                  now: float) -> None:
+    def _hello_problem(self, msg: wire.Hello) -> str | None:
+        """Why HELLO ``msg`` is refused (counted as a refused request), or None."""
         cap = self._config.max_request_samples
         if msg.batch_size is not None and msg.batch_size > cap:
+            return (f"HELLO `batch_size` {msg.batch_size} exceeds this server's "
+                    f"--max-request-samples {cap}")
+        unknown = unmatched(msg.columns or (), self._fields)
+        if unknown:
+            return (f"HELLO `columns` names field(s) {unknown} this server does not serve; it "
+                    f"serves {self._fields}")
+        return None
+
+    def _on_hello(self, identity: bytes, s: Session | None, msg: wire.Hello,
+                  now: float) -> None:
+        problem = self._hello_problem(msg)
+        if problem is not None:
             self._counters["refused"] += 1
-            self._delivery.error(identity, -1, ErrorKind.PROTOCOL,
-                                 f"HELLO `batch_size` {msg.batch_size} exceeds this server's "
-                                 f"--max-request-samples {cap}")
+            self._peer_log.warning("HELLO from %s (%s) refused: %s", identity.hex()[:64],
+                                   quote(msg.client), quote(problem, 400))
+            self._delivery.error(identity, -1, ErrorKind.PROTOCOL, problem)
             return
         if s is None and len(self._sessions) >= self._config.max_sessions:
             self._counters["sessions_refused"] += 1
@@ -162,10 +178,12 @@ class ClientHandler:
             return
         credits = min(msg.credits, self._config.max_credits)
         s = self._sessions.open(identity, msg.client, credits, now,
-                                max_samples=msg.batch_size or cap)
+                                max_samples=msg.batch_size or self._config.max_request_samples,
+                                columns=msg.columns)
         self._ledger.open(s.token, credits, owner=identity)
-        log.info("client %s (%s) connected with %d credit(s), at most %d sample(s) a request",
-                 identity.hex()[:64], quote(msg.client), credits, s.max_samples)
+        log.info("client %s (%s) connected with %d credit(s), at most %d sample(s) a request, "
+                 "columns %s", identity.hex()[:64], quote(msg.client), credits, s.max_samples,
+                 "all" if msg.columns is None else quote(", ".join(msg.columns), 400))
         workers, endpoints = self._server_info()
         self._delivery.reply(identity, wire.Index(credits, workers, self._index_json,
                                                   s.token.decode(), tuple(endpoints)))
@@ -183,7 +201,7 @@ class ClientHandler:
                 # A reader notifies us just before it hands a reply to ZeroMQ, so the notice
                 # is normally here before the client can react to the reply: read them.
                 self._read_notices()
-            outcome = self._ledger.admit(s.token, msg.req_id, msg.ranges, msg.tag)
+            outcome = self._ledger.admit(s.token, msg.req_id, msg.ranges, msg.tag, s.columns)
             if isinstance(outcome, Refusal):
                 problem = outcome.message
         if problem is not None:

@@ -28,7 +28,7 @@ Thread invariant: used only by the frontend's thread.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import numpy as np
@@ -71,6 +71,8 @@ class Dispatch:
         ranges: int64 (n, 3) ``(shard, start, stop)`` rows.
         tag: the batch's (seed, epoch, global batch index), for the transform.
         attempts: readers that died holding it before.
+        columns: the fields its reply keeps (its session's column subset when it was
+            admitted), or None: all.
     """
 
     key: bytes
@@ -78,6 +80,7 @@ class Dispatch:
     ranges: np.ndarray
     tag: BatchTag = NO_TAG
     attempts: int = 0
+    columns: tuple[str, ...] | None = None
 
 
 @dataclass(eq=False)
@@ -164,9 +167,12 @@ class Ledger:
         acct = self._get(key)
         return len(acct.active) >= acct.credits
 
-    def admit(self, key: bytes, req_id: int, ranges: np.ndarray,
-              tag: BatchTag = NO_TAG) -> Admitted | Refusal:
+    def admit(self, key: bytes, req_id: int, ranges: np.ndarray, tag: BatchTag = NO_TAG,
+              columns: tuple[str, ...] | None = None) -> Admitted | Refusal:
         """Accept request ``req_id`` of session ``key`` into its queue, or refuse it.
+
+        ``ranges``, ``tag`` and ``columns`` (the fields its reply keeps) travel with it to a
+        reader.
 
         Raises:
             InternalError: ``key`` has no open account.
@@ -182,7 +188,7 @@ class Ledger:
                            f"connection and {acct.credits} credit(s) granted")
         if not acct.queued:
             self._turns.append(acct)
-        acct.queued.append(Dispatch(key, req_id, ranges, tag))
+        acct.queued.append(Dispatch(key, req_id, ranges, tag, columns=columns))
         acct.active.add(req_id)
         return Admitted(len(acct.active))
 
@@ -200,8 +206,7 @@ class Ledger:
             return False
         if not acct.queued:
             self._turns.append(acct)
-        acct.queued.appendleft(Dispatch(task.key, task.req_id, task.ranges, task.tag,
-                                            task.attempts + 1))
+        acct.queued.appendleft(replace(task, attempts=task.attempts + 1))
         return True
 
     def settle(self, key: bytes, req_id: int) -> bool:

@@ -48,8 +48,8 @@ def _g(name: str, help: str) -> Spec:
 
 
 REFUSALS = "refusals"
-REFUSED_HELP = ("requests refused (request: REQUESTs and oversized HELLOs; session: HELLOs over "
-                "--max-sessions; auth: CURVE keys)")
+REFUSED_HELP = ("requests refused (request: REQUESTs, and HELLOs declaring an oversized batch "
+                "or columns not served; session: HELLOs over --max-sessions; auth: CURVE keys)")
 EXPIRED = "sessions_expired"
 EXPIRED_HELP = ("sessions freed (ttl: silent with the connection closed past --client-ttl; "
                 "idle: silent past --session-idle-timeout)")

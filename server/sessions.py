@@ -44,6 +44,7 @@ class Session:
         credits: credits granted.
         last_seen: time of its last message (the caller's clock, seconds).
         max_samples: most samples one of its REQUESTs may name.
+        columns: the fields its batches keep (its HELLO's ``columns``), or None: all.
         probed: when the server last probed its connection (it had been silent).
         token: session token (32 ASCII hex bytes): the routing id of the client's data
             connections to the readers, and the key of its credit account.
@@ -56,6 +57,7 @@ class Session:
     credits: int
     last_seen: float
     max_samples: int = MAX_BATCH_SIZE
+    columns: tuple[str, ...] | None = None
     probed: float = float("-inf")
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     parked: deque[ParkedReply] = field(default_factory=deque)
@@ -93,10 +95,12 @@ class Sessions:
         return self._by_token.get(token)
 
     def open(self, identity: bytes, name: str, credits: int, now: float,
-             max_samples: int = MAX_BATCH_SIZE) -> Session:
+             max_samples: int = MAX_BATCH_SIZE,
+             columns: tuple[str, ...] | None = None) -> Session:
         """The session of ``identity``: a new one, or the open one with its settings renewed.
 
-        A HELLO on a connection that has a session keeps that session (and its token).
+        A HELLO on a connection that has a session keeps that session (and its token);
+        requests admitted before it keep the columns they were admitted with.
         """
         s = self._by_identity.get(identity)
         if s is None:
@@ -104,6 +108,7 @@ class Sessions:
             self._by_identity[identity] = s
             self._by_token[s.token] = s
         s.name, s.credits, s.last_seen, s.max_samples = name, credits, now, max_samples
+        s.columns = columns
         return s
 
     def close(self, s: Session) -> None:

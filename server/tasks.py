@@ -1,4 +1,5 @@
-"""What a reader process does with one task: read its ranges, transform, encode the reply.
+"""What a reader process does with one task: read its ranges, transform, keep the session's
+columns, encode the reply.
 
 Pure of sockets: :func:`serve_task` returns the reply's frames and what the frontend counts of
 it; :mod:`dataflow.server.worker` sends them.
@@ -21,6 +22,7 @@ from dataflow.readers.tar import DEFAULT_OPTIONS
 from dataflow.remote import RemoteConfig
 from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
+from dataflow.subset import select
 from dataflow.transform import TransformContext, batch_seed
 from dataflow.wire import NO_TAG, BatchTag, ErrorKind
 
@@ -152,13 +154,21 @@ def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> Tr
 
 
 def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-               req_id: int, ranges: np.ndarray, tag: BatchTag = NO_TAG) -> Reply:
-    """The reply (BATCH or ERROR) to one task; never raises for bad data."""
+               req_id: int, ranges: np.ndarray, tag: BatchTag = NO_TAG,
+               columns: tuple[str, ...] | None = None) -> Reply:
+    """The reply (BATCH or ERROR) to one task; never raises for bad data.
+
+    The transform sees every served field; the reply keeps ``columns`` of what it returned
+    (:mod:`dataflow.subset`; None: every field).
+    """
     meter = SkipMeter(readers)
     try:
         batch = read_ranges(meter.get, ranges)
         if transform is not None:
-            batch = apply_transform(transform, batch, transform_context(spec, ranges, tag))
+            batch = apply_transform(transform, batch, transform_context(spec, ranges, tag),
+                                    columns)
+        if columns is not None:
+            batch = select(batch, columns)
         skips = meter.skips()
         skipped = sum(skips.values())
         requested = int((ranges[:, 2] - ranges[:, 1]).sum())

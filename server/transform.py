@@ -16,7 +16,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -25,6 +25,7 @@ import numpy as np
 
 from dataflow.batch import Batch, Ragged, batch_len
 from dataflow.errors import ConfigError, TransformError
+from dataflow.subset import unmatched
 from dataflow.transform import TransformContext, takes_context
 
 
@@ -82,13 +83,16 @@ def load_transform(spec: str, directory: str | None = None) -> Transform:
     return Transform(spec, func, takes_context(func))
 
 
-def apply_transform(transform: Transform, batch: Batch, ctx: TransformContext) -> Batch:
-    """Run ``transform`` on ``batch`` and check that it returned a batch of as many samples.
+def apply_transform(transform: Transform, batch: Batch, ctx: TransformContext,
+                    columns: Sequence[str] | None = None) -> Batch:
+    """Run ``transform`` on ``batch`` and check that it returned a batch of as many samples,
+    holding the ``columns`` the client asked for (None: no such rule).
 
     Raises:
         TransformError: the transform raised (chained as the cause), or returned something
             other than a non-empty dict of columns (arrays of shape ``(n, ...)`` or
-            ``Ragged``) of the batch's ``n`` samples; names the transform and the batch.
+            ``Ragged``) of the batch's ``n`` samples, or no field of a name of ``columns``;
+            names the transform and the batch (and the missing fields).
     """
     where = f"transform {transform.spec!r} on {ctx.describe()}"
     try:
@@ -107,4 +111,8 @@ def apply_transform(transform: Transform, batch: Batch, ctx: TransformContext) -
                                  f"batch of {n}; a transform keeps every sample, in order")
     if not out:
         raise TransformError(f"{where}: returned a batch with no fields")
+    missing = unmatched(columns or (), out)
+    if missing:
+        raise TransformError(f"{where}: removed field(s) {missing} that the client asked for "
+                             f"(its `columns`); it returned {list(out)}")
     return out

@@ -14,12 +14,12 @@ It has two sockets:
 
 Messages:
 
-* frontend <-> worker: :mod:`dataflow.wire.internal`: a TASK (session token, req_id, ranges)
-  in; READY once at start, SENT just before a reply is handed to ZeroMQ (the frontend returns
-  the client's credit) and LOST when a reply could not be delivered (the client's data
-  connection was missing for ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies
-  were waiting for it) out. Replies wait per client: one client gone away never holds up
-  another's.
+* frontend <-> worker: :mod:`dataflow.wire.internal`: a TASK (session token, req_id, ranges,
+  tag, the session's columns) in; READY once at start, SENT just before a reply is handed to
+  ZeroMQ (the frontend returns the client's credit) and LOST when a reply could not be
+  delivered (the client's data connection was missing for ``UNREACHABLE_S`` seconds, or more
+  than ``MAX_PARKED`` replies were waiting for it) out. Replies wait per client: one client
+  gone away never holds up another's.
 * worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED whose
   message starts with the exception's class name (:mod:`dataflow.wire`). A BATCH's
   ``skipped`` counts the samples of the request the readers left out as damaged
@@ -205,7 +205,8 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
             task = decode_internal(sock.recv_multipart())
             if not isinstance(task, Task):
                 raise InternalError(f"the frontend sent a {type(task).__name__}")
-            reply = serve_task(readers, transform, spec, task.req_id, task.ranges, task.tag)
+            reply = serve_task(readers, transform, spec, task.req_id, task.ranges, task.tag,
+                               task.columns)
             sender.send(task.token, task.req_id, reply)
     finally:
         readers.close()

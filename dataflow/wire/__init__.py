@@ -15,6 +15,8 @@ from dataflow.wire.arrays import ZERO_COPY_MIN_BYTES, batch_to_message, message_
 from dataflow.wire.codec import SPECS, MessageSpec, decode, decode_header, encode, kind_of
 from dataflow.wire.fields import (
     MAX_BATCH_SIZE,
+    MAX_COLUMNS,
+    MAX_COLUMNS_BYTES,
     MAX_COUNTER_LIST,
     MAX_CREDITS,
     MAX_HEADER_BYTES,
@@ -53,7 +55,8 @@ from dataflow.wire.messages import (
 )
 
 __all__ = [
-    "ALIGN", "DTYPES", "MAGIC", "MAX_BATCH_SIZE", "MAX_COUNTER_LIST", "MAX_CREDITS",
+    "ALIGN", "DTYPES", "MAGIC", "MAX_BATCH_SIZE", "MAX_COLUMNS", "MAX_COLUMNS_BYTES",
+    "MAX_COUNTER_LIST", "MAX_CREDITS",
     "MAX_FRAME_BYTES", "MAX_HEADER_BYTES",
     "MAX_INDEX_BYTES", "MAX_NAME", "NO_TAG", "MAX_RANGES", "MAX_TEXT", "SPECS",
     "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "BatchTag", "Buffer", "Bye", "ErrorKind",

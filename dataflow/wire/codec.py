@@ -39,6 +39,7 @@ from dataflow.wire.fields import (
     FieldError,
     FieldSpec,
     choice,
+    column_names,
     counters,
     integer,
     is_int,
@@ -142,6 +143,7 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("credits", integer(1, MAX_CREDITS)),
         FieldSpec("client", text(MAX_NAME), dump=lambda s: s[:MAX_NAME]),
         FieldSpec("batch_size", integer(1, MAX_BATCH_SIZE), optional=True),
+        FieldSpec("columns", column_names, dump=list, optional=True),
     )),
     Kind.INDEX: MessageSpec(Index, (
         FieldSpec("credits", integer(1, MAX_CREDITS)),

@@ -7,6 +7,7 @@ and the value found).
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ MAX_WORKERS = 1 << 20
 MAX_COUNTERS = 256
 MAX_COUNTER_LIST = 4096
 MAX_BATCH_SIZE = 1 << 24
+MAX_COLUMNS = 1024
+MAX_COLUMNS_BYTES = 32 * 1024
 INT64_MAX = 2**63 - 1
 
 Validator = Callable[[Any], Any]
@@ -66,6 +69,26 @@ def string_list(limit: int, item_limit: int) -> Validator:
                              f"{item_limit} characters")
         return tuple(v)
     return check
+
+
+def column_names(v: Any) -> tuple[str, ...]:
+    """A column subset (HELLO ``columns``): a list of 1 to :data:`MAX_COLUMNS` distinct field
+    names, each a non-empty string of at most :data:`MAX_NAME` characters, and at most
+    :data:`MAX_COLUMNS_BYTES` bytes as JSON (so a HELLO header always fits its limit)."""
+    if not isinstance(v, list) or not 0 < len(v) <= MAX_COLUMNS:
+        raise FieldError(f"must be a list of 1 to {MAX_COLUMNS} field names")
+    for name in v:
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+            raise FieldError(f"field names must be non-empty strings of at most {MAX_NAME} "
+                             f"characters; {repr(name)[:80]} is not")
+    seen: set[str] = set()
+    for name in v:
+        if name in seen:
+            raise FieldError(f"names field {name!r} twice")
+        seen.add(name)
+    if len(json.dumps(v)) > MAX_COLUMNS_BYTES:
+        raise FieldError(f"must take at most {MAX_COLUMNS_BYTES} bytes as JSON")
+    return tuple(v)
 
 
 def choice(values: dict[str, Any]) -> Validator:

@@ -3,7 +3,8 @@
 Each message is a tag frame then one frame per field, fixed by the tag's entry in
 :data:`INTERNAL`::
 
-    TASK  [b"T", token, req_id, ranges, tag]  frontend -> reader: serve one REQUEST
+    TASK  [b"T", token, req_id, ranges, tag, columns]  frontend -> reader: serve one
+                                           REQUEST
     READY [b"R", endpoint]                 reader -> frontend, once: my data endpoint
     SENT  [b"S", token, req_id, nbytes, skips, too_large, samples]  reader -> frontend:
                                            reply handed to ZeroMQ
@@ -12,13 +13,15 @@ Each message is a tag frame then one frame per field, fixed by the tag's entry i
 ``token`` is the client's session token (the routing id of its data connections, and the key
 of its session at the frontend); integers are 8 little-endian bytes, in ``[0, 2**63)``;
 ``ranges`` the REQUEST's int64 (n, 3) array, passed on without decoding it again; ``tag`` its
-:class:`~dataflow.wire.messages.BatchTag` as three integers; ``skips``
-int64 ``(shard, samples)`` pairs, the damaged samples of each shard the reply left out. A ROUTER
-prepends the peer's routing id, which is not part of these messages.
+:class:`~dataflow.wire.messages.BatchTag` as three integers; ``columns`` the session's column
+subset (its HELLO's ``columns``) as a UTF-8 JSON list of names, empty for every field;
+``skips`` int64 ``(shard, samples)`` pairs, the damaged samples of each shard the reply left
+out. A ROUTER prepends the peer's routing id, which is not part of these messages.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -26,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from dataflow.errors import ProtocolError
-from dataflow.wire.fields import INT64_MAX, MAX_NAME, MAX_TEXT
+from dataflow.wire.fields import INT64_MAX, MAX_NAME, MAX_TEXT, FieldError, column_names
 from dataflow.wire.messages import NO_TAG, BatchTag, as_ranges
 
 
@@ -39,12 +42,14 @@ class Task:
         req_id: the request's id.
         ranges: int64 (n, 3) ``(shard, start, stop)`` rows, as decoded from the REQUEST.
         tag: the REQUEST's (seed, epoch, global batch index).
+        columns: the fields the reply keeps (the session's HELLO ``columns``), or None: all.
     """
 
     token: bytes
     req_id: int
     ranges: np.ndarray
     tag: BatchTag = NO_TAG
+    columns: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,20 @@ def _tag(data: Any) -> BatchTag:
     return BatchTag(*values)
 
 
+def _columns_bytes(value: tuple[str, ...] | None) -> bytes:
+    return b"" if value is None else json.dumps(list(value)).encode("utf-8")
+
+
+def _columns(data: Any) -> tuple[str, ...] | None:
+    raw = bytes(data)
+    if not raw:
+        return None
+    try:
+        return column_names(json.loads(raw.decode("utf-8")))
+    except FieldError as e:
+        raise ValueError(str(e)) from e
+
+
 def _skips(data: Any) -> tuple[tuple[int, int], ...]:
     if memoryview(data).nbytes % 16:
         raise ValueError("must be whole int64 pairs")
@@ -148,6 +167,7 @@ _CODECS: dict[str, _Codec] = {
     "ranges": (lambda v: np.ascontiguousarray(v, dtype="<i8").tobytes(), _ranges),
     "tag": (lambda v: np.asarray(v, dtype="<i8").tobytes(), _tag),
     "skips": (lambda v: np.asarray(v, dtype="<i8").reshape(-1, 2).tobytes(), _skips),
+    "columns": (_columns_bytes, _columns),
     "endpoint": (lambda v: v.encode("utf-8"), _text),
     "why": (lambda v: v[:MAX_TEXT].encode("utf-8"), _text),
 }

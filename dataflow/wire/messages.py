@@ -88,11 +88,15 @@ class Hello:
         batch_size: most samples the client will ask for in one REQUEST, or None (not on the
             wire; a client that predates the field): the server's ``--max-request-samples``
             applies. A REQUEST of more samples is refused.
+        columns: the served fields the client's batches hold (names or parent names,
+            :mod:`dataflow.subset`), or None (not on the wire): every field. The server refuses
+            a HELLO naming a field it does not serve.
     """
 
     credits: int
     client: str = ""
     batch_size: int | None = None
+    columns: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

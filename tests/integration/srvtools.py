@@ -1,4 +1,4 @@
-"""Helpers for integration tests: a raw protocol client and /proc probes."""
+"""Helpers for integration tests: a raw protocol client, /proc probes, a /metrics scrape."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+import numpy as np
 import zmq
+from prometheus_client.parser import text_string_to_metric_families
 
 from dataflow import wire
 
@@ -183,3 +186,20 @@ def run_ranks(world: int, body: Callable[[int], T], timeout: float) -> list[T]:
         raise errors[0]
     assert not any(t.is_alive() for t in threads), "a rank did not finish"
     return [results[r] for r in range(world)]
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of ``http://127.0.0.1:PORT/metrics``, by (name, sorted labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def ragged_rows(batch: Mapping[str, np.ndarray], name: str) -> list[np.ndarray]:
+    """Each sample's values of ragged field ``name`` of a DataLoader batch (as numpy)."""
+    offs = batch[name + ".offsets"]
+    return [batch[name][offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]

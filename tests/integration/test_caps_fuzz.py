@@ -22,6 +22,8 @@ from srvtools import pid_alive, rss_bytes, wait_for
 from dataflow import wire
 from dataflow.client import DataLoader
 from dataflow.errors import ProtocolError
+from dataflow.index import DatasetIndex
+from dataflow.subset import unmatched
 
 SEED = 20_261_123
 SYNC_EVERY = 40  # messages between checks that the router read them (bounds unread bytes)
@@ -42,6 +44,7 @@ VALUES: list[Callable[[np.random.Generator], object]] = [
 def _seeds() -> list[list[bytes]]:
     msgs: list[wire.Message] = [
         wire.Hello(4, "fuzz"), wire.Hello(2, "fz", batch_size=16), wire.Request(1, ((0, 0, 4),)),
+        wire.Hello(2, "fc", columns=("id", "text")), wire.Hello(1, "fu", columns=("id", "nope")),
         wire.Request(2, ((0, 0, 2), (1, 0, 3))), wire.Heartbeat(), wire.Bye(), wire.Stats(),
         wire.Index(1, 1, "{}", "tok", ("tcp://127.0.0.1:1",)),
         wire.batch_to_message(3, {"x": np.arange(4), "t": np.zeros((4, 2), np.uint8)}),
@@ -61,7 +64,7 @@ def _mutate_header(rng: np.random.Generator, raw: bytes) -> bytes:
     elif op == 1:
         header[keys[int(rng.integers(0, len(keys)))]] = VALUES[int(rng.integers(len(VALUES)))](rng)
     elif op == 2:
-        header["extra" if rng.random() < 0.5 else "batch_size"] = VALUES[
+        header[("extra", "batch_size", "columns")[int(rng.integers(0, 3))]] = VALUES[
             int(rng.integers(len(VALUES)))](rng)
     elif op == 3:
         header["kind"] = int(rng.integers(-1, 12))
@@ -111,9 +114,10 @@ def _messages(rng: np.random.Generator, n: int) -> list[list[bytes]]:
     return out
 
 
-def _router_outcome(frames: list[bytes], session: bool) -> tuple[bool, bool]:
-    """(counted malformed, has a session after) for one message to the client router, as the
-    server decides it."""
+def _router_outcome(frames: list[bytes], session: bool,
+                    fields: list[str]) -> tuple[bool, bool]:
+    """(counted malformed, has a session after) for one message to the client router of a
+    server serving ``fields``, as the server decides it."""
     if len(frames) > 3:
         return True, session
     try:
@@ -126,7 +130,8 @@ def _router_outcome(frames: list[bytes], session: bool) -> tuple[bool, bool]:
     if isinstance(msg, wire.Index | wire.BatchMsg | wire.ErrorMsg | wire.StatsReply):
         return True, session
     if isinstance(msg, wire.Hello):
-        return False, session or (msg.batch_size or 0) <= MAX_REQUEST_SAMPLES
+        return False, session or ((msg.batch_size or 0) <= MAX_REQUEST_SAMPLES
+                                  and not unmatched(msg.columns or (), fields))
     return False, session and not isinstance(msg, wire.Bye)
 
 
@@ -164,7 +169,9 @@ def test_fuzzed_messages_leave_the_server_serving_with_exact_counters(demo_data,
     start = time.monotonic()
 
     probe = raw_client(server.endpoint)
-    probe.stats()
+    index = probe.call(wire.Hello(1, "probe"))
+    assert isinstance(index, wire.Index)
+    fields = [f.name for f in DatasetIndex.from_json(index.index_json).schema]
     expected_malformed = 0
     for who, messages in enumerate((_messages(rng, ROUTER_MESSAGES // 2),
                                     _messages(rng, ROUTER_MESSAGES // 2))):
@@ -173,7 +180,7 @@ def test_fuzzed_messages_leave_the_server_serving_with_exact_counters(demo_data,
         try:
             for i, frames in enumerate(messages):
                 sock.send_multipart(frames)
-                malformed, session = _router_outcome(frames, session)
+                malformed, session = _router_outcome(frames, session, fields)
                 expected_malformed += malformed
                 _discard_replies(sock)
                 if i % SYNC_EVERY == SYNC_EVERY - 1 or i == len(messages) - 1:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
+from srvtools import ragged_rows
 
 from dataflow import wire
 from dataflow.client import DataLoader
@@ -98,11 +99,6 @@ def _check_once(seen: Counter[int], total: int) -> None:
     assert sum(seen.values()) - total == size.repeated and max(seen.values()) <= 2
 
 
-def _rows(batch: dict, name: str) -> list[np.ndarray]:
-    offs = batch[name + ".offsets"]
-    return [batch[name][offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
-
-
 @pytest.mark.timeout(120)
 def test_hf_dataset_dict_served_exactly_once(hf_root: Path, servers) -> None:
     with pytest.raises(ServerUnavailable, match=r"splits \['train', 'test'\].*--split"):
@@ -114,9 +110,9 @@ def test_hf_dataset_dict_served_exactly_once(hf_root: Path, servers) -> None:
     for b in batches:
         ids = b["id"].tolist()
         seen.update(ids)
-        images = _rows(b, "image.bytes")
-        boxes, box_lengths = _rows(b, "boxes"), _rows(b, "boxes.lengths1")
-        sources = _rows(b, "meta.source")
+        images = ragged_rows(b, "image.bytes")
+        boxes, box_lengths = ragged_rows(b, "boxes"), ragged_rows(b, "boxes.lengths1")
+        sources = ragged_rows(b, "meta.source")
         assert "image.path" not in b
         for k, i in enumerate(ids):
             assert Image.open(io.BytesIO(images[k].tobytes())).getpixel((0, 0)) == i
@@ -137,8 +133,8 @@ def test_pandas_hive_parquet_served_exactly_once(pandas_root: Path, servers) -> 
     start = pd.Timestamp("2024-03-01", tz="Europe/Paris").value // 1000
     for b in batches:
         assert "row" not in b and "__index_level_0__" not in b
-        kinds = _rows(b, "kind")
-        langs = _rows(b, "lang")
+        kinds = ragged_rows(b, "kind")
+        langs = ragged_rows(b, "lang")
         for k, i in enumerate(b["id"].tolist()):
             seen[i] += 1
             assert b["ts"][k] == start + i * 60_000_000

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import urllib.request
 
 import numpy as np
 import pyarrow as pa
@@ -13,22 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import zmq
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
-from srvtools import RawClient, wait_for
+from srvtools import RawClient, scrape, wait_for
 
 from dataflow import wire
 from dataflow.client import DataLoader
 from dataflow.errors import MetricsError, ServerUnavailable
 from dataflow.server import launch
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def _damaged_parquet(path: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dataflow import wire
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.discovery import parse_servers
 from dataflow.errors import ConfigError
@@ -36,6 +37,32 @@ def _cfg(**kw) -> LoaderConfig:
 def test_config_rejects(kw: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=f"`{field}`"):
         _cfg(**kw)
+
+
+@pytest.mark.parametrize("columns, reason", [
+    ([], r"must be a list of 1 to 1024 field names. Found: \[\]"),
+    ((), r"must be a list of 1 to 1024 field names. Found: \[\]"),
+    ("image", r"must be a list of served field names, or None for every field. Found: 'image'"),
+    (b"image", r"must be a list of served field names"),
+    ({"id", "image"}, r"must be a list of served field names"),
+    (3, r"must be a list of served field names"),
+    (["id", "image", "id"], r"names field 'id' twice. Found: \['id', 'image', 'id'\]"),
+    (["id", 3], r"field names must be non-empty strings of at most 256 characters; 3 is not"),
+    (["id", None], r"field names must be non-empty strings .*; None is not"),
+    (["id", ""], r"field names must be non-empty strings .*; '' is not"),
+    (["x" * 257], r"field names must be non-empty strings of at most 256 characters"),
+    ([f"c{i}" for i in range(1025)], r"must be a list of 1 to 1024 field names"),
+])
+def test_config_rejects_columns_naming_the_problem(columns: object, reason: str) -> None:
+    with pytest.raises(ConfigError, match=r"^`columns` " + reason):
+        _cfg(columns=columns)
+
+
+def test_columns_become_the_hellos_tuple() -> None:
+    assert _cfg().columns is None and _cfg().hello("rank 0") == wire.Hello(4, "rank 0")
+    cfg = _cfg(columns=["id", "image.bytes"], prefetch=3)
+    assert cfg.columns == ("id", "image.bytes")
+    assert cfg.hello("rank 1/2") == wire.Hello(3, "rank 1/2", columns=("id", "image.bytes"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dataflow import wire
 from dataflow.errors import InternalError
 from dataflow.server.ledger import CREDIT_SLACK, Admitted, Ledger, Refusal, RefusalReason
 from dataflow.server.sessions import ParkedReply, Sessions
@@ -185,3 +186,21 @@ def test_a_requeued_task_goes_first_and_counts_its_attempts() -> None:
     assert ledger.outstanding(b"s") == 3
     ledger.close(b"s")
     assert not ledger.requeue(again) and ledger.draining() == 0
+
+
+def test_a_request_keeps_the_columns_its_session_had_when_it_was_admitted() -> None:
+    sessions, ledger = Sessions(), Ledger()
+    s = sessions.open(b"conn", "rank 0", 4, now=0.0, columns=("id", "image"))
+    ledger.open(s.token, 4, owner=b"conn")
+    ledger.admit(s.token, 0, RANGES, wire.BatchTag(1, 2, 3), s.columns)
+    again = sessions.open(b"conn", "rank 0", 4, now=1.0)  # a second HELLO, without columns
+    assert again is s and s.columns is None
+    ledger.admit(s.token, 1, RANGES, columns=s.columns)
+    first = ledger.next_request()
+    assert first is not None and (first.req_id, first.columns) == (0, ("id", "image"))
+    assert ledger.requeue(first)
+    retried = ledger.next_request()
+    assert retried is not None and retried.columns == ("id", "image")
+    assert (retried.attempts, retried.tag) == (1, (1, 2, 3))
+    second = ledger.next_request()
+    assert second is not None and (second.req_id, second.columns) == (1, None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -26,7 +28,16 @@ def test_task_passes_ranges_as_one_int64_array() -> None:
     out = decode_internal(encode_internal(Task(b"tok", 2**62, ranges, BatchTag(7, 2, 2**62))))
     assert isinstance(out, Task) and out.token == b"tok" and out.req_id == 2**62
     assert out.ranges.dtype == np.int64 and out.ranges.tolist() == ranges.tolist()
-    assert out.tag == BatchTag(7, 2, 2**62)
+    assert out.tag == BatchTag(7, 2, 2**62) and out.columns is None
+
+
+@pytest.mark.parametrize("columns", [("id",), ("image", "label.valid", "caf\u00e9")])
+def test_task_carries_the_sessions_columns(columns: tuple[str, ...]) -> None:
+    ranges = np.array([[1, 2, 3]], dtype=np.int64)
+    frames = encode_internal(Task(b"tok", 1, ranges, BatchTag(), columns))
+    assert len(frames) == 6 and frames[-1] == json.dumps(list(columns)).encode()
+    out = decode_internal(frames)
+    assert isinstance(out, Task) and out.columns == columns
 
 
 @pytest.mark.parametrize("frames, match", [
@@ -41,9 +52,16 @@ def test_task_passes_ranges_as_one_int64_array() -> None:
     ([b"S", b"tok", b"\0" * 8, b"\0" * 8, b"\0" * 8, b"\0" * 8, b"\0" * 8], "`skips`"),
     ([b"S", b"tok", b"\0" * 8, b"\0" * 8, b"\xff" * 16, b"\0" * 8, b"\0" * 8], "`skips`"),
     ([b"L", b"tok", b"\0" * 8, b"\xff"], "`why`"),
-    ([b"T", b"tok", b"\0" * 8, b"\0" * 20, b"\0" * 24], "`ranges`"),
-    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 16], "`tag`"),
-    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\xff" * 24], "`tag`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 24], "must have 6 frames"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 20, b"\0" * 24, b""], "`ranges`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 16, b""], "`tag`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\xff" * 24, b""], "`tag`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 24, b"[]"], "`columns`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 24, b'["a", "a"]'], "`columns`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 24, b'["a", 1]'], "`columns`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 24, b'"a"'], "`columns`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 24, b"[\"a\""], "`columns`"),
+    ([b"T", b"tok", b"\0" * 8, b"\0" * 24, b"\0" * 24, b"\xff"], "`columns`"),
     ([b"R", b"\xfe"], "`endpoint`"),
 ])
 def test_malformed_is_a_protocol_error_naming_the_field(frames: list[bytes], match: str) -> None:

@@ -1,5 +1,5 @@
-"""Optional header fields: HELLO ``batch_size``, BATCH ``skipped``, REQUEST ``tag``; new ERROR
-kinds."""
+"""Optional header fields: HELLO ``batch_size`` and ``columns``, BATCH ``skipped``, REQUEST
+``tag``; new ERROR kinds."""
 
 from __future__ import annotations
 
@@ -30,6 +30,36 @@ def test_hello_batch_size_round_trips_and_is_validated() -> None:
         header = {**_header(frames), "batch_size": bad}
         with pytest.raises(ProtocolError, match="HELLO header field `batch_size`"):
             wire.decode([json.dumps(header).encode()])
+
+
+def test_hello_columns_are_left_out_when_none_and_round_trip() -> None:
+    plain = wire.encode(wire.Hello(4, "rank 0", 8))
+    assert "columns" not in _header(plain) and wire.decode(plain).columns is None
+    frames = wire.encode(wire.Hello(4, "rank 0", 8, ("id", "image", "label.valid")))
+    assert _header(frames)["columns"] == ["id", "image", "label.valid"]
+    assert wire.decode(frames) == wire.Hello(4, "rank 0", 8, ("id", "image", "label.valid"))
+    widest = tuple(f"{i:04d}".ljust(24, "x") for i in range(wire.MAX_COLUMNS))
+    assert wire.decode(wire.encode(wire.Hello(1, columns=widest))).columns == widest
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ([], "list of 1 to"),
+    ("id", "list of 1 to"),
+    ({"id": 1}, "list of 1 to"),
+    ([f"c{i}" for i in range(wire.MAX_COLUMNS + 1)], "list of 1 to"),
+    (["id", 3], "non-empty strings"),
+    (["id", None], "non-empty strings"),
+    (["id", ["image"]], "non-empty strings"),
+    ([""], "non-empty strings"),
+    (["x" * (wire.MAX_NAME + 1)], "non-empty strings"),
+    (["id", "label", "id"], "names field 'id' twice"),
+    (["\u00e9" * 200 + str(i) for i in range(40)], "at most 32768 bytes as JSON"),
+])
+def test_malformed_hello_columns_are_a_protocol_error_naming_the_field(bad, reason: str) -> None:
+    header = {**_header(wire.encode(wire.Hello(4))), "columns": bad}
+    with pytest.raises(ProtocolError, match="HELLO header field `columns`") as info:
+        wire.decode([json.dumps(header).encode()])
+    assert reason in str(info.value)
 
 
 def test_batch_skipped_is_left_out_when_zero_and_round_trips() -> None:
