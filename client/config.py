@@ -14,7 +14,7 @@ from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WI
 from dataflow.security import ClientCurve
 from dataflow.shuffle import shuffle_mode
 from dataflow.wire import Hello
-from dataflow.wire.fields import FieldError, column_names
+from dataflow.wire.fields import MAX_BATCH_SIZE, FieldError, column_names
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -104,6 +104,8 @@ class LoaderConfig:
             raise ConfigError("`resolve_interval` must be a number of seconds > 0. "
                               f"Found: {self.resolve_interval!r}")
         _int("batch_size", self.batch_size, 1)
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise ConfigError(f"`batch_size` must be <= {MAX_BATCH_SIZE}. Found: {self.batch_size}")
         _int("world_size", self.world_size, 1)
         _int("rank", self.rank, 0)
         if self.rank >= self.world_size:
@@ -127,8 +129,9 @@ class LoaderConfig:
 
     def hello(self, name: str) -> Hello:
         """The HELLO said to every server: ``prefetch`` credits, the client's description
-        ``name`` and its ``columns``."""
-        return Hello(self.prefetch, name,
+        ``name``, its ``batch_size`` (no REQUEST of it is larger: a server whose
+        ``--max-request-samples`` is smaller refuses the HELLO, naming it) and its ``columns``."""
+        return Hello(self.prefetch, name, batch_size=self.batch_size,
                      columns=None if self.columns is None else tuple(self.columns))
 
 

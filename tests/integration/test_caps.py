@@ -24,6 +24,7 @@ from srvtools import (
 
 from dataflow import wire
 from dataflow.client import DataLoader
+from dataflow.errors import RemoteError
 from dataflow.index import DatasetIndex
 
 RSS_BOUND = 100 * 1024 * 1024
@@ -99,6 +100,12 @@ def test_requests_over_the_session_sample_cap_are_refused_before_any_read(
     assert isinstance(too_big, wire.ErrorMsg) and "--max-request-samples 100" in too_big.message
     stats = old.stats()
     assert stats["refused"] == 3 and stats["requests"] == 1 and stats["worker_restarts"] == 0
+    with pytest.raises(RemoteError, match=r"`batch_size` 101 exceeds .*--max-request-samples 100"):
+        DataLoader(server.endpoint, batch_size=101, rank=0, world_size=1, timeout=20)
+    with DataLoader(server.endpoint, batch_size=100, rank=0, world_size=1, timeout=20) as dl:
+        ids = torch.cat([b["id"] for b in dl])
+    assert sorted(ids.tolist()) == list(range(demo.total))
+    assert old.stats()["refused"] == 4
 
 
 @pytest.mark.timeout(60)

@@ -18,6 +18,7 @@ def _cfg(**kw) -> LoaderConfig:
 
 @pytest.mark.parametrize("kw, field", [
     (dict(batch_size=0), "batch_size"),
+    (dict(batch_size=(1 << 24) + 1), "batch_size"),
     (dict(rank=2, world_size=2), "rank"),
     (dict(world_size=0), "world_size"),
     (dict(prefetch=0), "prefetch"),
@@ -58,11 +59,13 @@ def test_config_rejects_columns_naming_the_problem(columns: object, reason: str)
         _cfg(columns=columns)
 
 
-def test_columns_become_the_hellos_tuple() -> None:
-    assert _cfg().columns is None and _cfg().hello("rank 0") == wire.Hello(4, "rank 0")
-    cfg = _cfg(columns=["id", "image.bytes"], prefetch=3)
+def test_batch_size_and_columns_are_said_in_the_hello() -> None:
+    assert _cfg().columns is None
+    assert _cfg().hello("rank 0") == wire.Hello(4, "rank 0", batch_size=4)
+    cfg = _cfg(columns=["id", "image.bytes"], prefetch=3, batch_size=7)
     assert cfg.columns == ("id", "image.bytes")
-    assert cfg.hello("rank 1/2") == wire.Hello(3, "rank 1/2", columns=("id", "image.bytes"))
+    assert cfg.hello("rank 1/2") == wire.Hello(3, "rank 1/2", batch_size=7,
+                                               columns=("id", "image.bytes"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
