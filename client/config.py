@@ -92,6 +92,7 @@ class LoaderConfig:
     curve: ClientCurve | None = None
     resolve_interval: float = DEFAULT_RESOLVE_INTERVAL
     columns: Sequence[str] | None = None
+    read_ahead: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))
@@ -103,6 +104,8 @@ class LoaderConfig:
                 or not 0 < self.resolve_interval < float("inf")):
             raise ConfigError("`resolve_interval` must be a number of seconds > 0. "
                               f"Found: {self.resolve_interval!r}")
+        if not isinstance(self.read_ahead, bool):
+            raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
         _int("batch_size", self.batch_size, 1)
         if self.batch_size > MAX_BATCH_SIZE:
             raise ConfigError(f"`batch_size` must be <= {MAX_BATCH_SIZE}. Found: {self.batch_size}")

@@ -18,7 +18,7 @@ import zmq
 
 from dataflow import wire
 from dataflow.client.buffers import CudaSink, HostSink, Ready
-from dataflow.client.handoff import Handoff, StartEpoch, Tags
+from dataflow.client.handoff import Extend, Handoff, StartEpoch
 from dataflow.client.handshake import Join
 from dataflow.client.links import Links
 from dataflow.client.receive import drain, receive_batch, receive_header
@@ -56,14 +56,18 @@ class Dispatch:
         self._reorder: Reorder[Ready] = Reorder(0, 0)
         self._joins: dict[int, Join] = {}
         self.fingerprint = ""
-        self.tags = Tags()
 
     def start_epoch(self, cmd: StartEpoch) -> None:
-        self._scheduler.start_epoch(cmd.gen, cmd.batches, cmd.first)
-        self.tags = cmd.tags
+        self._scheduler.start_epoch(cmd.gen, cmd.batches, cmd.first, cmd.tags)
         self._reorder.clear()
         self._reorder = Reorder(cmd.first, self._scheduler.window)
-        self.handoff.capacity = self._scheduler.window
+        self.handoff.set_capacity(self._scheduler.window)
+
+    def extend(self, cmd: Extend) -> None:
+        """Append the loader's next pass to the current generation (if ``cmd.gen`` still is)."""
+        if self._scheduler.extend_epoch(cmd.gen, cmd.batches, cmd.tags):
+            self._reorder.grow(self._scheduler.window)
+            self.handoff.set_capacity(self._scheduler.window)
 
     def close(self) -> None:
         """Release the batches held for reordering."""

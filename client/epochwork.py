@@ -1,4 +1,9 @@
-"""The batches of one epoch generation still to request and to receive. Pure, no sockets."""
+"""The batches of one epoch generation still to request and to receive. Pure, no sockets.
+
+A generation is a stream of batches: the pass it was started for, then any passes appended to
+it (:meth:`EpochWork.extend`: the loader's next epoch, requested ahead while the current one
+ends). Batch indexes run on across the passes.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,13 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from dataflow.client.handoff import Tags
 from dataflow.client.slots import Slot
+from dataflow.errors import InternalError
 from dataflow.plan import Batches
+from dataflow.wire import BatchTag
 
 
 @dataclass
@@ -15,21 +25,50 @@ class EpochWork:
     """Batches ``first``, ``first + 1``, ... of generation ``gen``: which are requested, which
     are *open* (requested, no reply accepted yet) and which to request again.
 
+    ``batches`` are batches ``first``... of the pass, tagged ``tags.of(i)`` for the pass's batch
+    ``i``; :meth:`extend` appends more passes.
+
     Thread invariant: used by the I/O thread only (through the scheduler).
     """
 
     gen: int
     batches: Batches
     first: int
+    tags: Tags = Tags()
     next_request: int = field(init=False)
+    end: int = field(init=False)  # one past the last batch of the stream
     open: set[int] = field(default_factory=set)
     retry: list[int] = field(default_factory=list)  # a heap of open batches to request again
+    # (index of its first batch, its batches, index its tags count from), latest first
+    _passes: list[tuple[int, Batches, int, Tags]] = field(default_factory=list, init=False,
+                                                          repr=False)
 
     def __post_init__(self) -> None:
         self.next_request = self.first
+        self.end = self.first + len(self.batches)
+        self._passes.append((self.first, self.batches, 0, self.tags))
+
+    def extend(self, batches: Batches, tags: Tags) -> None:
+        """Append a pass: its batch ``i`` is batch ``end + i`` of this generation.
+
+        Passes whose batches are all requested and received are forgotten (a generation may
+        run for many epochs).
+        """
+        lowest = min(self.open, default=self.next_request)
+        ends = [self.end] + [start for start, *_ in self._passes[:-1]]
+        self._passes = [p for p, end in zip(self._passes, ends, strict=True) if end > lowest]
+        self._passes.insert(0, (self.end, batches, self.end, tags))
+        self.end += len(batches)
+
+    def request(self, index: int) -> tuple[np.ndarray, BatchTag]:
+        """Batch ``index``'s ``(shard, start, stop)`` rows and its tag."""
+        for start, batches, origin, tags in self._passes:
+            if index >= start:
+                return batches.rows(index - start), tags.of(index - origin)
+        raise InternalError(f"batch {index} is before the generation's first, {self.first}")
 
     def _unsent_due(self, taken: int, window: int) -> bool:
-        return (self.next_request < self.first + len(self.batches)
+        return (self.next_request < self.end
                 and self.next_request - self.first - taken < window)
 
     def peek(self, taken: int, window: int) -> int | None:
@@ -53,7 +92,7 @@ class EpochWork:
 
     def full(self, taken: int, window: int) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
-        return (not self.retry and self.next_request < self.first + len(self.batches)
+        return (not self.retry and self.next_request < self.end
                 and self.next_request - self.first - taken >= window)
 
     def waiting(self, taken: int, window: int) -> bool:

@@ -1,8 +1,9 @@
 """The one meeting point of a DataLoader's consumer thread and its I/O thread.
 
 Everything that crosses between the two threads goes through a :class:`Handoff`, under its
-lock: commands one way (:class:`StartEpoch`, :class:`Stop`), and the other way the handshake
-result, batches of the current epoch in plan order, and a failure. Nothing else is shared.
+lock: commands one way (:class:`StartEpoch`, :class:`Extend`, :class:`Stop`), and the other
+way the handshake result, batches of the current epoch in plan order, and a failure. Nothing
+else is shared.
 
 Batches belong to an epoch *generation*. :meth:`Handoff.start` (consumer) makes a new
 generation current and discards every batch of older ones at once, so iterators that were
@@ -46,6 +47,9 @@ class Tags:
         return BatchTag(self.seed, self.epoch, self.first + index * self.stride)
 
 
+NO_TAGS = Tags()
+
+
 @dataclass(frozen=True)
 class StartEpoch:
     """Request ``batches`` (batch ``first`` of the epoch and the ones after it) for ``gen``,
@@ -58,11 +62,22 @@ class StartEpoch:
 
 
 @dataclass(frozen=True)
+class Extend:
+    """Request ``batches`` (the loader's next pass, tagged ``tags``) after those of ``gen``,
+    as batches of the same generation: the next epoch is read while the current one ends.
+    Ignored once ``gen`` is not current."""
+
+    gen: int
+    batches: Batches
+    tags: Tags
+
+
+@dataclass(frozen=True)
 class Stop:
     """Say BYE to the servers, close every socket and end the I/O thread."""
 
 
-Command = StartEpoch | Stop
+Command = StartEpoch | Extend | Stop
 
 
 class Handoff(Generic[T]):
@@ -71,8 +86,7 @@ class Handoff(Generic[T]):
     Args:
         wake: wakes the I/O thread (called without the lock held; must never block).
 
-    Thread invariant: every attribute is read and written under ``_lock``; :attr:`capacity`
-    is set by the I/O thread before its first delivery.
+    Thread invariant: every attribute is read and written under ``_lock``.
     """
 
     def __init__(self, wake: Callable[[], None]) -> None:
@@ -98,6 +112,12 @@ class Handoff(Generic[T]):
         with self._lock:
             self._commands.append(cmd)
         self._wake()
+
+    @property
+    def window(self) -> int:
+        """Batches of the current generation that may wait at most (the I/O thread's window)."""
+        with self._lock:
+            return self.capacity
 
     def start(self, cmd: StartEpoch) -> None:
         """Make ``cmd.gen`` the current generation, discard older batches, send ``cmd``."""
@@ -141,6 +161,12 @@ class Handoff(Generic[T]):
         if wake:
             self._wake()
         return item
+
+    def consumed(self, gen: int) -> int | None:
+        """Batches of generation ``gen`` the consumer took, or None when ``gen`` is not
+        current."""
+        with self._lock:
+            return self._taken if gen == self._gen else None
 
     def hello(self, timeout: float, alive: Callable[[], bool]) -> tuple[wire.Index, ...]:
         """Every server's INDEX once the handshake is done (raises the I/O thread's failure)."""
@@ -195,6 +221,11 @@ class Handoff(Generic[T]):
             self._delivered += 1
             self._ready.notify()
             return True
+
+    def set_capacity(self, capacity: int) -> None:
+        """Batches of the current generation that may wait at most (the scheduler's window)."""
+        with self._lock:
+            self.capacity = capacity
 
     def handshake_done(self, indexes: tuple[wire.Index, ...]) -> None:
         with self._lock:

@@ -38,7 +38,7 @@ from dataflow import wire
 from dataflow.client.buffers import CudaSink, HostSink, Ready
 from dataflow.client.discovery import Lookup, Watcher
 from dataflow.client.dispatch import Dispatch
-from dataflow.client.handoff import Handoff, StartEpoch, Stop
+from dataflow.client.handoff import Extend, Handoff, StartEpoch, Stop
 from dataflow.client.handshake import Handshake
 from dataflow.client.links import Links
 from dataflow.client.membership import Membership
@@ -149,6 +149,8 @@ class IOThread(threading.Thread):
                     stop = True
                 elif isinstance(cmd, StartEpoch):
                     self._dispatch.start_epoch(cmd)
+                elif isinstance(cmd, Extend):
+                    self._dispatch.extend(cmd)
         return events, stop
 
     def _handshake(self) -> bool:
@@ -177,7 +179,7 @@ class IOThread(threading.Thread):
         for server, index in enumerate(hs.indexes):
             self._scheduler.grant(server, index.credits, now)
         self._dispatch.fingerprint = DatasetIndex.from_json(hs.indexes[0].index_json).fingerprint
-        self.handoff.capacity = self._scheduler.window
+        self.handoff.set_capacity(self._scheduler.window)
         self.handoff.handshake_done(hs.indexes)
         if self._watcher is not None:
             self._membership = Membership(self._endpoints, interval=self._resolve_interval,
@@ -277,7 +279,7 @@ class IOThread(threading.Thread):
         taken = self.handoff.taken(gen, window_full=False)
         while True:
             for a in self._scheduler.assignments(taken, now):
-                req = wire.Request(a.req_id, a.ranges, self._dispatch.tags.of(a.index))
+                req = wire.Request(a.req_id, a.ranges, a.tag)
                 self._control[a.server].send_multipart(wire.encode(req), flags=zmq.NOBLOCK)
                 if a.retry:
                     self.handoff.count("rerequested")

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from dataflow.batch import Schema
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
-from dataflow.client.cursor import EpochCursor
+from dataflow.client.cursor import EpochCursor, Pass
 from dataflow.client.discovery import (
     DEFAULT_RESOLVE_INTERVAL,
     ENV_VAR,
@@ -26,7 +26,7 @@ from dataflow.client.discovery import (
     lookup,
     servers_setting,
 )
-from dataflow.client.handoff import StartEpoch, Tags
+from dataflow.client.handoff import Extend, StartEpoch, Tags
 from dataflow.client.iothread import IOThread
 from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
@@ -56,11 +56,27 @@ GET_POLL_S = 0.5
 
 @dataclass
 class _Pass:
-    """The batches one iterator yields: generation ``gen`` of ``n`` batches."""
+    """The batches one iterator yields, valid while the loader's generation is ``gen``: ``n``
+    batches of pass ``span``, batches ``base``... of the hand-off's generation ``stream``."""
 
     gen: int
     n: int
     yielded: int = 0
+    span: Pass = Pass(0, 0)
+    stream: int = 0
+    base: int = 0
+    ahead: bool = False  # the next pass was appended to ``stream``
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """Pass ``span`` (its ``batches``) was appended to the hand-off's generation ``stream``
+    from batch ``base`` on: read while the pass before it ended."""
+
+    span: Pass
+    batches: Batches
+    stream: int
+    base: int
 
 
 class EpochSetter:
@@ -174,6 +190,11 @@ class DataLoader:
             each batch after their ``--transform``. None: every field. A name a server does
             not serve makes the constructor raise :class:`~dataflow.errors.RemoteError`
             naming it.
+        read_ahead: while a pass ends, request the first batches of the pass that follows it
+            when it completes (the next epoch from its start), so an epoch starts without a
+            wait. A loop that does otherwise (a break, another epoch, a resume) discards
+            them; after the last epoch up to ``prefetch`` batches per server are read for
+            nothing (and counted in the servers' metrics and in ``stats()``).
 
     Raises:
         ConfigError: an argument is invalid.
@@ -207,6 +228,7 @@ class DataLoader:
         metrics: int | CollectorRegistry | None = None,
         resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
         columns: Sequence[str] | None = None,
+        read_ahead: bool = True,
     ) -> None:
         source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
@@ -216,7 +238,7 @@ class DataLoader:
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             shuffle_window=shuffle_window, block_size=block_size, window=window,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
-            columns=columns,
+            columns=columns, read_ahead=read_ahead,
         )
         cfg = self.config
         find = functools.partial(lookup, source)
@@ -243,6 +265,7 @@ class DataLoader:
             raise
         self._cursor = EpochCursor(self.index.total)
         self._pass: _Pass | None = None
+        self._ahead: _Ahead | None = None
         self.epoch_size = self._size(0)
         self.sampler = EpochSetter(self)
         self.batch_sampler = None  # as torch's DataLoader: batches are not a sampler's here
@@ -337,22 +360,44 @@ class DataLoader:
         self._begin(self._pass)
         return self._iterate(self._pass)
 
-    def _begin(self, run: _Pass) -> None:
-        """Start ``run`` as a new pass: plan it and ask the I/O thread for its batches."""
-        self._gen += 1
-        span = self._cursor.begin()
+    def _plan(self, span: Pass) -> tuple[Batches, Tags]:
+        """This rank's batches of ``span`` and their tags."""
         batches = self.plan_batches(span.epoch, span.start)
         expected = self._size(span.start).batches_per_rank
         if len(batches) != expected:
             raise InternalError(f"plan has {len(batches)} batches; expected {expected}")
-        if not batches:
-            self._cursor.end()
-        run.gen, run.n = self._gen, len(batches)
         cfg = self.config
-        tags = Tags(cfg.seed, span.epoch, global_batch_index(
+        return batches, Tags(cfg.seed, span.epoch, global_batch_index(
             start=span.start, batch_size=cfg.batch_size, world_size=cfg.world_size,
             rank=cfg.rank, index=0), cfg.world_size)
-        self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
+
+    def _begin(self, run: _Pass) -> None:
+        """Start ``run`` as a new pass: the one read ahead, when the pass before it ended
+        exactly where it starts, else planned now and asked of the I/O thread."""
+        self._gen += 1
+        span = self._cursor.begin()
+        ahead = self._ahead
+        if (ahead is not None and ahead.span == span
+                and self._io.handoff.consumed(ahead.stream) == ahead.base):
+            batches, run.stream, run.base = ahead.batches, ahead.stream, ahead.base
+        else:
+            self._ahead = None
+            batches, tags = self._plan(span)
+            run.stream, run.base = self._gen, 0
+            self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
+        if not batches:
+            self._cursor.end()
+        run.gen, run.n, run.span, run.ahead = self._gen, len(batches), span, False
+
+    def _read_ahead(self, run: _Pass) -> None:
+        """Append the pass that follows ``run`` once it completes (the next epoch, from its
+        start) to ``run``'s generation, so that its first batches are read while ``run`` ends;
+        a loop that does otherwise (a break, another epoch, a resume) discards them."""
+        run.ahead = True
+        span = Pass(run.span.epoch + 1, 0)
+        batches, tags = self._plan(span)
+        self._ahead = _Ahead(span, batches, run.stream, run.base + run.n)
+        self._io.handoff.command(Extend(run.stream, batches, tags))
 
     def _iterate(self, run: _Pass) -> Iterator[dict[str, torch.Tensor]]:
         while run.yielded < run.n:
@@ -361,13 +406,16 @@ class DataLoader:
                                          "started, set_epoch/load_state_dict was called after "
                                          "it yielded, or the loader was closed")
             t0 = perf_counter()
-            index, ready = self._io.handoff.take(run.gen, GET_POLL_S, self._io.is_alive)
+            index, ready = self._io.handoff.take(run.stream, GET_POLL_S, self._io.is_alive)
             if self._meter is not None:
                 self._meter.batch(perf_counter() - t0, ready)
-            if index != run.yielded:
-                raise InternalError(f"got batch {index}, expected {run.yielded}")
+            if index != run.base + run.yielded:
+                raise InternalError(f"got batch {index}, expected {run.base + run.yielded}")
             run.yielded += 1
             self._cursor.yielded(last=run.yielded == run.n)
+            if (self.config.read_ahead and not run.ahead
+                    and run.n - run.yielded <= self._io.handoff.window):
+                self._read_ahead(run)
             yield hand_over(ready)
 
     def stats(self) -> dict[str, int]:
@@ -408,4 +456,5 @@ class DataLoader:
         epoch, done = read_state(state, total=self.index.total,
                                  fingerprint=self.index.fingerprint, plan=self._plan_inputs())
         self._gen += 1
+        self._ahead = None
         self._cursor.load(epoch, done)

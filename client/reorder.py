@@ -24,6 +24,12 @@ class Reorder(Generic[T]):
         self._capacity = capacity
         self._early: dict[int, T] = {}
 
+    def grow(self, capacity: int) -> None:
+        """Hold up to ``capacity`` batches from now on (the window grew; it never shrinks)."""
+        if capacity < self._capacity:
+            raise InternalError(f"reorder capacity {self._capacity} cannot shrink to {capacity}")
+        self._capacity = capacity
+
     def __len__(self) -> int:
         return len(self._early)
 

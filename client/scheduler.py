@@ -9,8 +9,9 @@ time passed in, so every rule here is unit-tested with a fake clock:
 * **Window.** At most ``window`` batches of the current epoch are requested but not yet taken
   by the consumer (received, reordered and waiting count too), so the consumer's hand-off
   never holds more. ``window`` is the sum of the credits the servers granted at their first
-  join; it is fixed for an epoch and may only grow when the next epoch starts (servers that
-  joined meanwhile count then; servers that left never shrink it).
+  join; it is fixed for an epoch and may only grow when the next epoch starts or is appended
+  to the current generation (servers that joined meanwhile count then; servers that left never
+  shrink it).
 * **Membership.** A server found by discovery is :meth:`Scheduler.add`-ed (it joins and then
   takes requests at once, the epoch's batches not yet requested and re-requests, inside the
   epoch's window); a removed one is :meth:`Scheduler.retire`-d (GONE: its open batches go to
@@ -37,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from dataflow.client.epochwork import EpochWork
+from dataflow.client.handoff import NO_TAGS, Tags
 from dataflow.client.servers import (
     CONTROL,
     ServerRecord,
@@ -157,17 +159,33 @@ class Scheduler:
 
     # -- epochs ---------------------------------------------------------------------------------
 
-    def start_epoch(self, gen: int, batches: Batches, first: int) -> None:
-        """Request ``batches`` (the epoch's batches ``first``, ``first + 1``, ...) from now on.
+    def start_epoch(self, gen: int, batches: Batches, first: int,
+                    tags: Tags = NO_TAGS) -> None:
+        """Request ``batches`` (the epoch's batches ``first``, ``first + 1``, ..., tagged
+        ``tags``) from now on.
 
         The previous epoch is abandoned: its outstanding requests stay counted against their
         servers' credits until answered, and their replies are then reported stale.
         """
         if self._epoch is not None and gen <= self._epoch.gen:
             raise InternalError(f"epoch generation {gen} after {self._epoch.gen}")
-        self._epoch = EpochWork(gen, batches, first)
+        self._epoch = EpochWork(gen, batches, first, tags)
         self._taken = 0
         self._window = max(self._window, self._members_window())
+
+    def extend_epoch(self, gen: int, batches: Batches, tags: Tags) -> bool:
+        """Append the next pass (``batches``, tagged ``tags``) to generation ``gen``: its
+        batches are requested after the current ones, inside the same window, which may grow
+        now as at the start of an epoch (servers that joined meanwhile count).
+
+        Returns:
+            False when ``gen`` is not the current generation (nothing is appended).
+        """
+        if self._epoch is None or self._epoch.gen != gen:
+            return False
+        self._epoch.extend(batches, tags)
+        self._window = max(self._window, self._members_window())
+        return True
 
     @property
     def gen(self) -> int | None:
@@ -200,10 +218,10 @@ class Scheduler:
                 break
             retry = ep.claim(index)
             self._req_ids += 1
-            rows = ep.batches.rows(index - ep.first)
+            rows, tag = ep.request(index)
             samples = int((rows[:, 2] - rows[:, 1]).sum())
             self._servers[best].outstanding[self._req_ids] = Slot(ep.gen, index, samples, retry)
-            out.append(Assignment(best, self._req_ids, index, rows, retry))
+            out.append(Assignment(best, self._req_ids, index, rows, retry, tag))
         return out
 
     def window_full(self, taken: int) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dataflow.errors import ProtocolError
+from dataflow.wire import NO_TAG, BatchTag
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Assignment:
     Attributes:
         ranges: int64 array of shape ``(n, 3)``: the batch's ``(shard, start, stop)`` rows.
         retry: the batch was requested before (from a lost server).
+        tag: the batch's (seed, epoch, global batch index), for the server's transform.
     """
 
     server: int
@@ -49,3 +51,4 @@ class Assignment:
     index: int
     ranges: np.ndarray
     retry: bool
+    tag: BatchTag = NO_TAG

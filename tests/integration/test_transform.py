@@ -84,6 +84,20 @@ def test_crops_are_the_same_for_a_batch_on_any_server_and_rank_split(jpeg_shards
         assert moved > SAMPLES // 2
 
 
+@pytest.mark.timeout(90)
+def test_an_epoch_read_ahead_gets_the_crops_of_its_own_epoch(jpeg_shards, servers) -> None:
+    one = servers(jpeg_shards, workers=1, extra_args=["--transform", "jpeg_crop:decode_crop"],
+                  cwd=EXAMPLES)
+    with DataLoader(one.endpoint, batch_size=BATCH, rank=0, world_size=1, seed=5,
+                    drop_last=True, timeout=30) as dl:
+        epochs = [[{k: v.numpy() for k, v in b.items()} for b in dl] for _ in range(2)]
+    for epoch, got in enumerate(epochs):
+        cold = _epoch(one.endpoint, epoch=epoch)
+        assert [b["cls"].tolist() for b in got] == [b["cls"].tolist() for b in cold]
+        for mine, theirs in zip(got, cold, strict=True):
+            np.testing.assert_array_equal(mine["image"], theirs["image"])
+
+
 @pytest.mark.timeout(60)
 def test_a_missing_transform_module_stops_the_server_naming_where_it_looked(
         jpeg_shards, servers, tmp_path) -> None:

@@ -34,6 +34,7 @@ def _cfg(**kw) -> LoaderConfig:
     (dict(resolve_interval=0), "resolve_interval"),
     (dict(resolve_interval=True), "resolve_interval"),
     (dict(resolve_interval=float("inf")), "resolve_interval"),
+    (dict(read_ahead=1), "read_ahead"),
 ])
 def test_config_rejects(kw: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=f"`{field}`"):

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from dataflow.client.handoff import COUNTERS, Handoff, StartEpoch, Stop, Tags
+from dataflow.client.handoff import COUNTERS, Extend, Handoff, StartEpoch, Stop, Tags
 from dataflow.errors import DataflowError, InternalError, ServerUnavailable
 from dataflow.plan import Batches
 from dataflow.transform import global_batch_index
@@ -26,7 +26,7 @@ class _Waker:
 def _handoff(capacity: int = 2) -> tuple[Handoff[str], _Waker]:
     waker = _Waker()
     h: Handoff[str] = Handoff(waker)
-    h.capacity = capacity
+    h.set_capacity(capacity)
     return h, waker
 
 
@@ -131,3 +131,16 @@ def test_tags_give_each_rank_its_global_batches(world: int, start: int) -> None:
     got = sorted(t.of(j) for t in tags for j in range(5))
     assert got == [BatchTag(9, 4, start // 4 + g) for g in range(5 * world)]
     assert StartEpoch(1, NONE, 0).tags.of(7) == BatchTag(0, 0, 7) != NO_TAG
+
+
+def test_an_extension_is_a_command_of_the_same_generation_and_takes_count_on() -> None:
+    h, waker = _handoff(capacity=2)
+    h.start(StartEpoch(1, NONE, 0))
+    assert h.consumed(1) == 0 and h.consumed(2) is None and h.window == 2
+    assert h.deliver(1, 0, "a") and h.take(1, 0.01, _alive) == (0, "a")
+    h.command(Extend(1, NONE, Tags(0, 1, 0, 1)))
+    assert [type(c) for c in h.commands()] == [StartEpoch, Extend] and waker.count == 2
+    assert h.deliver(1, 1, "next epoch's first") and h.take(1, 0.01, _alive)[0] == 1
+    assert h.consumed(1) == 2
+    h.start(StartEpoch(2, NONE, 0))
+    assert h.consumed(1) is None and h.consumed(2) == 0

@@ -31,3 +31,14 @@ def test_duplicates_and_overflow_raise() -> None:
     with pytest.raises(InternalError, match="capacity"):
         r.add(4, "e")
     assert sorted(r.clear()) == ["c", "d"] and len(r) == 0
+
+
+def test_capacity_grows_and_never_shrinks() -> None:
+    r: Reorder[str] = Reorder(first=0, capacity=1)
+    r.add(1, "b")
+    with pytest.raises(InternalError, match="capacity"):
+        r.add(2, "c")
+    r.grow(3)
+    assert r.add(2, "c") == [] and r.add(0, "a") == [(0, "a"), (1, "b"), (2, "c")]
+    with pytest.raises(InternalError, match="cannot shrink"):
+        r.grow(1)

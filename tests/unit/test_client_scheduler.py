@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from dataflow.client.handoff import Tags
 from dataflow.client.scheduler import CONTROL, Scheduler, Slot, State
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches, Range
+from dataflow.wire import BatchTag
 
 EPS = ("tcp://a:1", "tcp://b:2")
 
@@ -343,3 +345,53 @@ def test_batch_size_plus_skipped_must_be_the_request() -> None:
         slot.check_size("tcp://a:1", a.req_id, 3, 0)
     with pytest.raises(ProtocolError, match="asked for 4"):
         slot.check_size("tcp://a:1", a.req_id, 4, 1)
+
+
+def _rows(batches: Batches) -> list[list[list[int]]]:
+    return [batches.rows(i).tolist() for i in range(len(batches))]
+
+
+def test_an_appended_pass_is_requested_after_the_current_one_with_its_own_rows_and_tags(
+        ) -> None:
+    s = _sched(credits=(2, 2))
+    s.start_epoch(1, _batches(3), first=0, tags=Tags(7, 0, 0, 1))
+    current = s.assignments(taken=0, now=0)
+    assert [a.index for a in current] == [0, 1, 2]  # nothing after
+    nxt = Batches.of([[Range(1, 10 * i, 10 * i + 2)] for i in range(4)])
+    assert not s.extend_epoch(2, nxt, Tags(7, 1, 0, 1))  # not the current generation
+    assert s.extend_epoch(1, nxt, Tags(7, 1, 0, 1))
+    got = s.assignments(taken=0, now=0)
+    assert [a.index for a in got] == [3]  # the window (4) counts batches not taken
+    for a in current + got:
+        assert s.on_reply(a.server, a.req_id, now=1) is not None
+    got += s.assignments(taken=3, now=1)
+    assert [a.index for a in got] == [3, 4, 5, 6]
+    assert [a.ranges.tolist() for a in got] == _rows(nxt)
+    assert [a.tag for a in got] == [BatchTag(7, 1, i) for i in range(4)]
+    assert s.assignments(taken=7, now=0) == [] and not s.window_full(7)
+
+
+def test_extending_forgets_finished_passes_but_can_still_request_open_batches_again() -> None:
+    s = _sched(credits=(1, 1))
+    s.start_epoch(1, _batches(2), first=0)
+    first = s.assignments(taken=0, now=0)
+    assert [(a.server, a.index) for a in first] == [(0, 0), (1, 1)]
+    assert s.extend_epoch(1, _batches(2), Tags(0, 1, 0, 1))
+    s.on_reply(0, first[0].req_id, now=1)
+    s.lost(1, now=1)  # batch 1 of the first pass is open: asked again of server 0
+    again = s.assignments(taken=1, now=1)
+    assert [(a.server, a.index, a.retry) for a in again] == [(0, 1, True)]
+    assert again[0].ranges.tolist() == [[0, 4, 8]] and again[0].tag == BatchTag(0, 0, 1)
+    s.on_reply(0, again[0].req_id, now=2)
+    assert s.extend_epoch(1, _batches(3), Tags(0, 2, 0, 1))  # the first pass is forgotten now
+    nxt = s.assignments(taken=2, now=2)
+    assert [(a.index, a.tag) for a in nxt] == [(2, BatchTag(0, 1, 0))]
+
+
+def test_an_extension_lets_the_window_grow_as_a_new_epoch_does() -> None:
+    s = _sched(credits=(2,))
+    s.start_epoch(1, _batches(4), first=0)
+    new = s.add("tcp://new:1", now=1)
+    assert s.grant(new, 3, now=1) and s.window == 2
+    assert s.extend_epoch(1, _batches(4), Tags())
+    assert s.window == 5
