@@ -7,7 +7,6 @@ import operator
 import os
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from time import perf_counter
 from types import TracebackType
 from typing import Any, SupportsIndex
@@ -18,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from dataflow.batch import Schema
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
-from dataflow.client.cursor import EpochCursor, Pass
+from dataflow.client.cursor import EpochCursor
 from dataflow.client.discovery import (
     DEFAULT_RESOLVE_INTERVAL,
     ENV_VAR,
@@ -26,9 +25,10 @@ from dataflow.client.discovery import (
     lookup,
     servers_setting,
 )
-from dataflow.client.handoff import Extend, StartEpoch, Tags
+from dataflow.client.handoff import Extend, StartEpoch
 from dataflow.client.iothread import IOThread
 from dataflow.client.metrics import LoaderMetrics
+from dataflow.client.passes import Ahead, Run, after, plan_pass
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
 from dataflow.errors import (
     ConfigError,
@@ -42,41 +42,13 @@ from dataflow.plan import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SHUFFLE_WINDOW,
     DEFAULT_WINDOW,
-    Batches,
     EpochSize,
     consumed,
     epoch_size,
-    rank_batches,
 )
 from dataflow.security import client_curve
-from dataflow.transform import global_batch_index
 
 GET_POLL_S = 0.5
-
-
-@dataclass
-class _Pass:
-    """The batches one iterator yields, valid while the loader's generation is ``gen``: ``n``
-    batches of pass ``span``, batches ``base``... of the hand-off's generation ``stream``."""
-
-    gen: int
-    n: int
-    yielded: int = 0
-    span: Pass = Pass(0, 0)
-    stream: int = 0
-    base: int = 0
-    ahead: bool = False  # the next pass was appended to ``stream``
-
-
-@dataclass(frozen=True)
-class _Ahead:
-    """Pass ``span`` (its ``batches``) was appended to the hand-off's generation ``stream``
-    from batch ``base`` on: read while the pass before it ended."""
-
-    span: Pass
-    batches: Batches
-    stream: int
-    base: int
 
 
 class EpochSetter:
@@ -264,8 +236,8 @@ class DataLoader:
             self.close()
             raise
         self._cursor = EpochCursor(self.index.total)
-        self._pass: _Pass | None = None
-        self._ahead: _Ahead | None = None
+        self._pass: Run | None = None
+        self._ahead: Ahead | None = None
         self.epoch_size = self._size(0)
         self.sampler = EpochSetter(self)
         self.batch_sampler = None  # as torch's DataLoader: batches are not a sampler's here
@@ -341,37 +313,17 @@ class DataLoader:
         return epoch_size(self.index.total, world_size=cfg.world_size, batch_size=cfg.batch_size,
                           drop_last=cfg.drop_last, start=start)
 
-    def plan_batches(self, epoch: int, start: int = 0) -> Batches:
-        """This rank's batches of ``epoch`` after ``start`` consumed samples of its order."""
-        cfg = self.config
-        return rank_batches(self.index.sizes, world_size=cfg.world_size, rank=cfg.rank,
-                            epoch=epoch, seed=cfg.seed, batch_size=cfg.batch_size,
-                            drop_last=cfg.drop_last, start=start, shuffle=cfg.shuffle,
-                            shuffle_window=cfg.shuffle_window, block_size=cfg.block_size,
-                            window=cfg.window)
-
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if not self._finalizer.alive:
             raise LoaderClosedError("this DataLoader is closed")
         if self._io.handoff.failed:
             raise LoaderClosedError("this DataLoader failed earlier (the error was raised "
                                     "then); open a new one and load_state_dict() to resume")
-        self._pass = _Pass(0, 0)
+        self._pass = Run(0, 0)
         self._begin(self._pass)
         return self._iterate(self._pass)
 
-    def _plan(self, span: Pass) -> tuple[Batches, Tags]:
-        """This rank's batches of ``span`` and their tags."""
-        batches = self.plan_batches(span.epoch, span.start)
-        expected = self._size(span.start).batches_per_rank
-        if len(batches) != expected:
-            raise InternalError(f"plan has {len(batches)} batches; expected {expected}")
-        cfg = self.config
-        return batches, Tags(cfg.seed, span.epoch, global_batch_index(
-            start=span.start, batch_size=cfg.batch_size, world_size=cfg.world_size,
-            rank=cfg.rank, index=0), cfg.world_size)
-
-    def _begin(self, run: _Pass) -> None:
+    def _begin(self, run: Run) -> None:
         """Start ``run`` as a new pass: the one read ahead, when the pass before it ended
         exactly where it starts, else planned now and asked of the I/O thread."""
         self._gen += 1
@@ -382,24 +334,24 @@ class DataLoader:
             batches, run.stream, run.base = ahead.batches, ahead.stream, ahead.base
         else:
             self._ahead = None
-            batches, tags = self._plan(span)
+            batches, tags = plan_pass(self.config, self.index.sizes, span)
             run.stream, run.base = self._gen, 0
             self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
         if not batches:
             self._cursor.end()
         run.gen, run.n, run.span, run.ahead = self._gen, len(batches), span, False
 
-    def _read_ahead(self, run: _Pass) -> None:
+    def _read_ahead(self, run: Run) -> None:
         """Append the pass that follows ``run`` once it completes (the next epoch, from its
         start) to ``run``'s generation, so that its first batches are read while ``run`` ends;
         a loop that does otherwise (a break, another epoch, a resume) discards them."""
         run.ahead = True
-        span = Pass(run.span.epoch + 1, 0)
-        batches, tags = self._plan(span)
-        self._ahead = _Ahead(span, batches, run.stream, run.base + run.n)
+        span = after(run.span)
+        batches, tags = plan_pass(self.config, self.index.sizes, span)
+        self._ahead = Ahead(span, batches, run.stream, run.base + run.n)
         self._io.handoff.command(Extend(run.stream, batches, tags))
 
-    def _iterate(self, run: _Pass) -> Iterator[dict[str, torch.Tensor]]:
+    def _iterate(self, run: Run) -> Iterator[dict[str, torch.Tensor]]:
         while run.yielded < run.n:
             if run.gen != self._gen:
                 raise StaleIteratorError("this iterator was invalidated: a newer iterator was "

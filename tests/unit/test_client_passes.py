@@ -1,0 +1,49 @@
+"""Planning a DataLoader pass: this rank's batches of the epoch and their transform tags."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from dataflow.client.config import LoaderConfig
+from dataflow.client.cursor import Pass
+from dataflow.client.discovery import parse_servers
+from dataflow.client.passes import after, plan_pass
+from dataflow.plan import epoch_size
+from dataflow.wire import BatchTag
+
+SIZES = (7, 0, 13, 5)
+
+
+def _cfg(world: int, rank: int, drop_last: bool) -> LoaderConfig:
+    return LoaderConfig(servers=parse_servers("tcp://127.0.0.1:1"), batch_size=4, rank=rank,
+                        world_size=world, seed=9, drop_last=drop_last)
+
+
+@pytest.mark.parametrize("world, drop_last, start", list(itertools.product(
+    (1, 2, 3), (False, True), (0, 8))))
+def test_the_ranks_plans_cover_the_rest_of_the_epoch_with_their_global_tags(
+        world: int, drop_last: bool, start: int) -> None:
+    size = epoch_size(sum(SIZES), world_size=world, batch_size=4, drop_last=drop_last,
+                      start=start)
+    seen: list[int] = []
+    for rank in range(world):
+        batches, tags = plan_pass(_cfg(world, rank, drop_last), SIZES, Pass(3, start))
+        assert len(batches) == size.batches_per_rank
+        for i in range(len(batches)):
+            g = start // 4 + i * world + rank
+            assert tags.of(i) == BatchTag(9, 3, g)
+            rows = batches.rows(i)
+            seen += [int(s) * 100 + j for s, a, b in rows.tolist() for j in range(a, b)]
+    distinct = set(seen)
+    assert len(distinct) == sum(SIZES) - start - size.dropped
+    assert len(seen) - len(distinct) == size.repeated
+
+
+def test_the_pass_after_a_completed_one_is_the_next_epoch_from_its_start() -> None:
+    assert after(Pass(4, 12)) == Pass(5, 0)
+    a, _ = plan_pass(_cfg(1, 0, False), SIZES, Pass(0, 0))
+    b, _ = plan_pass(_cfg(1, 0, False), SIZES, after(Pass(0, 0)))
+    assert not all(np.array_equal(a.rows(i), b.rows(i)) for i in range(len(a)))
