@@ -18,7 +18,7 @@ import zmq
 
 from dataflow import wire
 from dataflow.client.buffers import CudaSink, HostSink, Ready
-from dataflow.client.handoff import Extend, Handoff, StartEpoch
+from dataflow.client.handoff import Extend, Failed, Handoff, Need, StartEpoch
 from dataflow.client.handshake import Join
 from dataflow.client.links import Links
 from dataflow.client.receive import drain, receive_batch, receive_header
@@ -53,7 +53,7 @@ class Dispatch:
         self._data = links.data
         self._control = control
         self._sink = sink
-        self._reorder: Reorder[Ready] = Reorder(0, 0)
+        self._reorder: Reorder[Ready | Failed] = Reorder(0, 0)
         self._joins: dict[int, Join] = {}
         self.fingerprint = ""
 
@@ -62,6 +62,10 @@ class Dispatch:
         self._reorder.clear()
         self._reorder = Reorder(cmd.first, self._scheduler.window)
         self.handoff.set_capacity(self._scheduler.window)
+
+    def need(self, cmd: Need) -> None:
+        """The consumer began a pass read ahead: its batches are needed now."""
+        self._scheduler.need(cmd.gen, cmd.end)
 
     def extend(self, cmd: Extend) -> None:
         """Append the loader's next pass to the current generation (if ``cmd.gen`` still is)."""
@@ -130,14 +134,23 @@ class Dispatch:
             self.handoff.count("skipped", msg.skipped)
         if slot.retry:
             self.handoff.count("recovered")
-        for i, item in self._reorder.add(slot.index, ready):
-            self.handoff.deliver(slot.gen, i, item)
+        self._hand_over(slot.gen, slot.index, ready)
 
     def _on_request_error(self, server: int, msg: wire.ErrorMsg, now: float) -> None:
+        """A request failed: the batch is requested again (undeliverable), or its error takes
+        its place in plan order, raised when the consumer reaches it."""
         if msg.kind is ErrorKind.UNDELIVERABLE:
             self._scheduler.undelivered(server, msg.req_id, now)
-        elif self._scheduler.on_reply(server, msg.req_id, now) is not None:
-            raise RemoteError(self._endpoints[server], str(msg.kind), msg.message)
+            return
+        slot = self._scheduler.on_reply(server, msg.req_id, now)
+        if slot is not None:
+            self._hand_over(slot.gen, slot.index,
+                            Failed(RemoteError(self._endpoints[server], str(msg.kind),
+                                               msg.message)))
+
+    def _hand_over(self, gen: int, index: int, item: Ready | Failed) -> None:
+        for i, due in self._reorder.add(index, item):
+            self.handoff.deliver(gen, i, due)
 
     def _on_server_error(self, server: int, msg: wire.ErrorMsg, now: float) -> None:
         """An ERROR about the session, not about one request."""

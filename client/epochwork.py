@@ -37,6 +37,7 @@ class EpochWork:
     tags: Tags = Tags()
     next_request: int = field(init=False)
     end: int = field(init=False)  # one past the last batch of the stream
+    needed: int = field(init=False)  # one past the last batch of the pass the consumer is in
     open: set[int] = field(default_factory=set)
     retry: list[int] = field(default_factory=list)  # a heap of open batches to request again
     # (index of its first batch, its batches, index its tags count from), latest first
@@ -46,7 +47,15 @@ class EpochWork:
     def __post_init__(self) -> None:
         self.next_request = self.first
         self.end = self.first + len(self.batches)
+        self.needed = self.end
         self._passes.append((self.first, self.batches, 0, self.tags))
+
+    def need(self, end: int) -> None:
+        """Batches before ``end`` are needed by the consumer (a pass appended ahead began)."""
+        if not self.needed <= end <= self.end:
+            raise InternalError(f"pass ending at {end} needed; the generation has batches up "
+                                f"to {self.end}, {self.needed} needed already")
+        self.needed = end
 
     def extend(self, batches: Batches, tags: Tags) -> None:
         """Append a pass: its batch ``i`` is batch ``end + i`` of this generation.
@@ -96,8 +105,10 @@ class EpochWork:
                 and self.next_request - self.first - taken >= window)
 
     def waiting(self, taken: int, window: int) -> bool:
-        """Whether a server is needed now (open batches, or batches due to be requested)."""
-        return bool(self.open) or self._unsent_due(taken, window)
+        """Whether a server is needed now: batches of the consumer's pass open, or due to be
+        requested (not those of a pass appended ahead that the consumer has not begun)."""
+        return (any(i < self.needed for i in self.open)
+                or (self._unsent_due(taken, window) and self.next_request < self.needed))
 
     def accept(self, slot: Slot) -> bool:
         """A reply for ``slot`` arrived: True when it is the first for an open batch of this

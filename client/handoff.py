@@ -1,7 +1,8 @@
 """The one meeting point of a DataLoader's consumer thread and its I/O thread.
 
 Everything that crosses between the two threads goes through a :class:`Handoff`, under its
-lock: commands one way (:class:`StartEpoch`, :class:`Extend`, :class:`Stop`), and the other
+lock: commands one way (:class:`StartEpoch`, :class:`Extend`, :class:`Need`, :class:`Stop`),
+and the other
 way the handshake result, batches of the current epoch in plan order, and a failure. Nothing
 else is shared.
 
@@ -51,6 +52,15 @@ NO_TAGS = Tags()
 
 
 @dataclass(frozen=True)
+class Failed:
+    """A batch whose request failed (its server answered with an error): it takes the batch's
+    place in plan order, and taking it raises ``error``. A generation dropped before the
+    consumer reaches it (a loop that went elsewhere than the epoch read ahead) drops it too."""
+
+    error: DataflowError
+
+
+@dataclass(frozen=True)
 class StartEpoch:
     """Request ``batches`` (batch ``first`` of the epoch and the ones after it) for ``gen``,
     each tagged ``tags.of(its index)``."""
@@ -73,11 +83,21 @@ class Extend:
 
 
 @dataclass(frozen=True)
+class Need:
+    """The consumer began the pass that ends before batch ``end`` of generation ``gen`` (one
+    read ahead): waiting for its batches with no usable server now counts toward
+    ``timeout``. Batches appended ahead are not needed until then."""
+
+    gen: int
+    end: int
+
+
+@dataclass(frozen=True)
 class Stop:
     """Say BYE to the servers, close every socket and end the I/O thread."""
 
 
-Command = StartEpoch | Extend | Stop
+Command = StartEpoch | Extend | Need | Stop
 
 
 class Handoff(Generic[T]):
@@ -95,7 +115,7 @@ class Handoff(Generic[T]):
         self._ready = threading.Condition(self._lock)
         self._commands: deque[Command] = deque()
         self._gen = 0
-        self._batches: deque[tuple[int, T]] = deque()
+        self._batches: deque[tuple[int, T | Failed]] = deque()
         self._taken = 0
         self._indexes: tuple[wire.Index, ...] | None = None
         self._error: BaseException | None = None
@@ -140,7 +160,8 @@ class Handoff(Generic[T]):
             alive: whether the I/O thread still runs.
 
         Raises:
-            the I/O thread's failure, if it reported one;
+            the I/O thread's failure, if it reported one; the error of a :class:`Failed`
+                batch, when it is the next (it is the failure from then on);
             DataflowError: the I/O thread ended without reporting one.
         """
         wake = False
@@ -153,14 +174,17 @@ class Handoff(Generic[T]):
             self._raise_failure()
             if gen != self._gen:
                 raise InternalError(f"take for generation {gen}; current is {self._gen}")
-            item = self._batches.popleft()
+            index, item = self._batches.popleft()
             self._taken += 1
+            if isinstance(item, Failed):
+                self._error = item.error
+                raise item.error
             if self._want_wake:
                 self._want_wake = False
                 wake = True
         if wake:
             self._wake()
-        return item
+        return index, item
 
     def consumed(self, gen: int) -> int | None:
         """Batches of generation ``gen`` the consumer took, or None when ``gen`` is not
@@ -201,7 +225,7 @@ class Handoff(Generic[T]):
             self._want_wake = window_full
             return self._taken if gen == self._gen else 0
 
-    def deliver(self, gen: int, index: int, item: T) -> bool:
+    def deliver(self, gen: int, index: int, item: T | Failed) -> bool:
         """Hand batch ``index`` of ``gen`` to the consumer.
 
         Returns:
@@ -260,4 +284,10 @@ class Handoff(Generic[T]):
     def failed(self) -> bool:
         with self._lock:
             return self._error is not None
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The failure raised to the consumer (or to be raised), if any."""
+        with self._lock:
+            return self._error
 

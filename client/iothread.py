@@ -38,7 +38,7 @@ from dataflow import wire
 from dataflow.client.buffers import CudaSink, HostSink, Ready
 from dataflow.client.discovery import Lookup, Watcher
 from dataflow.client.dispatch import Dispatch
-from dataflow.client.handoff import Extend, Handoff, StartEpoch, Stop
+from dataflow.client.handoff import Extend, Handoff, Need, StartEpoch, Stop
 from dataflow.client.handshake import Handshake
 from dataflow.client.links import Links
 from dataflow.client.membership import Membership
@@ -151,6 +151,8 @@ class IOThread(threading.Thread):
                     self._dispatch.start_epoch(cmd)
                 elif isinstance(cmd, Extend):
                     self._dispatch.extend(cmd)
+                elif isinstance(cmd, Need):
+                    self._dispatch.need(cmd)
         return events, stop
 
     def _handshake(self) -> bool:

@@ -25,7 +25,7 @@ from dataflow.client.discovery import (
     lookup,
     servers_setting,
 )
-from dataflow.client.handoff import Extend, StartEpoch
+from dataflow.client.handoff import Extend, Need, StartEpoch
 from dataflow.client.iothread import IOThread
 from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.passes import Ahead, Run, after, plan_pass
@@ -166,7 +166,8 @@ class DataLoader:
             when it completes (the next epoch from its start), so an epoch starts without a
             wait. A loop that does otherwise (a break, another epoch, a resume) discards
             them; after the last epoch up to ``prefetch`` batches per server are read for
-            nothing (and counted in the servers' metrics and in ``stats()``).
+            nothing (and counted in the servers' metrics and in ``stats()``, ``skipped``
+            included). A failed read raises only when the loop reaches its batch.
 
     Raises:
         ConfigError: an argument is invalid.
@@ -316,9 +317,11 @@ class DataLoader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if not self._finalizer.alive:
             raise LoaderClosedError("this DataLoader is closed")
-        if self._io.handoff.failed:
+        failure = self._io.handoff.failure
+        if failure is not None:
             raise LoaderClosedError("this DataLoader failed earlier (the error was raised "
-                                    "then); open a new one and load_state_dict() to resume")
+                                    "then); open a new one and load_state_dict() to "
+                                    "resume") from failure
         self._pass = Run(0, 0)
         self._begin(self._pass)
         return self._iterate(self._pass)
@@ -332,6 +335,7 @@ class DataLoader:
         if (ahead is not None and ahead.span == span
                 and self._io.handoff.consumed(ahead.stream) == ahead.base):
             batches, run.stream, run.base = ahead.batches, ahead.stream, ahead.base
+            self._io.handoff.command(Need(ahead.stream, ahead.base + len(batches)))
         else:
             self._ahead = None
             batches, tags = plan_pass(self.config, self.index.sizes, span)

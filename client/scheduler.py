@@ -30,7 +30,8 @@ time passed in, so every rule here is unit-tested with a fake clock:
   again (their late replies are discarded). A lost server's requests are all forgotten, and
   it must join again (HELLO) before it gets work.
 * **Unavailable.** When the current epoch needs a server and none was usable for ``timeout``
-  seconds, :class:`~dataflow.errors.ServerUnavailable` names every endpoint.
+  seconds, :class:`~dataflow.errors.ServerUnavailable` names every endpoint. Batches of a pass
+  appended ahead are not needed until the consumer begins it (:meth:`Scheduler.need`).
 """
 
 from __future__ import annotations
@@ -172,6 +173,13 @@ class Scheduler:
         self._epoch = EpochWork(gen, batches, first, tags)
         self._taken = 0
         self._window = max(self._window, self._members_window())
+
+    def need(self, gen: int, end: int) -> None:
+        """The consumer began the pass of generation ``gen`` that ends before batch ``end``:
+        waiting for it without a usable server counts toward ``timeout`` (ignored once ``gen``
+        is not current)."""
+        if self._epoch is not None and self._epoch.gen == gen:
+            self._epoch.need(end)
 
     def extend_epoch(self, gen: int, batches: Batches, tags: Tags) -> bool:
         """Append the next pass (``batches``, tagged ``tags``) to generation ``gen``: its

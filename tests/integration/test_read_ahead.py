@@ -8,6 +8,7 @@ import pytest
 from srvtools import wait_for
 
 from dataflow.client import DataLoader
+from dataflow.errors import LoaderClosedError, RemoteError
 
 BATCH = 8
 
@@ -79,3 +80,31 @@ def test_an_iterator_made_before_set_epoch_and_a_resume_at_the_boundary(endpoint
     assert lightning == _cold(endpoint, 1)
     assert retargeted == _cold(endpoint, 5)
     assert resumed == _cold(endpoint, 2)
+
+
+CURRICULUM = '''
+SCHEDULE = [0.1, 0.2]  # made for the two epochs the job trains
+
+
+def tf(batch, ctx):
+    SCHEDULE[ctx.epoch]
+    return batch
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_failed_batch_read_ahead_is_raised_only_where_the_loop_reaches_it(
+        demo_data, servers, tmp_path) -> None:
+    (tmp_path / "curriculum.py").write_text(CURRICULUM)
+    server = servers([str(p) for p in demo_data("arrow").paths], workers=1, cwd=tmp_path,
+                     extra_args=["--transform", "curriculum:tf"])
+    with DataLoader(server.endpoint, batch_size=BATCH, rank=0, world_size=1, seed=3,
+                    timeout=20) as dl:
+        counts = [sum(1 for _ in dl) for _ in range(2)]  # epoch 2's batches fail when read
+        assert counts == [len(dl)] * 2
+        wait_for(lambda: dl.stats()["waiting"] > 0, 10, "epoch 2's first batch read ahead")
+        with pytest.raises(RemoteError, match=r"TransformError: .*batch 0 of epoch 2 .*IndexErr"):
+            next(iter(dl))
+        with pytest.raises(LoaderClosedError, match="failed earlier") as info:
+            iter(dl)
+        assert isinstance(info.value.__cause__, RemoteError)

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from dataflow.client.handoff import COUNTERS, Extend, Handoff, StartEpoch, Stop, Tags
-from dataflow.errors import DataflowError, InternalError, ServerUnavailable
+from dataflow.client.handoff import COUNTERS, Extend, Failed, Handoff, StartEpoch, Stop, Tags
+from dataflow.errors import DataflowError, InternalError, RemoteError, ServerUnavailable
 from dataflow.plan import Batches
 from dataflow.transform import global_batch_index
 from dataflow.wire import NO_TAG, BatchTag
@@ -144,3 +144,21 @@ def test_an_extension_is_a_command_of_the_same_generation_and_takes_count_on() -
     assert h.consumed(1) == 2
     h.start(StartEpoch(2, NONE, 0))
     assert h.consumed(1) is None and h.consumed(2) == 0
+
+
+def test_a_failed_batch_raises_in_its_place_and_a_dropped_generation_drops_it() -> None:
+    h, _ = _handoff(capacity=3)
+    h.start(StartEpoch(1, NONE, 0))
+    h.deliver(1, 0, "a")
+    h.deliver(1, 1, Failed(RemoteError("tcp://x:1", "ReadFailed", "boom")))
+    h.start(StartEpoch(2, NONE, 0))  # the loop went elsewhere: nothing is raised
+    h.deliver(2, 0, "b")
+    error = RemoteError("tcp://x:1", "ReadFailed", "bad shard")
+    h.deliver(2, 1, Failed(error))
+    h.deliver(2, 2, "c")
+    assert h.take(2, 0.01, _alive) == (0, "b") and not h.failed
+    with pytest.raises(RemoteError, match="bad shard"):
+        h.take(2, 0.01, _alive)
+    assert h.failed and h.failure is error
+    with pytest.raises(RemoteError, match="bad shard"):  # the loader is failed from then on
+        h.take(2, 0.01, _alive)

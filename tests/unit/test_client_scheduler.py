@@ -395,3 +395,25 @@ def test_an_extension_lets_the_window_grow_as_a_new_epoch_does() -> None:
     assert s.grant(new, 3, now=1) and s.window == 2
     assert s.extend_epoch(1, _batches(4), Tags())
     assert s.window == 5
+
+
+def test_a_pass_appended_ahead_is_not_waited_for_until_the_consumer_needs_it() -> None:
+    s = _sched(credits=(2,), timeout=5.0, grace=1000.0)
+    s.start_epoch(1, _batches(2), first=0)
+    assert s.extend_epoch(1, _batches(3), Tags(0, 1, 0, 1))
+    got = s.assignments(taken=0, now=0.0)
+    assert [a.index for a in got] == [0, 1]
+    for a in got:
+        s.on_reply(0, a.req_id, now=0.0)
+    assert [a.index for a in s.assignments(taken=2, now=0.0)] == [2, 3]  # read ahead
+    s.link(0, CONTROL, up=False, now=1.0)
+    for t in (1.0, 10.0, 100.0):  # the consumer finished its pass: nothing it needs waits
+        s.check(t)
+    with pytest.raises(InternalError, match="needed"):
+        s.need(1, 6)  # beyond the generation
+    s.need(2, 5)  # another generation: ignored
+    s.check(200.0)
+    s.need(1, 5)  # the consumer began the pass read ahead
+    s.check(200.0)
+    with pytest.raises(ServerUnavailable, match="no server usable for 5.1 s"):
+        s.check(205.1)
