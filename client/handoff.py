@@ -161,7 +161,8 @@ class Handoff(Generic[T]):
 
         Raises:
             the I/O thread's failure, if it reported one; the error of a :class:`Failed`
-                batch, when it is the next (it is the failure from then on);
+                batch, when it is the next (it is the failure from then on, and the I/O
+                thread is told to stop: it says BYE to the servers);
             DataflowError: the I/O thread ended without reporting one.
         """
         wake = False
@@ -178,12 +179,15 @@ class Handoff(Generic[T]):
             self._taken += 1
             if isinstance(item, Failed):
                 self._error = item.error
-                raise item.error
-            if self._want_wake:
+                self._commands.append(Stop())  # a failed loader holds no session
+                wake = True
+            elif self._want_wake:
                 self._want_wake = False
                 wake = True
         if wake:
             self._wake()
+        if isinstance(item, Failed):
+            raise item.error
         return index, item
 
     def consumed(self, gen: int) -> int | None:

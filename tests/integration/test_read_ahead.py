@@ -94,7 +94,7 @@ def tf(batch, ctx):
 
 @pytest.mark.timeout(90)
 def test_a_failed_batch_read_ahead_is_raised_only_where_the_loop_reaches_it(
-        demo_data, servers, tmp_path) -> None:
+        demo_data, servers, raw_client, tmp_path) -> None:
     (tmp_path / "curriculum.py").write_text(CURRICULUM)
     server = servers([str(p) for p in demo_data("arrow").paths], workers=1, cwd=tmp_path,
                      extra_args=["--transform", "curriculum:tf"])
@@ -108,3 +108,5 @@ def test_a_failed_batch_read_ahead_is_raised_only_where_the_loop_reaches_it(
         with pytest.raises(LoaderClosedError, match="failed earlier") as info:
             iter(dl)
         assert isinstance(info.value.__cause__, RemoteError)
+        probe = raw_client(server.endpoint)
+        wait_for(lambda: probe.stats()["clients"] == 1, 10, "the failed loader's BYE")

@@ -157,8 +157,10 @@ def test_a_failed_batch_raises_in_its_place_and_a_dropped_generation_drops_it() 
     h.deliver(2, 1, Failed(error))
     h.deliver(2, 2, "c")
     assert h.take(2, 0.01, _alive) == (0, "b") and not h.failed
+    h.commands()
     with pytest.raises(RemoteError, match="bad shard"):
         h.take(2, 0.01, _alive)
     assert h.failed and h.failure is error
+    assert h.commands() == [Stop()]  # the I/O thread says BYE and ends
     with pytest.raises(RemoteError, match="bad shard"):  # the loader is failed from then on
         h.take(2, 0.01, _alive)
