@@ -28,7 +28,7 @@ from dataflow.client.discovery import (
 from dataflow.client.handoff import Extend, Need, StartEpoch
 from dataflow.client.iothread import IOThread
 from dataflow.client.metrics import LoaderMetrics
-from dataflow.client.passes import Ahead, Run, after, plan_pass
+from dataflow.client.passes import Ahead, PassIterator, Run, after, plan_pass
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
 from dataflow.errors import (
     ConfigError,
@@ -324,7 +324,7 @@ class DataLoader:
                                     "resume") from failure
         self._pass = Run(0, 0)
         self._begin(self._pass)
-        return self._iterate(self._pass)
+        return PassIterator(self._iterate(self._pass))
 
     def _begin(self, run: Run) -> None:
         """Start ``run`` as a new pass: the one read ahead, when the pass before it ended

@@ -8,8 +8,9 @@ was reading when this pass was appended to it ahead of time (:class:`Ahead`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from dataflow.client.config import LoaderConfig
 from dataflow.client.cursor import Pass
@@ -42,6 +43,33 @@ class Ahead:
     batches: Batches
     stream: int
     base: int
+
+
+T = TypeVar("T")
+
+
+class PassIterator(Generic[T]):
+    """One pass's iterator over ``batches`` (a generator) that, once it raised, raises the
+    same error on every later ``next()``: a generator that raised only stops, so a loop that
+    caught the error and went on would see a short epoch."""
+
+    def __init__(self, batches: Iterator[T]) -> None:
+        self._batches = batches
+        self._error: Exception | None = None
+
+    def __iter__(self) -> PassIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._error is not None:
+            raise self._error
+        try:
+            return next(self._batches)
+        except StopIteration:
+            raise
+        except Exception as e:
+            self._error = e
+            raise
 
 
 def after(span: Pass) -> Pass:

@@ -10,7 +10,7 @@ import pytest
 from dataflow.client.config import LoaderConfig
 from dataflow.client.cursor import Pass
 from dataflow.client.discovery import parse_servers
-from dataflow.client.passes import after, plan_pass
+from dataflow.client.passes import PassIterator, after, plan_pass
 from dataflow.plan import epoch_size
 from dataflow.wire import BatchTag
 
@@ -47,3 +47,17 @@ def test_the_pass_after_a_completed_one_is_the_next_epoch_from_its_start() -> No
     a, _ = plan_pass(_cfg(1, 0, False), SIZES, Pass(0, 0))
     b, _ = plan_pass(_cfg(1, 0, False), SIZES, after(Pass(0, 0)))
     assert not all(np.array_equal(a.rows(i), b.rows(i)) for i in range(len(a)))
+
+
+def test_a_pass_iterator_that_raised_raises_again_and_one_that_ended_stays_ended() -> None:
+    def failing():
+        yield 1
+        raise RuntimeError("bad batch")
+
+    it = PassIterator(failing())
+    assert next(it) == 1
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="bad batch"):
+            next(it)
+    done = PassIterator(iter([1, 2]))
+    assert list(done) == [1, 2] and list(done) == []
