@@ -2,9 +2,8 @@
 
 Everything that crosses between the two threads goes through a :class:`Handoff`, under its
 lock: commands one way (:class:`StartEpoch`, :class:`Extend`, :class:`Need`, :class:`Stop`),
-and the other
-way the handshake result, batches of the current epoch in plan order, and a failure. Nothing
-else is shared.
+and the other way the handshake result, batches of the current epoch in plan order (a failed
+request's :class:`Failed` in its batch's place), and a failure. Nothing else is shared.
 
 Batches belong to an epoch *generation*. :meth:`Handoff.start` (consumer) makes a new
 generation current and discards every batch of older ones at once, so iterators that were
