@@ -6,7 +6,7 @@ sizes). It is a deterministic function of (shard sizes, seed, epoch, shuffle mod
 and never depends on the world size, so a job of any size walks the same order.
 
 Modes (the ``shuffle`` argument), measured on class-sorted shards (100 classes x 400 samples
-in 20 shards, batch 256; ``python -m dataflow.bench.shuffle``):
+in 20 shards, batch 256; ``python -m dataflow.bench.experiments.shuffle``):
 
 ``"sample"`` (the default, also ``True``)
     Shards are permuted, then the concatenated sequence is cut into consecutive windows of

@@ -46,7 +46,8 @@ def test_wheel_holds_only_the_dataflow_package(wheel: Path) -> None:
     top = {n.split("/", 1)[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"dataflow"}
     for module in ("dataflow/server/__main__.py", "dataflow/client/loader.py",
-                   "dataflow/bench/__main__.py", "dataflow/readers/tar.py"):
+                   "dataflow/bench/__main__.py", "dataflow/bench/experiments/transport.py",
+                   "dataflow/readers/tar.py"):
         assert module in names
 
 

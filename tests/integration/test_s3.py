@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from srvtools import run_ranks
 
-from dataflow.bench.s3local import CREDENTIALS, S3Proxy, moto_s3, s3_client
+from dataflow.bench.experiments.s3local import CREDENTIALS, S3Proxy, moto_s3, s3_client
 from dataflow.client import DataLoader
 from dataflow.demo import DemoResult, DemoSpec, make_demo
 from dataflow.errors import ServerUnavailable, SpecError

@@ -8,8 +8,14 @@ import numpy as np
 import pytest
 import webdataset as wds
 
-from dataflow.bench.jpeg import CROP, crop_sample, decode_crop, stack_samples, write_shards
-from dataflow.bench.trainer_cpu import thread_cpu
+from dataflow.bench.experiments.jpeg import (
+    CROP,
+    crop_sample,
+    decode_crop,
+    stack_samples,
+    write_shards,
+)
+from dataflow.bench.experiments.trainer_cpu import thread_cpu
 from dataflow.readers import open_shard
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dataflow.bench.mixing import distinct_classes, kept_pairs
+from dataflow.bench.experiments.mixing import distinct_classes, kept_pairs
 from dataflow.plan import Range, rank_batches
 from dataflow.shuffle import epoch_order
 

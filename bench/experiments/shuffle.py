@@ -1,6 +1,6 @@
 """Shuffle quality and cost: the plan's modes beside a full shuffle and webdataset's.
 
-Run: ``python -m dataflow.bench.shuffle [--plan-samples 10000000] [--read-shards 8]
+Run: ``python -m dataflow.bench.experiments.shuffle [--plan-samples 10000000] [--read-shards 8]
 [--read-samples-per-shard 2000] [--repeats 3]``.
 
 Quality, on class-sorted labels (100 classes x 400 samples in 20 shards of 5 classes each,
@@ -45,7 +45,7 @@ import webdataset as wds
 from torch.utils.data import BatchSampler, RandomSampler
 
 from dataflow.batch import concat
-from dataflow.bench.mixing import distinct_classes, kept_pairs, ks_to_uniform
+from dataflow.bench.experiments.mixing import distinct_classes, kept_pairs, ks_to_uniform
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.plan import rank_batches
 from dataflow.readers import open_shard
@@ -154,7 +154,7 @@ def read_rates(shuffle: str, tmp: str, shards: int, per_shard: int,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dataflow.bench.shuffle",
+    parser = argparse.ArgumentParser(prog="python -m dataflow.bench.experiments.shuffle",
                                 description=__doc__.split("\n")[0])
     parser.add_argument("--plan-samples", type=int, default=10_000_000)
     parser.add_argument("--read-shards", type=int, default=8)
@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> None:
               "KS to uniform", f"plan {millions} W=1 s", f"plan {millions} W=8 s",
               f"tar {read} samples/s, read per range",
               f"tar {read} samples/s, read_many per shard"]
-    command = " ".join(["python -m dataflow.bench.shuffle", *(sys.argv[1:] if argv is None
-                                                              else argv)])
+    command = " ".join(["python -m dataflow.bench.experiments.shuffle",
+                        *(sys.argv[1:] if argv is None else argv)])
     print(f"`{command}`")
     print()
     print("| " + " | ".join(header) + " |")

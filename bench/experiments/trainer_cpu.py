@@ -18,8 +18,8 @@ on the same server, one with metrics and one without, timed an epoch each in tur
 Without CUDA, torch's ``pin_memory=True`` pins nothing (torch warns and skips it) and
 dataflow's ``pin_memory`` is off too.
 
-Usage: python -m dataflow.bench.trainer_cpu [--format arrow] [--batch-size 256] [--epochs 10]
-[--step-ms 0] [--metrics-rounds 10]
+Usage: python -m dataflow.bench.experiments.trainer_cpu [--format arrow] [--batch-size 256]
+[--epochs 10] [--step-ms 0] [--metrics-rounds 10]
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def metrics_overhead(endpoint: str, batch_size: int, rounds: int) -> tuple[list,
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dataflow.bench.trainer_cpu",
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.experiments.trainer_cpu",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--format", choices=("arrow", "tar"), default="arrow",
                    help="demo shard format; tar is compared with torch + webdataset "
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
 
     base = rows[0][1] / rows[0][3]
     command = " ".join(argv or sys.argv[1:])
-    print(f"command: python -m dataflow.bench.trainer_cpu {command}".rstrip())
+    print(f"command: python -m dataflow.bench.experiments.trainer_cpu {command}".rstrip())
     print(f"{demo.total} samples in {args.shards} {args.format} shards, batch {args.batch_size}, "
           f"{args.epochs} timed epochs after warm-up, step {args.step_ms:g} ms, CUDA available: "
           f"{torch.cuda.is_available()}")

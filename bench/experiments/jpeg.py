@@ -1,8 +1,9 @@
 """A real decode workload: JPEG tar shards, and the decode + random crop both sides run.
 
 The server side runs :func:`decode_crop` as its per-batch transform
-(``--transform dataflow.bench.jpeg:decode_crop``); the torch side runs :func:`crop_sample` on
-each sample in its webdataset pipeline, then stacks the batch in the worker. Both decode with
+(``--transform dataflow.bench.experiments.jpeg:decode_crop``); the torch side runs
+:func:`crop_sample` on each sample in its webdataset pipeline, then stacks the batch in the
+worker. Both decode with
 Pillow (the same calls, the same crop), so the comparison is of the loaders, not the decoders.
 This module imports no torch: reader processes import it.
 """

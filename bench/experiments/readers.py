@@ -1,6 +1,7 @@
 """Reader throughput: the data plane's shard readers beside each format's own reader.
 
-Run: ``python -m dataflow.bench.readers [--samples N] [--batch-size 256] [--repeats 3]``.
+Run: ``python -m dataflow.bench.experiments.readers [--samples N] [--batch-size 256]
+[--repeats 3]``.
 
 Writes demo data (id, label, 3x64x64 uint8 image, text) in every format into a temporary
 directory, warms the page cache, then times, in one run:
@@ -182,7 +183,8 @@ def table(rows: list[tuple[Result, Result | None]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dataflow.bench.readers", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.experiments.readers",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=20_000, help="samples per format (20000)")
     p.add_argument("--batch-size", type=int, default=256, help="samples per read (256)")

@@ -10,7 +10,7 @@ machine the throughput ratio is noise; the receiving process's CPU seconds per G
 threads: ZeroMQ's I/O thread and the client's included) is the load-insensitive figure: the
 receiver is the bottleneck, and its CPU per GiB relative to raw pyzmq's bounds the ratio.
 
-Usage: python -m dataflow.bench.transport [--mib-per-batch 4] [--gib 2] [--workers 1 2]
+Usage: python -m dataflow.bench.experiments.transport [--mib-per-batch 4] [--gib 2] [--workers 1 2]
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def dataflow_rate(endpoint: str, batch: int, epochs: int) -> tuple[float, int, f
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dataflow.bench.transport",
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.experiments.transport",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--mib-per-batch", type=int, default=4)
     p.add_argument("--gib", type=float, default=2.0, help="data timed per measurement")
@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(("raw pyzmq PUSH/PULL (again)", "-", raw2, n_raw - 1, raw2_cpu))
     base = (raw + raw2) / 2
     base_cpu = (raw_cpu + raw2_cpu) / 2
-    print(f"command: python -m dataflow.bench.transport {' '.join(argv or sys.argv[1:])}".rstrip())
+    command = " ".join(argv or sys.argv[1:])
+    print(f"command: python -m dataflow.bench.experiments.transport {command}".rstrip())
     print(f"message/batch size {size / 2**20:.0f} MiB, loopback tcp, {os.cpu_count()} CPUs")
     print()
     print("| path | server workers | GB/s | messages | ratio to raw (mean of both raw runs) "

@@ -1,19 +1,20 @@
 """JPEG decode workload: dataflow with a server-side transform vs torch DataLoader + webdataset.
 
-Two comparisons on the same JPEG tar shards (``bench.jpeg``: 256x256 photos-like JPEGs,
+Two comparisons on the same JPEG tar shards (:mod:`.jpeg`: 256x256 photos-like JPEGs,
 PAX-header tars), decoding with Pillow and random-cropping to 224x224 on both sides:
 
 * **same budget**: dataflow (one server, ``--workers`` reader processes running
-  ``--transform dataflow.bench.jpeg:decode_crop``) and torch's ``DataLoader(num_workers=
-  --workers)`` over a webdataset pipeline decoding the same way, no training step: samples/s
-  and the trainer process's CPU ms per batch.
+  ``--transform dataflow.bench.experiments.jpeg:decode_crop``) and torch's
+  ``DataLoader(num_workers=--workers)`` over a webdataset pipeline decoding the same way, no
+  training step: samples/s and the trainer process's CPU ms per batch.
 * **offload**: a trainer host with one core for training and loading (``sched_setaffinity``
   to CPU 0; torch's workers inherit it) against dataflow whose servers run on the other
   CPUs (the trainer still on CPU 0), with a ``--step-ms`` sleep step (the GPU's time): the
   GPU-idle fraction, wait / wall time. The budgets differ on purpose: this is what moving
   the decode off the trainer host buys.
 
-Usage: python -m dataflow.bench.decode [--workers 2] [--batch-size 64] [--step-ms 100]
+Usage: python -m dataflow.bench.experiments.decode [--workers 2] [--batch-size 64]
+[--step-ms 100]
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ import numpy as np
 import torch
 import webdataset as wds
 
-from dataflow.bench.jpeg import crop_sample, stack_samples, write_shards
+from dataflow.bench.experiments.jpeg import crop_sample, stack_samples, write_shards
 from dataflow.bench.procs import descendants
 from dataflow.client import DataLoader
 from dataflow.server import launch
 
-TRANSFORM = "dataflow.bench.jpeg:decode_crop"
+TRANSFORM = "dataflow.bench.experiments.jpeg:decode_crop"
 
 
 def _cpu() -> float:
@@ -95,7 +96,7 @@ def _pin(pids: list[int], cpus: set[int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dataflow.bench.decode",
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.experiments.decode",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2,
                    help="torch num_workers = dataflow reader processes (default: %(default)s)")
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         os.sched_setaffinity(0, own)
 
-    print(f"command: python -m dataflow.bench.decode {' '.join(argv or sys.argv[1:])}".rstrip())
+    command = " ".join(argv or sys.argv[1:])
+    print(f"command: python -m dataflow.bench.experiments.decode {command}".rstrip())
     print(f"{len(paths)} JPEG tar shards x {args.samples_per_shard}, batch {bs}, {n} timed "
           f"batches per row, {os.cpu_count()} CPUs\n")
     print("Same budget, no step:\n")

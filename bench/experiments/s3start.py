@@ -7,7 +7,7 @@ cold (empty cache) and warm (indexes cached). With ``--baseline DIR`` (an import
 an older ``dataflow``, see bench/RESULTS.md) the same runs are made with that code first, in
 the same run, for a ratio.
 
-    python -m dataflow.bench.s3start --shards 16 --samples 256 --baseline /tmp/base
+    python -m dataflow.bench.experiments.s3start --shards 16 --samples 256 --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from dataflow.bench.s3local import CREDENTIALS, S3Proxy, moto_s3, s3_client
+from dataflow.bench.experiments.s3local import CREDENTIALS, S3Proxy, moto_s3, s3_client
 from dataflow.demo import DemoSpec, make_demo, parse_shape
 from dataflow.server import launch
 
@@ -52,7 +52,8 @@ def _start(label: str, proxy: S3Proxy, cache: str, baseline: str | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dataflow.bench.s3start", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.experiments.s3start",
+                                description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", type=int, default=16, help="tar shards (default: %(default)s)")
     p.add_argument("--samples", type=int, default=256,
