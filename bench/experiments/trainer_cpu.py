@@ -12,8 +12,7 @@ ZeroMQ's I/O thread, which receives the bytes from the kernel). The target is a 
 
 ``--metrics-rounds N`` also measures the cost of ``DataLoader(metrics=registry)``: two loaders
 on the same server, one with metrics and one without, timed an epoch each in turn for N rounds
-(alternating cancels drift of the machine's load), plus the per-batch hook
-(``StallMeter.batch``) timed alone on a real batch.
+(alternating cancels drift of the machine's load).
 
 Without CUDA, torch's ``pin_memory=True`` pins nothing (torch warns and skips it) and
 dataflow's ``pin_memory`` is off too.
@@ -31,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import timeit
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -41,8 +39,6 @@ from prometheus_client import CollectorRegistry
 
 from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
 from dataflow.client import DataLoader
-from dataflow.client.buffers import Ready
-from dataflow.client.metrics import StallMeter
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.scan import build_index
 from dataflow.server import launch
@@ -102,25 +98,21 @@ def _torch_loader(fmt: str, paths: list[str], batch_size: int) -> torch.utils.da
                                        persistent_workers=True)
 
 
-def metrics_overhead(endpoint: str, batch_size: int, rounds: int) -> tuple[list, float]:
+def metrics_overhead(endpoint: str, batch_size: int, rounds: int) -> list:
     """Rows (name, CPU s, wall s, batches) of loaders without and with metrics, timed an epoch
-    each in turn for ``rounds`` rounds, and the hook's cost alone in microseconds per batch."""
+    each in turn for ``rounds`` rounds."""
     totals = {"off": [0.0, 0.0, 0.0], "on": [0.0, 0.0, 0.0]}  # CPU s, wall s, batches
     kw: dict[str, Any] = {"batch_size": batch_size, "rank": 0, "world_size": 1, "timeout": 60}
     with DataLoader(endpoint, **kw) as off, DataLoader(
             endpoint, metrics=CollectorRegistry(), **kw) as on:
         loaders = {"off": off, "on": on}
         for dl in loaders.values():
-            batch = next(iter(dl))
+            next(iter(dl))
         for _ in range(rounds):
             for key, dl in loaders.items():
                 totals[key] = [t + m for t, m in zip(totals[key], measure([dl])[:3], strict=True)]
-    meter, ready = StallMeter(), Ready(batch)
-    calls = 100_000
-    hook_us = timeit.timeit(lambda: meter.batch(0.001, ready), number=calls) / calls * 1e6
-    rows = [(f"dataflow DataLoader, metrics {key} (alternating epochs)", cpu, wall, int(n))
+    return [(f"dataflow DataLoader, metrics {key} (alternating epochs)", cpu, wall, int(n))
             for key, (cpu, wall, n) in totals.items()]
-    return rows, hook_us
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,9 +157,8 @@ def main(argv: list[str] | None = None) -> None:
                                             args.step_ms / 1e3)
             rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
             if args.metrics_rounds:
-                pair, hook_us = metrics_overhead(server.endpoint, args.batch_size,
-                                                 args.metrics_rounds)
-                rows += pair
+                rows += metrics_overhead(server.endpoint, args.batch_size,
+                                         args.metrics_rounds)
 
     base = rows[0][1] / rows[0][3]
     command = " ".join(argv or sys.argv[1:])
@@ -187,9 +178,8 @@ def main(argv: list[str] | None = None) -> None:
         if s > 0))
     if args.metrics_rounds:
         (_, off_cpu, _, off_n), (_, on_cpu, _, on_n) = rows[-2:]
-        print(f"\nmetrics on vs off: trainer CPU per batch x{on_cpu / on_n / (off_cpu / off_n):.3f}"
-              f"; the per-batch hook alone: {hook_us:.2f} us "
-              f"({100 * hook_us / (1e6 * off_cpu / off_n):.2f}% of the CPU per batch)")
+        ratio = on_cpu / on_n / (off_cpu / off_n)
+        print(f"\nmetrics on vs off: trainer CPU per batch x{ratio:.3f}")
 
 
 if __name__ == "__main__":
