@@ -77,7 +77,7 @@ class DataflowRun:
 
     def __init__(self, cfg: BenchConfig, data: BenchData, *, pin_memory: bool) -> None:
         from dataflow.client import DataLoader
-        from dataflow.server.launch import launch
+        from dataflow.server import launch
 
         self._handles: list[ServerHandle] = []
         self._loader: DataLoader | None = None

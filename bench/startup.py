@@ -122,7 +122,7 @@ def _check(batch: dict, cfg: StartupConfig) -> None:
 def _server_run(paths: list[str], cfg: StartupConfig, cache_dir: str) -> dict:
     """Start a server on ``paths``; seconds to its ready line and to a client's first batch."""
     from dataflow.client import DataLoader
-    from dataflow.server.launch import launch
+    from dataflow.server import launch
 
     start = time.monotonic()
     with launch([os.path.dirname(paths[0])], workers=cfg.workers, timeout=cfg.timeout_s,
