@@ -1,28 +1,34 @@
-"""Where received batches land: host buffers, the pinned ring and host-to-device copies.
+"""Where received batches land: ZeroMQ's messages, pinned buffers, the CUDA ring.
 
-A BATCH's arrays are received into one uint8 buffer laid out by
-:class:`dataflow.wire.BatchLayout` (the layout the wire's decoder uses too) with ``recv_into``;
-the yielded tensors are typed views of that buffer (CPU) or of its device copy (CUDA).
+A sink says where the buffer frames of one BATCH land: :meth:`land` returns a
+:class:`Landing` for the batch, whose :meth:`Landing.recv` receives frame ``i`` in its place,
+and whose :meth:`Landing.finish` makes the batch's tensors once
+:meth:`dataflow.wire.BatchLayout.check_frames` passed (the one loop over the frames is
+:func:`dataflow.client.receive.receive_batch`).
 
 * :class:`HostSink` (device None or CPU): every batch has memory of its own, so a batch the
-  user keeps never aliases memory that is reused later. Pinned buffers come from torch's
-  caching host allocator (CUDA available and ``pin_memory``); otherwise the tensors view the
-  ZeroMQ messages the frames arrived in (:func:`frame_views`), which saves the client a
-  memcpy per batch and any buffer bookkeeping (a fresh multi-MiB buffer of our own per batch
-  cost a page fault per 4 KiB page, and a pool of them Python per batch).
-* :class:`CudaSink`: a fixed ring of reusable pinned host slots; after a batch is received into
-  a slot its H2D copy is issued on a dedicated CUDA stream and an event recorded; the slot is
-  reused only after that event completed, and the consumer's stream waits on the event before
-  it uses the batch (:func:`hand_over`).
+  user keeps never aliases memory that is reused later. Without pinning the frames stay the
+  ZeroMQ messages they arrived in and the tensors view them (:class:`MessageLanding`,
+  :func:`frame_views`), which saves the client a memcpy per batch and any buffer bookkeeping
+  (a fresh multi-MiB buffer of our own per batch cost a page fault per 4 KiB page, and a pool
+  of them Python per batch). Pinned (CUDA available and ``pin_memory``), each batch is received
+  with ``recv_into`` into a fresh buffer from torch's caching host allocator
+  (:class:`BufferLanding`), laid out by :class:`dataflow.wire.BatchLayout`.
+* :class:`CudaSink`: a fixed ring of reusable pinned host slots received into with
+  ``recv_into``; after a batch is received into a slot its H2D copy is issued on a dedicated
+  CUDA stream and an event recorded; the slot is reused only after that event completed, and
+  the consumer's stream waits on the event before it uses the batch (:func:`hand_over`).
 
-Thread invariant: a sink is used by the client's I/O thread only; :func:`hand_over` runs on the
-consumer's thread.
+Thread invariant: a sink and its landings are used by the client's I/O thread only;
+:func:`hand_over` runs on the consumer's thread.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,23 +57,6 @@ def typed_views(buf: torch.Tensor, arrays: Sequence[wire.ArraySpec],
 
 
 @dataclass
-class Landing:
-    """A receive buffer for one BATCH.
-
-    Attributes:
-        host: uint8 host tensor the frames are received into.
-        array: ``host`` as a writable numpy array (for ``recv_into``).
-        offsets: byte offset of each array in ``host``.
-        slot: ring slot index (CUDA sink) or -1.
-    """
-
-    host: torch.Tensor
-    array: np.ndarray
-    offsets: Sequence[int]
-    slot: int = -1
-
-
-@dataclass
 class Ready:
     """A received batch ready for the consumer.
 
@@ -82,6 +71,67 @@ class Ready:
     base: torch.Tensor | None = None
 
 
+class Landing(ABC):
+    """Where the buffer frames of one BATCH land, and the batch made of them.
+
+    Attributes:
+        layout: the batch's ``BatchLayout``.
+        frames: the contents of the frames received so far, where they landed (read by
+            ``BatchLayout.check_frames``).
+    """
+
+    def __init__(self, layout: wire.BatchLayout) -> None:
+        self.layout = layout
+        self.frames: list[Any] = []
+
+    @abstractmethod
+    def recv(self, sock: zmq.Socket, i: int) -> tuple[int, bool]:
+        """Receive buffer frame ``i`` (``< len(layout.frames)``, in order) in its place.
+
+        Returns:
+            The frame's size in bytes (what arrived, whatever fitted), and whether more frames
+            follow.
+        """
+
+    @abstractmethod
+    def finish(self, msg: wire.BatchMsg) -> Ready:
+        """The batch, once its frames passed ``BatchLayout.check_frames``."""
+
+
+class MessageLanding(Landing):
+    """Frames stay the ZeroMQ messages they arrived in; the tensors view them."""
+
+    def recv(self, sock: zmq.Socket, i: int) -> tuple[int, bool]:
+        frame = sock.recv(copy=False)
+        self.frames.append(frame)
+        return len(frame), frame.more
+
+    def finish(self, msg: wire.BatchMsg) -> Ready:
+        return Ready(frame_views(msg, self.layout, self.frames))
+
+
+class BufferLanding(Landing):
+    """Frames received with ``recv_into`` at their layout slots of one uint8 host buffer.
+
+    Attributes:
+        host: the buffer, ``layout.nbytes`` bytes.
+    """
+
+    def __init__(self, host: torch.Tensor, layout: wire.BatchLayout) -> None:
+        super().__init__(layout)
+        self.host = host
+        self._raw = host.numpy().data  # recv_into writes there without a copy
+
+    def recv(self, sock: zmq.Socket, i: int) -> tuple[int, bool]:
+        start, n = self.layout.frames[i]
+        place = self._raw[start : start + n]
+        self.frames.append(place)
+        return sock.recv_into(place), bool(sock.getsockopt(zmq.RCVMORE))
+
+    def finish(self, msg: wire.BatchMsg) -> Ready:
+        return Ready(typed_views(self.host, msg.arrays, self.layout.offsets))
+
+
 def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
                 frames: Sequence[zmq.Frame]) -> dict[str, torch.Tensor]:
     """Typed tensors of ``msg``'s arrays over its received buffer frames, by name.
@@ -94,10 +144,7 @@ def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
     Args:
         msg: the BATCH header.
         layout: ``BatchLayout.of(msg)``.
-        frames: the buffer frames, sizes already checked against ``layout.frames``.
-
-    Raises:
-        ProtocolError: a ragged field's offsets do not fit its values.
+        frames: the buffer frames, checked by ``layout.check_frames``.
     """
     out: dict[str, torch.Tensor] = {}
     i = 0
@@ -116,9 +163,6 @@ def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
             ).view(spec.dtype))
         i += count
         out[spec.name] = typed.view(spec.shape)
-    if msg.ragged:
-        wire.check_ragged(msg, {n + wire.OFFSETS_SUFFIX: out[n + wire.OFFSETS_SUFFIX].numpy()
-                                for n, _ in msg.ragged})
     return out
 
 
@@ -126,9 +170,9 @@ class HostSink:
     """Batches on the CPU: pinned buffers of their own, or ZeroMQ's own message buffers.
 
     With ``pin`` each batch is received into a fresh buffer from torch's caching host
-    allocator (:meth:`land`, :meth:`finish`). Without, the receiver takes the frames as
-    ZeroMQ messages (``zero_copy``) and :func:`frame_views` views them: no copy in the
-    client, no buffer of ours; a batch the user keeps holds its messages and nothing else.
+    allocator (:class:`BufferLanding`). Without, the frames stay ZeroMQ messages
+    (:class:`MessageLanding`) and :func:`frame_views` views them: no copy in the client, no
+    buffer of ours; a batch the user keeps holds its messages and nothing else.
 
     Args:
         pin: use pinned memory (torch's caching host allocator).
@@ -136,17 +180,38 @@ class HostSink:
 
     def __init__(self, pin: bool) -> None:
         self._pin = pin
-        self.zero_copy = not pin
 
     def land(self, layout: wire.BatchLayout) -> Landing:
-        host = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=True)
-        return Landing(host, host.numpy(), layout.offsets)
-
-    def finish(self, landing: Landing, msg: wire.BatchMsg) -> Ready:
-        return Ready(typed_views(landing.host, msg.arrays, landing.offsets))
+        if not self._pin:
+            return MessageLanding(layout)
+        return BufferLanding(torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=True),
+                             layout)
 
     def close(self) -> None:
         """Nothing to release (idempotent)."""
+
+
+class RingLanding(BufferLanding):
+    """A batch received into a slot of :class:`CudaSink`'s ring; finishing issues its copy.
+
+    Attributes:
+        event: recorded after the slot's H2D copy (None until :meth:`finish`).
+    """
+
+    def __init__(self, host: torch.Tensor, layout: wire.BatchLayout, device: torch.device,
+                 stream: torch.cuda.Stream) -> None:
+        super().__init__(host, layout)
+        self._device = device
+        self._stream = stream
+        self.event: torch.cuda.Event | None = None
+
+    def finish(self, msg: wire.BatchMsg) -> Ready:
+        with torch.cuda.stream(self._stream):
+            dev = torch.empty(self.host.numel(), dtype=torch.uint8, device=self._device)
+            dev.copy_(self.host, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(self._stream)
+        return Ready(typed_views(dev, msg.arrays, self.layout.offsets), self.event, dev)
 
 
 class CudaSink:
@@ -156,39 +221,31 @@ class CudaSink:
         self._device = device
         self._stream = torch.cuda.Stream(device=device)
         self._slots: list[torch.Tensor | None] = [None] * slots
-        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._landed: list[RingLanding | None] = [None] * slots
         self._next = 0
 
-    def land(self, layout: wire.BatchLayout) -> Landing:
-        total = layout.nbytes
+    def land(self, layout: wire.BatchLayout) -> RingLanding:
+        """The next slot of the ring, once the copy of what it last held finished."""
         i = self._next
         self._next = (i + 1) % len(self._slots)
-        event = self._events[i]
-        if event is not None:
-            event.synchronize()
+        last = self._landed[i]
+        if last is not None and last.event is not None:
+            last.event.synchronize()
         slot = self._slots[i]
-        if slot is None or slot.numel() < total:
-            slot = self._slots[i] = torch.empty(max(total, wire.ALIGN), dtype=torch.uint8,
-                                                pin_memory=True)
-        host = slot[:total]
-        return Landing(host, host.numpy(), layout.offsets, i)
-
-    def finish(self, landing: Landing, msg: wire.BatchMsg) -> Ready:
-        with torch.cuda.stream(self._stream):
-            dev = torch.empty(landing.host.numel(), dtype=torch.uint8, device=self._device)
-            dev.copy_(landing.host, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        self._events[landing.slot] = event
-        return Ready(typed_views(dev, msg.arrays, landing.offsets), event, dev)
+        if slot is None or slot.numel() < layout.nbytes:
+            slot = self._slots[i] = torch.empty(max(layout.nbytes, wire.ALIGN),
+                                                dtype=torch.uint8, pin_memory=True)
+        landing = self._landed[i] = RingLanding(slot[: layout.nbytes], layout, self._device,
+                                                self._stream)
+        return landing
 
     def close(self) -> None:
         """Wait for pending copies and drop the ring (idempotent)."""
-        for event in self._events:
-            if event is not None:
-                event.synchronize()
+        for landing in self._landed:
+            if landing is not None and landing.event is not None:
+                landing.event.synchronize()
         self._slots = [None] * len(self._slots)
-        self._events = [None] * len(self._events)
+        self._landed = [None] * len(self._landed)
 
 
 def hand_over(ready: Ready) -> dict[str, torch.Tensor]:

@@ -1,11 +1,11 @@
 """Receiving one message from a server's socket: the header, then array frames in place.
 
-A BATCH's frames are received either as ZeroMQ messages that the batch's tensors view
-(:func:`dataflow.client.buffers.frame_views`, plain host memory), or with ``recv_into``
-straight into a pinned sink buffer laid out by :class:`dataflow.wire.BatchLayout` (the same
-layout the wire's validating decoder uses). Either way the frame count and sizes and the
-ragged offsets are checked first, so a malformed batch is a ``ProtocolError`` naming the
-endpoint before any tensor is made of it.
+A BATCH's frames are received by one loop (:func:`receive_batch`) wherever its sink lands them
+(:mod:`dataflow.client.buffers`: ZeroMQ messages the tensors view, or ``recv_into`` a pinned
+buffer), then checked by the one check every receiver of a BATCH runs,
+:meth:`dataflow.wire.BatchLayout.check_frames` (frame count and sizes, ragged offsets), so a
+malformed batch is a ``ProtocolError`` naming the endpoint and the request before any tensor
+is made of it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import zmq
 
 from dataflow import wire
-from dataflow.client.buffers import CudaSink, HostSink, Ready, frame_views
+from dataflow.client.buffers import CudaSink, HostSink, Ready
 from dataflow.errors import ProtocolError
 
 
@@ -55,57 +55,29 @@ def receive_header(sock: zmq.Socket, endpoint: str) -> wire.Message | None:
 
 def receive_batch(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
                   sink: HostSink | CudaSink) -> Ready:
-    """Receive the array frames of ``msg`` into a buffer of ``sink`` and finish the batch.
+    """Receive the array frames of ``msg`` where ``sink`` lands them and finish the batch.
+
+    Every frame of the message is received (those beyond the announced ones are discarded), so
+    the socket is at the next message whatever arrived.
 
     Raises:
         ProtocolError: frames missing, of the wrong size, in excess, or ragged offsets that
             do not fit their values (naming the endpoint and the request).
     """
     layout = wire.BatchLayout.of(msg)
-    if isinstance(sink, HostSink) and sink.zero_copy:
-        return _receive_frames(sock, endpoint, msg, layout)
     landing = sink.land(layout)
-    buf = landing.array
-    raw = buf.data  # a memoryview of the buffer: recv_into writes there without a copy
-    for start, n in layout.frames:
-        if not sock.getsockopt(zmq.RCVMORE):
-            raise ProtocolError(f"{endpoint}: BATCH {msg.req_id} ended after fewer than its "
-                                f"{len(layout.frames)} buffer frames")
-        got = sock.recv_into(raw[start : start + n])
-        if got != n:
-            drain(sock)
-            raise ProtocolError(f"{endpoint}: BATCH {msg.req_id}: a frame of {got} bytes where "
-                                f"{n} were announced")
-    extra = drain(sock)
-    if extra:
-        raise ProtocolError(f"{endpoint}: BATCH {msg.req_id} has {extra} extra frame(s)")
-    try:
-        layout.check(msg, buf)
-    except ProtocolError as e:
-        raise ProtocolError(f"{endpoint}: {e}") from e
-    return sink.finish(landing, msg)
-
-
-def _receive_frames(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
-                    layout: wire.BatchLayout) -> Ready:
-    """The batch as tensors viewing its frames' ZeroMQ messages (see ``frame_views``)."""
-    frames = []
+    announced = len(layout.frames)
+    sizes: list[int] = []
     more = sock.getsockopt(zmq.RCVMORE)
-    for _, n in layout.frames:
-        if not more:
-            raise ProtocolError(f"{endpoint}: BATCH {msg.req_id} ended after fewer than its "
-                                f"{len(layout.frames)} buffer frames")
-        frame = sock.recv(copy=False)
-        more = frame.more
-        if len(frame) != n:
-            drain(sock)
-            raise ProtocolError(f"{endpoint}: BATCH {msg.req_id}: a frame of {len(frame)} bytes "
-                                f"where {n} were announced")
-        frames.append(frame)
-    extra = drain(sock) if more else 0
-    if extra:
-        raise ProtocolError(f"{endpoint}: BATCH {msg.req_id} has {extra} extra frame(s)")
+    while more:
+        if len(sizes) < announced:
+            size, more = landing.recv(sock, len(sizes))
+        else:
+            extra = sock.recv(copy=False)
+            size, more = len(extra), extra.more
+        sizes.append(size)
     try:
-        return Ready(frame_views(msg, layout, frames))
+        layout.check_frames(msg, sizes, landing.frames)
     except ProtocolError as e:
         raise ProtocolError(f"{endpoint}: {e}") from e
+    return landing.finish(msg)

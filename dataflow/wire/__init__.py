@@ -4,7 +4,8 @@
 * :mod:`~dataflow.wire.codec`: the table of kinds (:data:`SPECS`), :func:`encode`,
   :func:`decode`, :func:`decode_header`;
 * :mod:`~dataflow.wire.layout`: :class:`BatchLayout`, where a BATCH's arrays land in one
-  receive buffer (used by :func:`decode` and by the client's zero-copy receiver);
+  receive buffer, and the one check of a BATCH's frames (used by :func:`decode` and by every
+  receiver of the client);
 * :mod:`~dataflow.wire.arrays`: BATCH validation and ``Batch`` <-> message;
 * :mod:`~dataflow.wire.internal`: the frontend <-> reader messages of a server.
 
@@ -29,7 +30,6 @@ from dataflow.wire.layout import (
     ALIGN,
     MAX_FRAME_BYTES,
     BatchLayout,
-    check_ragged,
 )
 from dataflow.wire.messages import (
     DTYPES,
@@ -62,6 +62,6 @@ __all__ = [
     "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "BatchTag", "Buffer", "Bye", "ErrorKind",
     "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",
     "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES",
-    "Stats", "StatsReply", "batch_to_message", "check_ragged", "decode",
+    "Stats", "StatsReply", "batch_to_message", "decode",
     "decode_header", "encode", "kind_of", "message_to_batch",
 ]

@@ -18,6 +18,7 @@ from dataflow.wire.fields import (
     MAX_NDIM,
     BodyCodec,
     FieldError,
+    frame_sizes,
 )
 from dataflow.wire.layout import BatchLayout, chunk_sizes
 from dataflow.wire.messages import DTYPES, OFFSETS_SUFFIX, ArraySpec, BatchMsg, Buffer
@@ -128,16 +129,13 @@ class ArraysBody(BodyCodec):
             raise ProtocolError(f"BATCH of {total} bytes exceeds {MAX_MESSAGE_BYTES}")
         return {}, [f for arr in msg.data for f in _array_frames(arr)]
 
-    def sizes(self, head: BatchMsg, described: dict[str, Any]) -> list[int]:
-        return [n for _, n in BatchLayout.of(head).frames]
-
     def decode(self, head: BatchMsg, described: dict[str, Any],
                frames: Sequence[Any]) -> BatchMsg:
         layout = BatchLayout.of(head)
+        layout.check_frames(head, frame_sizes(frames), frames)
         buf = np.empty(layout.nbytes, dtype=np.uint8)
         for (start, n), f in zip(layout.frames, frames, strict=True):
             buf[start : start + n] = np.frombuffer(f, dtype=np.uint8)
-        layout.check(head, buf)
         return replace(head, data=tuple(layout.arrays(head, buf).values()))
 
 

@@ -38,9 +38,11 @@ from dataflow.wire.fields import (
     BodyCodec,
     FieldError,
     FieldSpec,
+    check_sizes,
     choice,
     column_names,
     counters,
+    frame_sizes,
     integer,
     is_int,
     string_list,
@@ -80,10 +82,8 @@ class IndexBody(BodyCodec):
         body = msg.index_json.encode("utf-8")
         return {"nbytes": len(body)}, [body]
 
-    def sizes(self, head: Index, described: dict[str, Any]) -> list[int]:
-        return [described["nbytes"]]
-
     def decode(self, head: Index, described: dict[str, Any], frames: Sequence[Any]) -> Index:
+        check_sizes("INDEX", [described["nbytes"]], frame_sizes(frames))
         try:
             text_ = bytes(memoryview(frames[0])).decode("utf-8")
         except UnicodeDecodeError as e:
@@ -101,11 +101,9 @@ class RangesBody(BodyCodec):
     def encode(self, msg: Request) -> tuple[dict[str, Any], list[Any]]:
         return {"n": len(msg.ranges)}, [msg.ranges.tobytes()]
 
-    def sizes(self, head: Request, described: dict[str, Any]) -> list[int]:
-        return [described["n"] * RANGE_BYTES]
-
     def decode(self, head: Request, described: dict[str, Any],
                frames: Sequence[Any]) -> Request:
+        check_sizes("REQUEST", [described["n"] * RANGE_BYTES], frame_sizes(frames))
         return Request(head.req_id, np.frombuffer(frames[0], dtype="<i8").reshape(-1, 3),
                        head.tag)
 
@@ -302,15 +300,7 @@ def _decode(frames: Sequence[Any]) -> Message:
         raise ProtocolError("empty message")
     spec, head, described = _parse(frames[0])
     body = frames[1:]
-    sizes = spec.body.sizes(head, described) if spec.body is not None else []
-    name = kind_of(head).name
-    if len(body) != len(sizes):
-        raise ProtocolError(f"{name} message must have {len(sizes)} buffer frame(s) after the "
-                            f"header. Found: {len(body)}")
-    for i, (f, n) in enumerate(zip(body, sizes, strict=True)):
-        got = memoryview(f).nbytes
-        if got != n:
-            raise ProtocolError(f"{name} buffer frame {i} must be {n} bytes. Found: {got}")
     if spec.body is None:
+        check_sizes(kind_of(head).name, [], frame_sizes(body))
         return head
     return spec.body.decode(head, described, body)

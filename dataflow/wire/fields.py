@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dataflow.errors import ProtocolError
+
 MAX_HEADER_BYTES = 64 * 1024
 MAX_MESSAGE_BYTES = 2 * 1024**3
 MAX_INDEX_BYTES = 256 * 1024 * 1024
@@ -162,13 +164,34 @@ class BodyCodec(ABC):
         """JSON values of :attr:`fields`, and the frames carrying ``msg``'s payload."""
 
     @abstractmethod
-    def sizes(self, head: Any, described: dict[str, Any]) -> list[int]:
-        """Exact sizes of the frames that must follow the header-only message ``head``."""
-
-    @abstractmethod
     def decode(self, head: Any, described: dict[str, Any], frames: Sequence[Any]) -> Any:
-        """The whole message: ``head`` with its payload from ``frames`` (sizes already checked).
+        """The whole message: ``head`` with its payload from ``frames``, checked first (count and
+        sizes with :func:`check_sizes`, and anything else the payload must satisfy).
 
         Raises:
-            ProtocolError: the payload is invalid.
+            ProtocolError: the frames are not those announced, or the payload is invalid.
         """
+
+
+def frame_sizes(frames: Sequence[Any]) -> list[int]:
+    """Sizes in bytes of ``frames`` (anything with the buffer protocol)."""
+    return [memoryview(f).nbytes for f in frames]
+
+
+def check_sizes(what: str, announced: Sequence[int], sizes: Sequence[int]) -> None:
+    """The check of the buffer frames after a header: as many as announced, each of its size.
+
+    Args:
+        what: the message, as errors name it (``"REQUEST"``, ``"BATCH 7"``).
+        announced: the sizes in bytes its header announces, in frame order.
+        sizes: the sizes in bytes of every frame that followed the header, in order.
+
+    Raises:
+        ProtocolError: a frame missing or in excess, or a frame of another size.
+    """
+    if len(sizes) != len(announced):
+        raise ProtocolError(f"{what} message must have {len(announced)} buffer frame(s) after "
+                            f"the header. Found: {len(sizes)}")
+    for i, (got, n) in enumerate(zip(sizes, announced, strict=True)):
+        if got != n:
+            raise ProtocolError(f"{what} buffer frame {i} must be {n} bytes. Found: {got}")

@@ -3,17 +3,22 @@
 An array of ``nbytes`` bytes travels in ``ceil(nbytes / MAX_FRAME_BYTES)`` frames (one empty
 frame when ``nbytes == 0``), so no frame exceeds 8 MiB. A receiver lands all arrays of one
 BATCH in one uint8 buffer of :attr:`BatchLayout.nbytes` bytes, each array starting at a
-multiple of :data:`ALIGN`; :func:`dataflow.wire.decode` and the client's zero-copy receiver
-(``recv_into`` each frame at its :attr:`BatchLayout.frames` slot) run the same code.
+multiple of :data:`ALIGN`. Every receiver of a BATCH (:func:`dataflow.wire.decode` and each
+of the client's sinks, whether its frames stay ZeroMQ messages or are received with
+``recv_into`` at their :attr:`BatchLayout.frames` slots) checks them with the one
+:meth:`BatchLayout.check_frames`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dataflow.errors import ProtocolError
+from dataflow.wire.fields import check_sizes
 from dataflow.wire.messages import OFFSETS_SUFFIX, BatchMsg
 
 ALIGN = 64
@@ -26,30 +31,6 @@ def chunk_sizes(nbytes: int) -> list[int]:
         return [0]
     full, rest = divmod(nbytes, MAX_FRAME_BYTES)
     return [MAX_FRAME_BYTES] * full + ([rest] if rest else [])
-
-
-def check_offsets(name: str, offsets: np.ndarray, n_values: int) -> None:
-    """Check ragged ``offsets`` (int64, (batch + 1,)) against ``n_values`` values.
-
-    Raises:
-        ProtocolError: ``offsets[0] != 0``, offsets decrease, or ``offsets[-1] != n_values``.
-    """
-    if offsets[0] != 0 or offsets[-1] != n_values or (np.diff(offsets) < 0).any():
-        raise ProtocolError(f"BATCH ragged field {name!r}: offsets must start at 0, never "
-                            f"decrease and end at {n_values} values")
-
-
-def check_ragged(msg: BatchMsg, raw: dict[str, np.ndarray]) -> None:
-    """Validate the ragged offsets of ``msg`` given its offsets arrays by name (their bytes as
-    uint8, or int64).
-
-    Raises:
-        ProtocolError: a ragged field's offsets do not start at 0, decrease or do not end at
-            its number of values (the message names the field).
-    """
-    specs = {s.name: s for s in msg.arrays}
-    for name, _ in msg.ragged:
-        check_offsets(name, raw[name + OFFSETS_SUFFIX].view(np.int64), specs[name].shape[0])
 
 
 @dataclass(frozen=True)
@@ -89,23 +70,45 @@ class BatchLayout:
             pos += -(-nbytes // ALIGN) * ALIGN
         return cls(pos, tuple(offsets), tuple(frames), tuple(counts))
 
-    def _raw(self, msg: BatchMsg, buf: np.ndarray) -> dict[str, np.ndarray]:
+    def check_frames(self, msg: BatchMsg, sizes: Sequence[int],
+                     frames: Sequence[Any]) -> None:
+        """The one check of a BATCH's buffer frames, run by every receiver of one.
+
+        Args:
+            msg: the BATCH (its header is enough); this layout is ``BatchLayout.of(msg)``.
+            sizes: the size in bytes of every frame that followed the header, in order.
+            frames: the contents of the first ``len(self.frames)`` of them, where they landed
+                (anything with the buffer protocol); only the ragged offsets are read, and
+                only once every size is right.
+
+        Raises:
+            ProtocolError: a frame missing or in excess, a frame of another size than
+                announced, or a ragged field's offsets that do not start at 0, decrease or do
+                not end at its number of values; naming the request and the frame or field.
+        """
+        check_sizes(f"BATCH {msg.req_id}", [n for _, n in self.frames], sizes)
+        if not msg.ragged:
+            return
+        index = {s.name: k for k, s in enumerate(msg.arrays)}
+        for name, _ in msg.ragged:
+            k = index[name + OFFSETS_SUFFIX]
+            first = sum(self.counts[:k])
+            parts = [np.frombuffer(f, dtype=np.uint8)
+                     for f in frames[first : first + self.counts[k]]]
+            offsets = (parts[0] if len(parts) == 1 else np.concatenate(parts)).view(np.int64)
+            n_values = msg.arrays[index[name]].shape[0]
+            if offsets[0] != 0 or offsets[-1] != n_values or (np.diff(offsets) < 0).any():
+                raise ProtocolError(f"BATCH {msg.req_id} ragged field {name!r}: offsets must "
+                                    f"start at 0, never decrease and end at {n_values} values")
+
+    def arrays(self, msg: BatchMsg, buf: np.ndarray) -> dict[str, np.ndarray]:
+        """Typed views (no copy) of ``msg``'s arrays in ``buf``, by name, in frame order.
+
+        Raises:
+            ProtocolError: ``buf`` is not uint8 of at least :attr:`nbytes` bytes.
+        """
         if buf.dtype != np.uint8 or buf.ndim != 1 or buf.nbytes < self.nbytes:
             raise ProtocolError(f"BATCH {msg.req_id}: receive buffer must be uint8 of at least "
                                 f"{self.nbytes} bytes. Found: {buf.dtype} {buf.shape}")
-        return {s.name: buf[off : off + s.nbytes]
+        return {s.name: buf[off : off + s.nbytes].view(s.dtype).reshape(s.shape)
                 for s, off in zip(msg.arrays, self.offsets, strict=True)}
-
-    def check(self, msg: BatchMsg, buf: np.ndarray) -> None:
-        """Validate the ragged offsets of ``msg`` received into ``buf``.
-
-        Raises:
-            ProtocolError: ``buf`` is too small, or a ragged field's offsets do not start at 0,
-                decrease or do not end at its number of values (the message names the field).
-        """
-        check_ragged(msg, self._raw(msg, buf))
-
-    def arrays(self, msg: BatchMsg, buf: np.ndarray) -> dict[str, np.ndarray]:
-        """Typed views (no copy) of ``msg``'s arrays in ``buf``, by name, in frame order."""
-        raw = self._raw(msg, buf)
-        return {s.name: raw[s.name].view(s.dtype).reshape(s.shape) for s in msg.arrays}

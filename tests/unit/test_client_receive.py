@@ -87,10 +87,12 @@ def _mangle_offsets(frames: list[bytes]) -> list[bytes]:
 
 
 @pytest.mark.parametrize("mangle, message", [
-    (lambda f: f[:-1], "BATCH 7 ended after fewer than its 4 buffer frames"),
-    (lambda f: [*f, b"x", b"y"], "BATCH 7 has 2 extra frame(s)"),
-    (lambda f: [f[0], f[1][:-8], *f[2:]], "BATCH 7: a frame of 1279992 bytes where 1280000"),
-    (_mangle_offsets, "ragged field 'text': offsets must start at 0, never decrease"),
+    (lambda f: f[:-1], "BATCH 7 message must have 4 buffer frame(s) after the header. Found: 3"),
+    (lambda f: [*f, b"x", b"y"], "BATCH 7 message must have 4 buffer frame(s) after the "
+                                 "header. Found: 6"),
+    (lambda f: [f[0], f[1][:-8], *f[2:]], "BATCH 7 buffer frame 0 must be 1280000 bytes. "
+                                          "Found: 1279992"),
+    (_mangle_offsets, "BATCH 7 ragged field 'text': offsets must start at 0, never decrease"),
 ])
 def test_malformed_batches_are_named_and_the_socket_stays_usable(pair, mangle, message):
     a, b = pair

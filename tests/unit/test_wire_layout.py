@@ -1,6 +1,9 @@
-"""BatchLayout: the one layout of a BATCH in a receive buffer, used by decode and clients."""
+"""BatchLayout: the one layout of a BATCH in a receive buffer and the one check of its frames,
+used by decode and by every receiver of the client."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -52,7 +55,6 @@ def test_views_share_the_buffer_and_hold_the_arrays() -> None:
              "t": Ragged(np.frombuffer(b"abcdef", np.uint8), np.array([0, 1, 1, 4, 6]), "str")}
     msg = _msg(**batch)
     layout, buf = _land(msg)
-    layout.check(msg, buf)
     views = layout.arrays(msg, buf)
     assert list(views) == ["id", "x", "t", "t.offsets"]
     assert all(np.shares_memory(v, buf) for v in views.values() if v.nbytes)
@@ -101,23 +103,53 @@ def test_header_only_decode_announces_the_frames() -> None:
         _nbytes(f) for f in frames[1:]]
 
 
+def _check(msg: wire.BatchMsg, frames: list) -> None:
+    wire.BatchLayout.of(msg).check_frames(msg, [_nbytes(f) for f in frames], frames)
+
+
 @pytest.mark.parametrize("offsets", [[1, 2, 2, 5], [0, 3, 2, 5], [0, 2, 2, 4], [0, 2, 2, 6]])
-def test_check_rejects_ragged_offsets_that_do_not_fit(offsets: list[int]) -> None:
+def test_ragged_offsets_that_do_not_fit_are_rejected(offsets: list[int]) -> None:
     msg = _msg(id=np.arange(3), t=Ragged(np.zeros(5, np.uint8), np.array([0, 2, 2, 5]), "str"))
-    layout, buf = _land(msg)
-    start = layout.offsets[2]
-    buf[start : start + 32] = np.frombuffer(np.array(offsets, np.int64).tobytes(), np.uint8)
-    with pytest.raises(ProtocolError, match="ragged field 't'"):
-        layout.check(msg, buf)
     frames = [np.asarray(f).tobytes() for f in wire.encode(msg)]
+    _check(msg, frames[1:])
     frames[3] = np.array(offsets, np.int64).tobytes()
-    with pytest.raises(ProtocolError, match="ragged field 't'"):
-        wire.decode(frames)
+    for check in (lambda: _check(msg, frames[1:]), lambda: wire.decode(frames)):
+        with pytest.raises(ProtocolError, match="^BATCH 1 ragged field 't': offsets"):
+            check()
 
 
-def test_check_rejects_a_buffer_too_small_or_not_uint8() -> None:
+def test_offsets_over_several_unaligned_frames_are_read_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layout_module, "MAX_FRAME_BYTES", 20)
+    offsets = np.array([0, 1, 1, 2, 2, 3], np.int64)
+    msg = _msg(t=Ragged(np.zeros(3, np.uint8), offsets, "bytes"))
+    frames = [np.asarray(f).tobytes() for f in wire.encode(msg)][1:]
+    assert wire.BatchLayout.of(msg).counts == (1, 3)
+    unaligned = [memoryview(b"?" + f)[1:] for f in frames]
+    _check(msg, unaligned)
+    frames[-1] = np.array([5], np.int64).tobytes()  # the last offset is 5, not 3
+    with pytest.raises(ProtocolError, match="end at 3 values"):
+        _check(msg, frames)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda f: f[:-1], "BATCH 1 message must have 2 buffer frame(s) after the header. Found: 1"),
+    (lambda f: [*f, b""], "BATCH 1 message must have 2 buffer frame(s) after the header. Found: 3"),
+    (lambda f: [f[0], f[1][:-1]], "BATCH 1 buffer frame 1 must be 24 bytes. Found: 23"),
+    (lambda f: [f[0] + b"x", f[1]], "BATCH 1 buffer frame 0 must be 3 bytes. Found: 4"),
+])
+def test_frames_missing_in_excess_or_of_another_size_are_rejected(change, message) -> None:
+    msg = _msg(a=np.arange(3, dtype=np.uint8), b=np.arange(3, dtype=np.float64))
+    frames = [np.asarray(f).tobytes() for f in wire.encode(msg)]
+    for check in (lambda: _check(msg, change(frames[1:])),
+                  lambda: wire.decode([frames[0], *change(frames[1:])])):
+        with pytest.raises(ProtocolError, match=f"^{re.escape(message)}$"):
+            check()
+
+
+def test_arrays_rejects_a_buffer_too_small_or_not_uint8() -> None:
     msg = _msg(id=np.arange(3))
     layout = wire.BatchLayout.of(msg)
     for buf in (np.zeros(layout.nbytes - 1, np.uint8), np.zeros(layout.nbytes, np.int8)):
         with pytest.raises(ProtocolError, match="receive buffer"):
-            layout.check(msg, buf)
+            layout.arrays(msg, buf)
