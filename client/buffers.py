@@ -15,9 +15,11 @@ and whose :meth:`Landing.finish` makes the batch's tensors once
   with ``recv_into`` into a fresh buffer from torch's caching host allocator
   (:class:`BufferLanding`), laid out by :class:`dataflow.wire.BatchLayout`.
 * :class:`CudaSink`: a fixed ring of reusable pinned host slots received into with
-  ``recv_into``; after a batch is received into a slot its H2D copy is issued on a dedicated
-  CUDA stream and an event recorded; the slot is reused only after that event completed, and
-  the consumer's stream waits on the event before it uses the batch (:func:`hand_over`).
+  ``recv_into``; after a batch is received into a slot its H2D copy is issued and an event
+  recorded; the slot is reused only after that event completed, and the consumer's stream
+  waits on the event before it uses the batch (:func:`hand_over`). The copy is the sink's
+  :class:`DeviceCopier`: :class:`CudaCopier` (a dedicated CUDA stream) on a GPU; the CPU
+  suite runs the ring with a copier of its own.
 
 Thread invariant: a sink and its landings are used by the client's I/O thread only;
 :func:`hand_over` runs on the consumer's thread.
@@ -26,9 +28,9 @@ Thread invariant: a sink and its landings are used by the client's I/O thread on
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -56,18 +58,94 @@ def typed_views(buf: torch.Tensor, arrays: Sequence[wire.ArraySpec],
     return out
 
 
+class CopyEvent(Protocol):
+    """Completes with one host-to-device copy."""
+
+    def query(self) -> bool:
+        """Whether the copy finished."""
+        ...
+
+    def synchronize(self) -> None:
+        """Block until the copy finished."""
+        ...
+
+    def wait(self, base: torch.Tensor) -> None:
+        """Make the consumer's current stream wait for the copy into ``base`` (and keep
+        ``base`` alive until that stream's work so far is done)."""
+        ...
+
+
+class DeviceCopier(Protocol):
+    """How a :class:`CudaSink` gets batches to its device: host buffers and async copies."""
+
+    def host(self, nbytes: int) -> torch.Tensor:
+        """A uint8 host buffer of ``nbytes`` that :meth:`copy` can read asynchronously."""
+        ...
+
+    def copy(self, host: torch.Tensor) -> tuple[torch.Tensor, CopyEvent]:
+        """Start copying ``host`` (uint8, 1-D, from :meth:`host`) to the device.
+
+        Returns:
+            The device uint8 buffer (valid once the event completed) and the copy's event;
+            ``host`` must not be written before the event completed.
+        """
+        ...
+
+
+def pinned(nbytes: int) -> torch.Tensor:
+    """A uint8 host buffer of ``nbytes`` from torch's caching host allocator (pinned)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+class CudaEvent:
+    """A CUDA event recorded after a copy on a side stream."""
+
+    def __init__(self, event: torch.cuda.Event) -> None:
+        self._event = event
+
+    def query(self) -> bool:
+        return bool(self._event.query())
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+
+    def wait(self, base: torch.Tensor) -> None:
+        stream = torch.cuda.current_stream(base.device)
+        stream.wait_event(self._event)
+        base.record_stream(stream)
+
+
+class CudaCopier:
+    """Pinned host buffers; copies on a dedicated CUDA stream of ``device``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._stream = torch.cuda.Stream(device=device)
+
+    def host(self, nbytes: int) -> torch.Tensor:
+        return pinned(nbytes)
+
+    def copy(self, host: torch.Tensor) -> tuple[torch.Tensor, CopyEvent]:
+        with torch.cuda.stream(self._stream):
+            dev = torch.empty(host.numel(), dtype=torch.uint8, device=self._device)
+            dev.copy_(host, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return dev, CudaEvent(event)
+
+
 @dataclass
 class Ready:
     """A received batch ready for the consumer.
 
     Attributes:
         tensors: field name -> tensor (see the DataLoader docstring for names and shapes).
-        event: CUDA event the consumer's stream must wait on, or None on CPU.
-        base: the device buffer the tensors view (for ``record_stream``), or None on CPU.
+        event: the device copy the consumer must wait for (:func:`hand_over`), or None on CPU.
+        base: the device buffer the tensors view, or None on CPU.
     """
 
     tensors: dict[str, torch.Tensor]
-    event: torch.cuda.Event | None = None
+    event: CopyEvent | None = None
     base: torch.Tensor | None = None
 
 
@@ -175,17 +253,19 @@ class HostSink:
     buffer of ours; a batch the user keeps holds its messages and nothing else.
 
     Args:
-        pin: use pinned memory (torch's caching host allocator).
+        pin: use pinned memory.
+        alloc: ``nbytes -> uint8 host buffer`` of a pinned batch (default: torch's caching
+            host allocator).
     """
 
-    def __init__(self, pin: bool) -> None:
+    def __init__(self, pin: bool, alloc: Callable[[int], torch.Tensor] = pinned) -> None:
         self._pin = pin
+        self._alloc = alloc
 
     def land(self, layout: wire.BatchLayout) -> Landing:
         if not self._pin:
             return MessageLanding(layout)
-        return BufferLanding(torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=True),
-                             layout)
+        return BufferLanding(self._alloc(layout.nbytes), layout)
 
     def close(self) -> None:
         """Nothing to release (idempotent)."""
@@ -195,31 +275,35 @@ class RingLanding(BufferLanding):
     """A batch received into a slot of :class:`CudaSink`'s ring; finishing issues its copy.
 
     Attributes:
-        event: recorded after the slot's H2D copy (None until :meth:`finish`).
+        event: the slot's copy (None until :meth:`finish`).
     """
 
-    def __init__(self, host: torch.Tensor, layout: wire.BatchLayout, device: torch.device,
-                 stream: torch.cuda.Stream) -> None:
+    def __init__(self, host: torch.Tensor, layout: wire.BatchLayout,
+                 copier: DeviceCopier) -> None:
         super().__init__(host, layout)
-        self._device = device
-        self._stream = stream
-        self.event: torch.cuda.Event | None = None
+        self._copier = copier
+        self.event: CopyEvent | None = None
 
     def finish(self, msg: wire.BatchMsg) -> Ready:
-        with torch.cuda.stream(self._stream):
-            dev = torch.empty(self.host.numel(), dtype=torch.uint8, device=self._device)
-            dev.copy_(self.host, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record(self._stream)
+        dev, self.event = self._copier.copy(self.host)
         return Ready(typed_views(dev, msg.arrays, self.layout.offsets), self.event, dev)
 
 
 class CudaSink:
-    """Pinned host ring + asynchronous H2D copies on a dedicated stream."""
+    """A ring of ``slots`` host buffers and asynchronous copies to ``device``.
 
-    def __init__(self, device: torch.device, slots: int = RING_SLOTS) -> None:
-        self._device = device
-        self._stream = torch.cuda.Stream(device=device)
+    A slot is received into again only after the copy of what it last held finished; a slot
+    too small for a batch is replaced by a bigger one (after that wait too).
+
+    Args:
+        device: the CUDA device.
+        slots: ring size.
+        copier: host buffers and copies (default: :class:`CudaCopier` of ``device``).
+    """
+
+    def __init__(self, device: torch.device, slots: int = RING_SLOTS,
+                 copier: DeviceCopier | None = None) -> None:
+        self._copier = copier if copier is not None else CudaCopier(device)
         self._slots: list[torch.Tensor | None] = [None] * slots
         self._landed: list[RingLanding | None] = [None] * slots
         self._next = 0
@@ -233,10 +317,8 @@ class CudaSink:
             last.event.synchronize()
         slot = self._slots[i]
         if slot is None or slot.numel() < layout.nbytes:
-            slot = self._slots[i] = torch.empty(max(layout.nbytes, wire.ALIGN),
-                                                dtype=torch.uint8, pin_memory=True)
-        landing = self._landed[i] = RingLanding(slot[: layout.nbytes], layout, self._device,
-                                                self._stream)
+            slot = self._slots[i] = self._copier.host(max(layout.nbytes, wire.ALIGN))
+        landing = self._landed[i] = RingLanding(slot[: layout.nbytes], layout, self._copier)
         return landing
 
     def close(self) -> None:
@@ -251,7 +333,5 @@ class CudaSink:
 def hand_over(ready: Ready) -> dict[str, torch.Tensor]:
     """Make a batch safe to use on the consumer's current stream and return its tensors."""
     if ready.event is not None and ready.base is not None:
-        stream = torch.cuda.current_stream(ready.base.device)
-        stream.wait_event(ready.event)
-        ready.base.record_stream(stream)
+        ready.event.wait(ready.base)
     return ready.tensors

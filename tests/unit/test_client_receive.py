@@ -1,9 +1,17 @@
-"""The client's BATCH receiver over real ZeroMQ sockets: zero-copy views and malformed frames."""
+"""The client's BATCH receiver over real ZeroMQ sockets, for every sink.
+
+Each sink lands real encoded BATCH messages sent over loopback TCP: the zero-copy host sink
+(tensors view ZeroMQ's messages), the pinned host sink (``recv_into`` a buffer of its own) and
+the CUDA ring. Without a GPU the pinned allocator is plain host memory and the ring's device
+copy is :class:`LateCopier`, a CPU copy run as late as a CUDA copy may finish, so the ring's
+rules (a slot is received into only after its last copy finished, the consumer waits for the
+copy) are checked on the CPU: breaking one of them lands wrong bytes in a batch.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -12,11 +20,68 @@ import zmq
 
 from dataflow import wire
 from dataflow.batch import Ragged
-from dataflow.client.buffers import HostSink, typed_views
+from dataflow.client.buffers import CudaSink, HostSink, Ready, hand_over, typed_views
 from dataflow.client.receive import receive_batch, receive_header
 from dataflow.errors import ProtocolError
 
 ENDPOINT = "tcp://test-server:1"
+
+
+class LateEvent:
+    """The event of a :class:`LateCopier` copy: the copy runs when it is first waited for."""
+
+    def __init__(self, host: torch.Tensor, device: torch.Tensor) -> None:
+        self._host = host
+        self._device = device
+        self.done = False
+        self.waited = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        if not self.done:
+            self._device.copy_(self._host)
+            self.done = True
+
+    def wait(self, base: torch.Tensor) -> None:
+        assert base is self._device
+        self.waited = True
+        self.synchronize()
+
+
+class LateCopier:
+    """A CudaSink's device copy on the CPU: host memory, and copies into fresh CPU tensors that
+    run only when their event is first waited for (as late as a CUDA copy may finish).
+
+    Attributes:
+        hosts: every host buffer handed out (the ring's slots), in order.
+        events: the event of every copy, in order.
+    """
+
+    def __init__(self) -> None:
+        self.hosts: list[torch.Tensor] = []
+        self.events: list[LateEvent] = []
+
+    def host(self, nbytes: int) -> torch.Tensor:
+        self.hosts.append(torch.empty(nbytes, dtype=torch.uint8))
+        return self.hosts[-1]
+
+    def copy(self, host: torch.Tensor) -> tuple[torch.Tensor, LateEvent]:
+        device = torch.empty_like(host)
+        self.events.append(LateEvent(host, device))
+        return device, self.events[-1]
+
+
+def _host_memory(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+SINKS: dict[str, Callable[[], HostSink | CudaSink]] = {
+    "zero-copy": lambda: HostSink(pin=False),
+    "pinned": lambda: HostSink(pin=True, alloc=_host_memory),
+    "ring": lambda: CudaSink(torch.device("cpu"), copier=LateCopier()),
+}
 
 
 @pytest.fixture
@@ -34,10 +99,17 @@ def pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
     ctx.term()
 
 
-def _batch(rows: int = 4, width: int = 40_000) -> dict:
+@pytest.fixture(params=list(SINKS))
+def sink(request: pytest.FixtureRequest) -> Iterator[HostSink | CudaSink]:
+    s = SINKS[request.param]()
+    yield s
+    s.close()
+
+
+def _batch(rows: int = 4, width: int = 40_000, seed: int = 0) -> dict:
     return {
-        "image": np.arange(rows * width, dtype=np.int64).reshape(rows, width) % 251,
-        "id": np.arange(rows, dtype=np.int64) + 100,
+        "image": (np.arange(rows * width, dtype=np.int64).reshape(rows, width) + seed) % 251,
+        "id": np.arange(rows, dtype=np.int64) + 100 + seed,
         "text": Ragged(np.frombuffer(b"abcdefghij", dtype=np.uint8),
                        np.array([0, 1, 3, 6, 10][: rows + 1], dtype=np.int64), "str"),
     }
@@ -47,11 +119,50 @@ def _frames(batch: dict, req_id: int = 7) -> list[bytes]:
     return [bytes(f) for f in wire.encode(wire.batch_to_message(req_id, batch))]
 
 
-def _receive(b: zmq.Socket, sink: HostSink) -> dict[str, torch.Tensor]:
-    b.poll(10_000)
+def _ready(b: zmq.Socket, sink: HostSink | CudaSink) -> Ready:
+    assert b.poll(10_000)
     msg = receive_header(b, ENDPOINT)
     assert isinstance(msg, wire.BatchMsg)
-    return receive_batch(b, ENDPOINT, msg, sink).tensors
+    return receive_batch(b, ENDPOINT, msg, sink)
+
+
+def _receive(b: zmq.Socket, sink: HostSink | CudaSink) -> dict[str, torch.Tensor]:
+    return hand_over(_ready(b, sink))
+
+
+def _assert_batch(got: dict[str, torch.Tensor], batch: dict) -> None:
+    assert torch.equal(got["image"], torch.from_numpy(batch["image"]))
+    assert torch.equal(got["id"], torch.from_numpy(batch["id"]))
+    assert bytes(got["text"].numpy()) == b"abcdefghij"
+    assert got["text.offsets"].tolist() == [0, 1, 3, 6, 10]
+
+
+def test_every_sink_lands_a_batch(pair, sink):
+    a, b = pair
+    batch = _batch()
+    a.send_multipart(_frames(batch))
+    _assert_batch(_receive(b, sink), batch)
+
+
+def test_an_array_over_several_frames_is_joined(pair, sink):
+    a, b = pair
+    n = wire.MAX_FRAME_BYTES // 8 + 3
+    batch = {"x": np.arange(n, dtype=np.int64).reshape(1, n)}
+    frames = _frames(batch)
+    assert len(frames) == 3  # header + two frames of one array
+    a.send_multipart(frames)
+    assert torch.equal(_receive(b, sink)["x"], torch.from_numpy(batch["x"]))
+
+
+def test_kept_batches_are_never_overwritten(pair, sink):
+    # Five batches held at once: more than the ring's three slots.
+    a, b = pair
+    batches = [_batch(seed=i) for i in range(5)]
+    for i, batch in enumerate(batches):
+        a.send_multipart(_frames(batch, req_id=i))
+    kept = [_ready(b, sink) for _ in batches]
+    for ready, batch in zip(kept, batches, strict=True):
+        _assert_batch(hand_over(ready), batch)
 
 
 def test_large_arrays_view_zeromq_messages_and_stay_writable(pair):
@@ -59,26 +170,11 @@ def test_large_arrays_view_zeromq_messages_and_stay_writable(pair):
     batch = _batch()
     a.send_multipart(_frames(batch))
     got = _receive(b, HostSink(pin=False))
-    assert torch.equal(got["image"], torch.from_numpy(batch["image"]))
-    assert got["id"].tolist() == [100, 101, 102, 103]
-    assert bytes(got["text"].numpy()) == b"abcdefghij"
-    assert got["text.offsets"].tolist() == [0, 1, 3, 6, 10]
     image = got.pop("image")
     del got
     image[0, 0] = -5  # the message outlives the receiver and is this batch's alone
     assert image[0, 0].item() == -5 and image.sum().item() == batch["image"].sum() - 5
     assert image.data_ptr() % 8 == 0
-
-
-def test_an_array_over_several_frames_is_joined(pair):
-    a, b = pair
-    n = wire.MAX_FRAME_BYTES // 8 + 3
-    batch = {"x": np.arange(n, dtype=np.int64).reshape(1, n)}
-    frames = _frames(batch)
-    assert len(frames) == 3  # header + two frames of one array
-    a.send_multipart(frames)
-    got = _receive(b, HostSink(pin=False))
-    assert torch.equal(got["x"], torch.from_numpy(batch["x"]))
 
 
 def _mangle_offsets(frames: list[bytes]) -> list[bytes]:
@@ -88,20 +184,73 @@ def _mangle_offsets(frames: list[bytes]) -> list[bytes]:
 
 @pytest.mark.parametrize("mangle, message", [
     (lambda f: f[:-1], "BATCH 7 message must have 4 buffer frame(s) after the header. Found: 3"),
+    (lambda f: f[:2], "BATCH 7 message must have 4 buffer frame(s) after the header. Found: 1"),
     (lambda f: [*f, b"x", b"y"], "BATCH 7 message must have 4 buffer frame(s) after the "
                                  "header. Found: 6"),
     (lambda f: [f[0], f[1][:-8], *f[2:]], "BATCH 7 buffer frame 0 must be 1280000 bytes. "
                                           "Found: 1279992"),
-    (_mangle_offsets, "BATCH 7 ragged field 'text': offsets must start at 0, never decrease"),
+    (lambda f: [*f[:2], f[2] + b"x", *f[3:]], "BATCH 7 buffer frame 1 must be 32 bytes. "
+                                              "Found: 33"),
+    (_mangle_offsets, "BATCH 7 ragged field 'text': offsets must start at 0, never decrease "
+                      "and end at 10 values"),
 ])
-def test_malformed_batches_are_named_and_the_socket_stays_usable(pair, mangle, message):
+def test_malformed_batches_are_named_and_the_socket_stays_usable(pair, sink, mangle, message):
     a, b = pair
-    sink = HostSink(pin=False)
     a.send_multipart(mangle(_frames(_batch())))
-    with pytest.raises(ProtocolError, match=f"^{re.escape(ENDPOINT)}: .*{re.escape(message)}"):
+    with pytest.raises(ProtocolError, match=f"^{re.escape(ENDPOINT)}: {re.escape(message)}$"):
         _receive(b, sink)
-    a.send_multipart(_frames(_batch(), req_id=8))
-    assert _receive(b, sink)["id"].tolist() == [100, 101, 102, 103]
+    batch = _batch(seed=1)
+    a.send_multipart(_frames(batch, req_id=8))
+    _assert_batch(_receive(b, sink), batch)
+
+
+def _ring() -> tuple[CudaSink, LateCopier]:
+    copier = LateCopier()
+    return CudaSink(torch.device("cpu"), slots=3, copier=copier), copier
+
+
+def test_a_slot_is_received_into_only_after_its_last_copy_finished(pair):
+    a, b = pair
+    sink, copier = _ring()
+    for i in range(5):
+        a.send_multipart(_frames(_batch(seed=i), req_id=i))
+    for _ in range(3):
+        _ready(b, sink)
+    assert [e.done for e in copier.events] == [False] * 3 and len(copier.hosts) == 3
+    _ready(b, sink)  # into slot 0 again: batch 0's copy had to finish first
+    assert [e.done for e in copier.events] == [True, False, False, False]
+    _ready(b, sink)
+    assert [e.done for e in copier.events] == [True, True, False, False, False]
+    assert len(copier.hosts) == 3  # the slots are reused
+    sink.close()
+    assert all(e.done for e in copier.events)
+    sink.close()
+
+
+def test_hand_over_makes_the_consumer_wait_for_the_copy(pair):
+    a, b = pair
+    sink, copier = _ring()
+    a.send_multipart(_frames(_batch()))
+    ready = _ready(b, sink)
+    assert ready.event is copier.events[0] and not ready.event.query()
+    _assert_batch(hand_over(ready), _batch())
+    assert copier.events[0].waited and ready.event.query()
+    sink.close()
+
+
+def test_a_slot_grows_for_a_bigger_batch_and_keeps_its_size(pair):
+    a, b = pair
+    sink, copier = _ring()
+    small, big = _batch(width=20_000), _batch(width=60_000, seed=1)
+    for i, batch in enumerate([small, small, small, big, small]):
+        a.send_multipart(_frames(batch, req_id=i))
+    kept = [_ready(b, sink) for _ in range(5)]
+    assert [h.numel() for h in copier.hosts] == [
+        wire.BatchLayout.of(wire.batch_to_message(0, batch)).nbytes
+        for batch in (small, small, small, big)]  # slot 0 grew; slot 1 was big enough
+    for ready, batch in zip(kept, [small, small, small, big, small], strict=True):
+        _assert_batch(hand_over(ready), batch)
+    sink.close()
 
 
 def test_typed_views_over_one_buffer():
