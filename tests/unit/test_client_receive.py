@@ -154,6 +154,16 @@ def test_an_array_over_several_frames_is_joined(pair, sink):
     assert torch.equal(_receive(b, sink)["x"], torch.from_numpy(batch["x"]))
 
 
+def test_empty_arrays_land_as_empty_frames(pair, sink):
+    a, b = pair
+    batch = {"id": np.zeros(0, dtype=np.int64),
+             "t": Ragged(np.zeros(0, np.uint8), np.zeros(1, np.int64), "bytes")}
+    a.send_multipart(_frames(batch))
+    got = _receive(b, sink)
+    assert got["id"].shape == (0,) and got["t"].shape == (0,)
+    assert got["t.offsets"].tolist() == [0]
+
+
 def test_kept_batches_are_never_overwritten(pair, sink):
     # Five batches held at once: more than the ring's three slots.
     a, b = pair
