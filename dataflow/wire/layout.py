@@ -43,12 +43,14 @@ class BatchLayout:
         offsets: byte offset of each array of ``msg.arrays`` in that buffer.
         frames: ``(start, size)`` in the buffer of each buffer frame after the header, in frame
             order.
+        sizes: the size of each of those frames, in frame order.
         counts: how many of those frames each array travels in, in array order.
     """
 
     nbytes: int
     offsets: tuple[int, ...]
     frames: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
     counts: tuple[int, ...]
 
     @classmethod
@@ -56,19 +58,21 @@ class BatchLayout:
         """The layout of ``msg``'s arrays (a header-only message is enough)."""
         offsets: list[int] = []
         frames: list[tuple[int, int]] = []
+        sizes: list[int] = []
         counts: list[int] = []
         pos = 0
         for spec in msg.arrays:
             offsets.append(pos)
             start = pos
             nbytes = spec.nbytes
-            sizes = chunk_sizes(nbytes)
-            counts.append(len(sizes))
-            for n in sizes:
+            chunks = chunk_sizes(nbytes)
+            counts.append(len(chunks))
+            sizes += chunks
+            for n in chunks:
                 frames.append((start, n))
                 start += n
             pos += -(-nbytes // ALIGN) * ALIGN
-        return cls(pos, tuple(offsets), tuple(frames), tuple(counts))
+        return cls(pos, tuple(offsets), tuple(frames), tuple(sizes), tuple(counts))
 
     def check_frames(self, msg: BatchMsg, sizes: Sequence[int],
                      frames: Sequence[Any]) -> None:
@@ -86,7 +90,8 @@ class BatchLayout:
                 announced, or a ragged field's offsets that do not start at 0, decrease or do
                 not end at its number of values; naming the request and the frame or field.
         """
-        check_sizes(f"BATCH {msg.req_id}", [n for _, n in self.frames], sizes)
+        if tuple(sizes) != self.sizes:  # on the hot path: the message only when it fails
+            check_sizes(f"BATCH {msg.req_id}", self.sizes, sizes)
         if not msg.ragged:
             return
         index = {s.name: k for k, s in enumerate(msg.arrays)}

@@ -48,6 +48,7 @@ def test_arrays_start_at_aligned_offsets() -> None:
     assert layout.nbytes == 128 + 64
     assert all(off % wire.ALIGN == 0 for off in layout.offsets)
     assert layout.frames == ((0, 3), (64, 24), (128, 0), (128, 30))
+    assert layout.sizes == (3, 24, 0, 30)
 
 
 def test_views_share_the_buffer_and_hold_the_arrays() -> None:
