@@ -12,14 +12,16 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from dataflow.columns import ReadOptions
-from dataflow.errors import ShardReadError
+from dataflow.errors import ShardChangedError, ShardReadError
 from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_on_error
 from dataflow.readers.cache import default_cache_dir
+from dataflow.readers.guard import FileGuard, IndexedShard, changed
+from dataflow.readers.lost import LostShard
 from dataflow.readers.multi import read_ranges
 from dataflow.readers.remotefile import buffered, open_blob
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions, TarReader
 from dataflow.remote import RemoteConfig
-from dataflow.sources import is_local, open_file
+from dataflow.sources import is_local
 
 if TYPE_CHECKING:
     from dataflow.readers.arrow import ArrowFileReader, ArrowStreamReader
@@ -31,6 +33,8 @@ _DEFAULT_READ = ReadOptions()
 __all__ = [
     "ArrowFileReader",
     "ArrowStreamReader",
+    "IndexedShard",
+    "LostShard",
     "ParquetReader",
     "RemoteArrowReader",
     "MAX_SKIP_LOG",
@@ -114,12 +118,19 @@ def open_shard(
     options: ReadOptions = _DEFAULT_READ,
     tar: TarOptions = DEFAULT_OPTIONS,
     remote: RemoteConfig | None = None,
+    indexed: IndexedShard | None = None,
 ) -> ShardReader:
     """Open one shard, detecting its format by magic bytes.
 
-    Local shards are memory-mapped. Remote ones are read through the bounded block cache
-    (:mod:`dataflow.readers.remotefile`): Parquet and Arrow by ranged reads, plain tars by
-    each sample's byte span; only a gzipped tar is decompressed whole into ``cache_dir``.
+    Local shards are memory-mapped, their files held open and checked against their identity
+    on every read (see :mod:`dataflow.readers.guard`). Remote ones are read through the
+    bounded block cache (:mod:`dataflow.readers.remotefile`): Parquet and Arrow by ranged
+    reads, plain tars by each sample's byte span; only a gzipped tar is decompressed whole
+    into ``cache_dir``.
+
+    Under ``on_error="skip"``, a shard that no longer matches ``indexed`` opens as one that
+    serves none of the indexed samples and counts every one a read asks for (a
+    :class:`~dataflow.readers.lost.LostShard`).
 
     Args:
         url: a local path or fsspec URL.
@@ -132,38 +143,61 @@ def open_shard(
         tar: WebDataset conventions of tar shards (``__key__``, samples missing a field).
         remote: storage options and cache size for remote shards (default: none, and the
             default size).
+        indexed: what the dataset index recorded of the shard (its identity: size and mtime,
+            or size and ETag; its sample count): a shard that differs is refused. ``None``:
+            the shard is taken as it is (and a local one still checked on every read against
+            what it was when opened).
 
     Raises:
         ConfigError: ``on_error`` is invalid.
+        ShardChangedError: the shard differs from ``indexed`` (``on_error="raise"``).
         ShardReadError: the shard is missing, unreadable, of unknown format or damaged, or
             column options are given for a tar shard.
     """
     check_on_error(on_error)
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
-    if not is_local(url):
-        return _open_remote(url, cache_dir, on_error, remote or RemoteConfig(), options, tar)
+    expect = indexed.identity if indexed is not None else None
     try:
-        with open_file(url) as f:
-            head = f.read(_MAGIC_BYTES)
-            size = f.seek(0, os.SEEK_END)
-    except (OSError, ValueError) as e:
-        raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
-    fmt = detect_format(url, head, size)
-    if fmt == "arrow-file":
-        from dataflow.readers.arrow import ArrowFileReader
+        if not is_local(url):
+            reader = _open_remote(url, cache_dir, on_error, remote or RemoteConfig(), options,
+                                  tar, expect)
+        else:
+            reader = _open_local(url, cache_dir, on_error, options, tar, expect)
+        if indexed is not None and len(reader) != indexed.samples:
+            reader.close()
+            raise ShardChangedError(url, f"has {len(reader)} sample(s) where the dataset "
+                                    f"index recorded {indexed.samples}; restart the server to "
+                                    "index it again")
+    except ShardChangedError as e:
+        if on_error == "raise" or indexed is None:
+            raise
+        return LostShard(url, indexed.schema, indexed.samples, e)
+    return reader
 
-        return ArrowFileReader(url, on_error, options)
-    if fmt == "arrow-stream":
-        from dataflow.readers.arrow import ArrowStreamReader
 
-        return ArrowStreamReader(url, on_error, options)
-    if fmt == "parquet":
-        from dataflow.readers.parquet import ParquetReader
+def _open_local(url: str, cache_dir: str, on_error: str, options: ReadOptions,
+                tar: TarOptions, expect: str | None) -> ShardReader:
+    guard = FileGuard(url, expect)
+    try:
+        fmt = detect_format(url, os.pread(guard.fd, _MAGIC_BYTES, 0), guard.size)
+        if fmt == "arrow-file":
+            from dataflow.readers.arrow import ArrowFileReader
 
-        return ParquetReader(url, on_error, options)
-    _check_tar_options(url, options)
-    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
-                     options=tar)
+            return ArrowFileReader(url, on_error, options, guard=guard)
+        if fmt == "arrow-stream":
+            from dataflow.readers.arrow import ArrowStreamReader
+
+            return ArrowStreamReader(url, on_error, options, guard=guard)
+        if fmt == "parquet":
+            from dataflow.readers.parquet import ParquetReader
+
+            return ParquetReader(url, on_error, options, guard=guard)
+        _check_tar_options(url, options)
+        return TarReader(url, guard, cache_dir=cache_dir, on_error=on_error,
+                         gzipped=fmt == "tar.gz", options=tar)
+    except BaseException:
+        guard.close()  # a reader that took it closed it too (idempotent)
+        raise
 
 
 def _check_tar_options(url: str, options: ReadOptions) -> None:
@@ -173,8 +207,10 @@ def _check_tar_options(url: str, options: ReadOptions) -> None:
 
 
 def _open_remote(url: str, cache_dir: str, on_error: str, remote: RemoteConfig,
-                 options: ReadOptions, tar: TarOptions) -> ShardReader:
+                 options: ReadOptions, tar: TarOptions, expect: str | None) -> ShardReader:
     blob = open_blob(url, remote, cache_dir)
+    if expect is not None and blob.identity != expect:
+        raise changed(url, expect, blob.identity)
     fmt = detect_format(url, blob.read_exact(0, _MAGIC_BYTES), blob.size)
     if fmt in ("arrow-file", "arrow-stream"):
         from dataflow.readers.arrowremote import RemoteArrowReader
@@ -185,6 +221,5 @@ def _open_remote(url: str, cache_dir: str, on_error: str, remote: RemoteConfig,
 
         return ParquetReader(url, on_error, options, source=buffered(blob))
     _check_tar_options(url, options)
-    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
-                     options=tar, blob=blob, remote=remote)
-
+    return TarReader(url, blob, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
+                     options=tar, remote=remote)

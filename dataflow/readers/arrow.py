@@ -39,7 +39,7 @@ from dataflow.readers.base import (
     split_damaged,
 )
 from dataflow.readers.gather import take_rows
-from dataflow.sources import local_path
+from dataflow.readers.guard import FileGuard
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +148,14 @@ class ArrowBatches(ShardReader):
 class _MappedReader(ArrowBatches):
     """A local Arrow shard, memory-mapped: record batches are views of the map."""
 
-    def __init__(self, url: str, on_error: str = "raise",
-                 options: ReadOptions = DEFAULT) -> None:
+    def __init__(self, url: str, on_error: str = "raise", options: ReadOptions = DEFAULT,
+                 *, guard: FileGuard) -> None:
+        """Map the shard open as ``guard`` (which the reader closes) and list its record
+        batches."""
         super().__init__(url, on_error, options)
+        self._guard = guard
         try:
-            self._source = pa.memory_map(local_path(url), "r")
+            self._source = pa.memory_map(guard.path, "r")
         except (OSError, ValueError) as e:
             raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
         try:
@@ -171,6 +174,8 @@ class _MappedReader(ArrowBatches):
     def close(self) -> None:
         super().close()
         self._source.close()
+        if self._guard is not None:
+            self._guard.close()
 
 
 class ArrowFileReader(_MappedReader):
