@@ -66,17 +66,15 @@ _MAGIC_BYTES = _TAR_BLOCK
 
 
 def detect_format(url: str, head: bytes, size: int) -> str:
-    """The format of a shard from its first bytes (not its name), or for an empty file from
-    its name.
+    """The format of a shard from its first bytes (not its name).
 
     A file of whole 512-byte blocks whose first block is all zeros is an empty tar (just its
     end-of-archive blocks, as ``tarfile`` and webdataset write one). A zero-byte file has no
-    bytes to sniff: named ``*.tar`` it is an empty tar, as GNU tar reads it; any other
-    zero-byte file is refused, since an Arrow or Parquet file always holds at least its schema
-    and a gzip stream its header, so zero bytes there mean a failed write.
+    format: every shard holds at least its header (a tar its end-of-archive blocks, an Arrow
+    or Parquet file its schema, a gzip stream its header), so zero bytes mean a failed write.
 
     Args:
-        url: the shard, for the error message and a zero-byte file's extension.
+        url: the shard, for the error message.
         head: the shard's first bytes (at least 262 for tar detection, 512 for an empty tar).
         size: the shard's size in bytes.
 
@@ -84,13 +82,12 @@ def detect_format(url: str, head: bytes, size: int) -> str:
         One of :data:`FORMATS`.
 
     Raises:
-        ShardReadError: no known magic at offset 0, or a zero-byte file not named ``*.tar``.
+        ShardReadError: a zero-byte file, or no known magic at offset 0.
     """
     if size == 0:
-        if url.lower().endswith(".tar"):
-            return "tar"
-        raise ShardReadError(url, "empty file (zero bytes): only a zero-byte .tar is a valid "
-                             "(empty) shard", offset=0)
+        raise ShardReadError(url, "empty file (zero bytes): every shard holds at least its "
+                             "header (a tar its end-of-archive blocks), so this is a failed "
+                             "write", offset=0)
     if head.startswith(b"ARROW1"):
         return "arrow-file"
     if head.startswith(b"PAR1"):
@@ -128,8 +125,9 @@ def open_shard(
     reads, plain tars by each sample's byte span; only a gzipped tar is decompressed whole
     into ``cache_dir``.
 
-    Under ``on_error="skip"``, a shard that no longer matches ``indexed`` opens as one that
-    serves none of the indexed samples and counts every one a read asks for (a
+    Under ``on_error="skip"``, a zero-byte shard opens as a shard of no sample and no field
+    (its damage recorded in ``skip_log``), and a shard that no longer matches ``indexed`` as
+    one that serves none of the indexed samples and counts every one a read asks for (a
     :class:`~dataflow.readers.lost.LostShard`).
 
     Args:
@@ -175,11 +173,24 @@ def open_shard(
     return reader
 
 
+def _sniff(url: str, head: bytes, size: int, on_error: str) -> str | LostShard:
+    """The shard's format, or under ``on_error="skip"`` a zero-byte shard's stand-in."""
+    try:
+        return detect_format(url, head, size)
+    except ShardReadError as e:
+        if size or on_error == "raise":
+            raise
+        return LostShard(url, (), 0, e)
+
+
 def _open_local(url: str, cache_dir: str, on_error: str, options: ReadOptions,
                 tar: TarOptions, expect: str | None) -> ShardReader:
     guard = FileGuard(url, expect)
     try:
-        fmt = detect_format(url, os.pread(guard.fd, _MAGIC_BYTES, 0), guard.size)
+        fmt = _sniff(url, os.pread(guard.fd, _MAGIC_BYTES, 0), guard.size, on_error)
+        if isinstance(fmt, LostShard):
+            guard.close()
+            return fmt
         if fmt == "arrow-file":
             from dataflow.readers.arrow import ArrowFileReader
 
@@ -211,7 +222,9 @@ def _open_remote(url: str, cache_dir: str, on_error: str, remote: RemoteConfig,
     blob = open_blob(url, remote, cache_dir)
     if expect is not None and blob.identity != expect:
         raise changed(url, expect, blob.identity)
-    fmt = detect_format(url, blob.read_exact(0, _MAGIC_BYTES), blob.size)
+    fmt = _sniff(url, blob.read_exact(0, _MAGIC_BYTES), blob.size, on_error)
+    if isinstance(fmt, LostShard):
+        return fmt
     if fmt in ("arrow-file", "arrow-stream"):
         from dataflow.readers.arrowremote import RemoteArrowReader
 

@@ -80,10 +80,11 @@ class ShardReader(ABC):
         skipped: samples of this shard not served because of damage (``on_error="skip"``;
             always 0 under ``"raise"``), cumulative over the reader's life. Two parts:
 
-            * dropped when the shard was indexed (tar only, once per occurrence: a damaged
-              sample, a sample that lost members, a repeated key); such samples are not in
-              ``len(self)``, so no read asks for them, and this part is fixed once the reader
-              is open;
+            * dropped when the shard was opened (once per occurrence: a tar's damaged
+              sample, a sample that lost members, a repeated key; the rows of the Arrow
+              stream record batch where a damaged stream ends, when its metadata gives
+              them); such samples are not in ``len(self)``, so no read asks for them, and
+              this part is fixed once the reader is open;
             * asked for by a read but not returned (Parquet row groups and Arrow record
               batches found damaged when decoded, every row of a local shard found changed
               since it was opened), counted per read: a sample asked for twice and lost
@@ -239,13 +240,15 @@ class ShardReader(ABC):
         self._viewed = self._viewed or batch_len(batch) > 0
         return batch
 
-    def _damaged(self, err: ShardReadError) -> None:
-        """Damage found on open that loses rows not in ``len(self)`` (so not countable):
-        raised under ``on_error="raise"``, else logged and recorded with count 0."""
+    def _damaged(self, err: ShardReadError, count: int = 0) -> None:
+        """Damage found on open that loses rows not in ``len(self)``: raised under
+        ``on_error="raise"``, else logged, recorded and counted in ``skipped`` with the
+        ``count`` rows known lost (0 when how many is unknown)."""
         if self.on_error == "raise":
             raise err
         log.warning("skipping: %s", err)
-        self.skip_log.append(SkipRecord.of(err, 0))
+        self.skipped += count
+        self.skip_log.append(SkipRecord.of(err, count))
 
     def _lose(self, lost: Mapping[int, int], damage: Mapping[int, ShardReadError]) -> None:
         """A read asked for ``lost[u]`` rows of each damaged unit ``u`` (damage ``damage[u]``):

@@ -10,9 +10,12 @@ from dataflow.readers.base import ShardReader, empty_batch
 
 
 class LostShard(ShardReader):
-    """A shard that serves no sample, standing in for one that cannot be read as indexed:
-    a shard changed since the dataset index was built (the index's sample count and schema:
-    every sample a read asks for is counted in ``skipped``, as damage found by a read is).
+    """A shard that serves no sample, standing in for one that cannot be read as indexed.
+
+    Two cases: a zero-byte file (``samples=0`` and no fields: a failed write, recorded as
+    damage when the shard is opened), and a shard changed since the dataset index was built
+    (the index's sample count and schema: every sample a read asks for is counted in
+    ``skipped``, as damage found by a read is).
     """
 
     def __init__(self, url: str, schema: Schema, samples: int, err: ShardReadError) -> None:
