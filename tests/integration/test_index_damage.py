@@ -146,6 +146,10 @@ def test_skip_counts_every_sample_lost_at_indexing(servers, tmp_path, kind: str)
             ids = Counter(i for batch in dl for i in batch["id"].tolist())
             assert set(ids) == set(range(total)) - d.lost and set(ids.values()) == {1}
             assert dl.stats()["skipped"] == epoch * k, "lost from every epoch, counted in each"
+    with DataLoader(server.endpoint, batch_size=16, rank=1, world_size=2, timeout=30,
+                    read_ahead=False) as dl:
+        assert sum(1 for _ in dl) == len(dl)
+        assert dl.stats()["skipped"] == 0, "rank 0 counts them: summed over ranks, once"
     key = ("dataflow_skipped_samples_total", (("shard", name),))
     wait_for(lambda: scrape(server.ready["metrics_port"]).get(key, 0) == k, 10,
              f"{k} skipped samples of {name} in /metrics")
