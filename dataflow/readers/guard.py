@@ -82,6 +82,7 @@ class FileGuard:
             raise ShardReadError(url, "cannot open shard: not a regular file", offset=0)
         self.size = st.st_size
         self.identity = stat_identity(st)
+        self._stamp = (st.st_size, st.st_mtime_ns)
         if expect is not None and self.identity != expect:
             self.close()
             raise changed(url, expect, self.identity)
@@ -98,9 +99,9 @@ class FileGuard:
         Raises:
             ShardChangedError: it changed.
         """
-        now = stat_identity(os.fstat(self.fd))
-        if now != self.identity:
-            raise changed(self.url, self.identity, now)
+        st = os.fstat(self.fd)
+        if (st.st_size, st.st_mtime_ns) != self._stamp:  # what the identity is made of
+            raise changed(self.url, self.identity, stat_identity(st))
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
