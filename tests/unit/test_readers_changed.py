@@ -13,10 +13,13 @@ import fsspec
 import numpy as np
 import pytest
 
+from dataflow import wire
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardChangedError
 from dataflow.readers import IndexedShard, LostShard, ShardReader, open_shard
 from dataflow.readers.cache import identity
+from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
+from dataflow.server.transform import Transform
 
 N = 40
 KINDS = [("tar", "file"), ("arrow", "file"), ("arrow", "stream"), ("parquet", "file")]
@@ -190,3 +193,33 @@ def test_a_remote_shard_is_checked_against_its_etag_when_opened(tmp_path, fmt: s
             assert len(lost.read(0, N)["id"]) == 0 and lost.skipped == N
     finally:
         memory.rm(url)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_task_whose_arrays_may_view_a_changed_shard_replies_an_error(tmp_path,
+                                                                       on_error: str) -> None:
+    """An Arrow read of one record batch returns views of the map; the shard rewritten after
+    the read (here by the transform) fails the reply, naming the shard, whatever
+    ``on_error``: the batch is built. The next task reads nothing of the shard: it is
+    refused, or under skip its samples are counted."""
+    a, b = _demo(str(tmp_path / "d"), "arrow", "file")
+    cache = str(tmp_path / "c")
+    spec = WorkerSpec("ipc://@x", 8, (a, b), cache, None, on_error, 1, 20, 1 << 30,
+                      str(tmp_path / "d") + "/", 16, indexed=(_indexed(a, cache),
+                                                              _indexed(b, cache)))
+    rewrite = Transform("test:rewrite", lambda batch: (_rewrite(b, a), batch)[1], False)
+    readers = ReaderCache(spec)
+    try:
+        ok = wire.decode(serve_task(readers, None, spec, 1, np.array([[0, 0, 8]])).frames)
+        assert isinstance(ok, wire.BatchMsg) and ok.size == 8
+        failed = wire.decode(serve_task(readers, rewrite, spec, 2, np.array([[0, 8, 16]])).frames)
+        assert isinstance(failed, wire.ErrorMsg)
+        assert failed.message.startswith("ShardChangedError: train-000000.arrow: changed since")
+        after = wire.decode(serve_task(readers, None, spec, 3, np.array([[0, 0, 8],
+                                                                         [1, 0, 8]])).frames)
+        if on_error == "raise":
+            assert isinstance(after, wire.ErrorMsg) and "train-000000.arrow" in after.message
+        else:
+            assert isinstance(after, wire.BatchMsg) and (after.size, after.skipped) == (8, 8)
+    finally:
+        readers.close()
