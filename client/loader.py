@@ -368,6 +368,10 @@ class DataLoader:
             if index != run.base + run.yielded:
                 raise InternalError(f"got batch {index}, expected {run.base + run.yielded}")
             run.yielded += 1
+            if run.yielded == 1 and run.span.start == 0 and self.config.rank == 0:
+                # The samples the index lost to damage are missing from every epoch: rank 0
+                # counts them once per pass over an epoch from its start.
+                self._io.handoff.count("skipped", self.index.lost)
             self._cursor.yielded(last=run.yielded == run.n)
             if (self.config.read_ahead and not run.ahead
                     and run.n - run.yielded <= self._io.handoff.window):
@@ -376,8 +380,9 @@ class DataLoader:
 
     def stats(self) -> dict[str, int]:
         """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,
-        batches ``waiting`` for the consumer, samples ``skipped`` by the servers (damaged,
-        ``--on-error skip``), ``servers_lost``, servers ``rejoined``, batches ``rerequested``
+        batches ``waiting`` for the consumer, samples ``skipped`` as damaged (left out of the
+        batches received, and on rank 0 those the dataset index lost, once per pass over an
+        epoch from its start), ``servers_lost``, servers ``rejoined``, batches ``rerequested``
         from another server after a loss, ``recovered`` (re-requested batches received), and
         servers found by discovery that ``joined`` and that ``left``."""
         return self._io.handoff.stats()

@@ -43,6 +43,11 @@ class ShardReadError(DataflowError):
         self.index = index
 
 
+class ShardChangedError(ShardReadError):
+    """A shard is not the file its dataset index was built from (rewritten, replaced, cut
+    short): nothing of it is served, since its samples no longer match the index."""
+
+
 class SchemaMismatchError(DataflowError):
     """Two shards of one dataset disagree on their schema."""
 

@@ -38,6 +38,11 @@ class DatasetIndex:
             null items inside the field's lists); empty: none anywhere.
         read: how every reader of the dataset converts its columns (user options completed
             with the masked fields and hive levels the index found).
+        skipped: per shard, samples left out as damaged when the index was built (under
+            ``on_error="skip"``, or tar samples lacking a field under
+            ``missing_field="skip"``): not in ``sizes``, so missing from every epoch; empty:
+            none anywhere. Samples lost past damage whose extent cannot be known (the rest of
+            a shard cut short) are not in it; only the servers' log names that damage.
     """
 
     shards: tuple[str, ...]
@@ -46,6 +51,7 @@ class DatasetIndex:
     identities: tuple[str, ...]
     nulls: tuple[tuple[tuple[str, int], ...], ...] = ()
     read: ReadOptions = ReadOptions()
+    skipped: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name, items in (("sizes", self.sizes), ("identities", self.identities)):
@@ -54,9 +60,13 @@ class DatasetIndex:
                     f"`{name}` must have one entry per shard ({len(self.shards)}). "
                     f"Found: {len(items)}"
                 )
-        bad = [s for s in self.sizes if not isinstance(s, int) or s < 0]
-        if bad:
-            raise ConfigError(f"`sizes` must be non-negative ints. Found: {bad[0]!r}")
+        for name, counts in (("sizes", self.sizes), ("skipped", self.skipped)):
+            bad = [s for s in counts if not isinstance(s, int) or isinstance(s, bool) or s < 0]
+            if bad:
+                raise ConfigError(f"`{name}` must be non-negative ints. Found: {bad[0]!r}")
+        if self.skipped and len(self.skipped) != len(self.shards):
+            raise ConfigError(f"`skipped` must have one entry per shard ({len(self.shards)}) "
+                              f"or none. Found: {len(self.skipped)}")
         odd = [i for i in self.identities if not isinstance(i, str)]
         if odd:
             raise ConfigError(f"`identities` must be strings. Found: {odd[0]!r}")
@@ -76,6 +86,11 @@ class DatasetIndex:
     def total(self) -> int:
         """Samples in the whole dataset."""
         return sum(self.sizes)
+
+    @property
+    def lost(self) -> int:
+        """Samples left out as damaged when the index was built, over all shards."""
+        return sum(self.skipped)
 
     @property
     def root(self) -> str:
@@ -107,11 +122,11 @@ class DatasetIndex:
                            "schema": [f.to_json() for f in self.schema],
                            "identities": list(self.identities),
                            "nulls": [dict(n) for n in self.nulls],
-                           "read": asdict(self.read)})
+                           "read": asdict(self.read), "skipped": list(self.skipped)})
 
     @classmethod
     def from_json(cls, text: str) -> DatasetIndex:
-        """Parse :meth:`to_json` output.
+        """Parse :meth:`to_json` output (that of a version without ``skipped`` too: none).
 
         Raises:
             ConfigError: the text is not a valid index.
@@ -127,6 +142,7 @@ class DatasetIndex:
                 tuple(tuple(sorted((str(k), int(v)) for k, v in n.items()))
                       for n in obj.get("nulls", [])),
                 ReadOptions(**{k: _tuples(v) for k, v in read.items()}),
+                tuple(obj.get("skipped", [])),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigError(f"not a dataset index: {e}") from e

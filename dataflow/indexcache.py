@@ -38,7 +38,8 @@ from dataflow.sources import is_local
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+"""2: the index holds the samples each shard lost to damage (``skipped``)."""
 SUBDIR = "datasets"
 
 
@@ -177,6 +178,9 @@ def load_index(
     scanned = _cached(path, shards, on_error, max_workers, how.remote)
     hit = scanned is not None
     if scanned is not None:
+        for url, n in zip(shards, scanned.index.skipped, strict=False):
+            if n:
+                log.warning("%s: %d sample(s) skipped when the cached index was built", url, n)
         log_skips(scanned.skipped, scanned.damaged, len(shards))
     else:
         log.info("indexing %d shard(s), %d at once", len(shards), min(max_workers, len(shards)))

@@ -179,8 +179,9 @@ def scan_shards(
     sizes = tuple(r.samples for r in results)
     schema = check_schemas(shards, [r.schema for r in results], sizes)
     nulls = tuple(r.nulls for r in results)
+    lost = tuple(r.skipped for r in results)
     index = DatasetIndex(tuple(shards), sizes, schema, tuple(r.identity for r in results),
-                         nulls if any(nulls) else ())
+                         nulls if any(nulls) else (), skipped=lost if any(lost) else ())
     categories: dict[str, set] = {}
     for r in results:
         for name, values in r.categories.items():
@@ -207,19 +208,21 @@ def build_index(
     """Resolve specs, open every shard (in a bounded thread pool), count and check schemas.
 
     Empty shards of every format count as zero samples: Arrow and Parquet files with no rows,
-    tars with no member and zero-byte ``.tar`` files (see
-    :func:`dataflow.readers.detect_format`).
+    tars with no member. A zero-byte file is damaged (see
+    :func:`dataflow.readers.detect_format`): refused, or under ``on_error="skip"`` a shard of
+    zero samples with its damage logged.
 
     Args:
         specs: dataset spec(s), see :func:`dataflow.sources.resolve`.
         cache_dir: passed to :func:`dataflow.readers.open_shard`.
         on_error: passed to :func:`dataflow.readers.open_shard`. Under ``"skip"``, every shard
             that dropped samples or met damage while opening is logged (its count and first
-            record), then the total. The sizes are the samples each reader serves: a tar's
-            damaged samples are already left out of them; damage inside Parquet row groups
-            and Arrow record batches is found only when they are decoded, so reads of those
-            serve fewer rows and count the rest (see
-            :class:`~dataflow.readers.ShardReader`).
+            record), then the total. The sizes are the samples each reader serves: samples
+            dropped while opening (a tar's damaged samples, the Arrow stream record batch
+            where a damaged stream ends) are left out of them and counted in the index's
+            ``skipped``; damage inside Parquet row groups and Arrow record batches is found
+            only when they are decoded, so reads of those serve fewer rows and count the rest
+            (see :class:`~dataflow.readers.ShardReader`).
         max_workers: most shards opened at once.
         progress: see :func:`scan_shards`.
         options: which columns to serve and how (default: all, nulls masked); completed

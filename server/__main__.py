@@ -25,7 +25,7 @@ from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.server.metrics import ServerMetrics
 from dataflow.server.pool import WorkerPool
-from dataflow.server.tasks import WorkerSpec
+from dataflow.server.tasks import WorkerSpec, indexed_shards
 from dataflow.server.transform import load_transform
 from dataflow.sources import is_local
 
@@ -110,7 +110,8 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
                                      config.transform, config.on_error, os.getpid(),
                                      config.level, config.max_reply_bytes, index.root,
                                      config.max_connections, config.curve, index.read,
-                                     config.transform_path, config.tar, config.remote),
+                                     config.transform_path, config.tar, config.remote,
+                                     indexed_shards(index)),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)])
         # Reader processes are forked (they share this process's imports) before it has a

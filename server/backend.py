@@ -50,7 +50,12 @@ class WorkerHandler:
         ledger: the sessions' credit accounts.
         delivery: sends to clients.
         counters: the frontend's STATS counters (updated in place).
-        index: the dataset served (for error messages).
+        index: the dataset served (for error messages; the samples it lost to damage start
+            ``skipped_per_shard`` and the ``skipped_samples`` counter).
+
+    Attributes:
+        skipped_per_shard: samples left out as damaged, by shard number: those the index
+            lost when it was built, then those left out of replies.
     """
 
     def __init__(self, backend: zmq.Socket, pool: WorkerPool, ledger: Ledger,
@@ -61,7 +66,9 @@ class WorkerHandler:
         self._delivery = delivery
         self._counters = counters
         self._index = index
-        self.skipped_per_shard: dict[int, int] = {}
+        # Samples lost when the index was built count from the start; reads add theirs.
+        self.skipped_per_shard = {i: n for i, n in enumerate(index.skipped) if n}
+        counters["skipped_samples"] += index.lost
 
     def _recv(self) -> tuple[bytes, Internal]:
         frames = self._backend.recv_multipart(zmq.NOBLOCK)

@@ -141,7 +141,8 @@ def families(snap: Snapshot) -> list[Metric]:
                 CounterMetricFamily(spec.name, spec.help, labels=names) if spec.kind == "counter"
                 else GaugeMetricFamily(spec.name, spec.help, labels=names))
         fam.add_metric([v for _, v in spec.labels], value)
-    skipped = CounterMetricFamily(SKIPPED, "damaged samples left out (--on-error skip)",
+    skipped = CounterMetricFamily(SKIPPED, "damaged samples left out: lost when the index "
+                                  "was built (counted once, at start), then left out of replies",
                                   labels=["shard"])
     for shard, n in snap.skipped:
         skipped.add_metric([shard[-MAX_LABEL:]], n)

@@ -17,7 +17,8 @@ from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.columns import ReadOptions
 from dataflow.errors import InternalError
-from dataflow.readers import ShardReader, TarOptions, open_shard, read_ranges
+from dataflow.index import DatasetIndex
+from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar import DEFAULT_OPTIONS
 from dataflow.remote import RemoteConfig
 from dataflow.security import ServerCurve
@@ -54,6 +55,9 @@ class WorkerSpec:
         curve: the server's CURVE policy for the data socket (None: clear text).
         read: how readers convert columns (the index's ``read``).
         remote: storage options and cache size for remote shards.
+        indexed: per shard, what the index recorded of it (identity, samples, schema):
+            readers refuse a shard that changed since (:func:`indexed_shards`); empty: not
+            checked.
     """
 
     backend: str
@@ -72,10 +76,23 @@ class WorkerSpec:
     transform_path: str | None = None
     tar: TarOptions = DEFAULT_OPTIONS
     remote: RemoteConfig | None = None
+    indexed: tuple[IndexedShard, ...] = ()
+
+
+def indexed_shards(index: DatasetIndex) -> tuple[IndexedShard, ...]:
+    """What ``index`` recorded of each shard, for :attr:`WorkerSpec.indexed`."""
+    return tuple(IndexedShard(ident, n, index.schema)
+                 for ident, n in zip(index.identities, index.sizes, strict=True))
 
 
 class ReaderCache:
-    """An LRU of open shard readers (at most ``capacity`` open at once). Not thread-safe."""
+    """An LRU of open shard readers (at most ``capacity`` open at once). Not thread-safe.
+
+    A reader is opened with what the index recorded of its shard, so a shard changed since
+    the index was built is refused (``ShardChangedError``, naming it), or under
+    ``on_error="skip"`` serves none of its samples and counts them (see
+    :func:`dataflow.readers.open_shard`); an open reader checks a local shard on every read.
+    """
 
     def __init__(self, spec: WorkerSpec, capacity: int = MAX_OPEN_SHARDS) -> None:
         self._spec = spec
@@ -87,9 +104,11 @@ class ReaderCache:
         if reader is not None:
             self._open.move_to_end(shard)
             return reader
-        reader = open_shard(self._spec.shards[shard], cache_dir=self._spec.cache_dir,
-                            on_error=self._spec.on_error, options=self._spec.read,
-                            tar=self._spec.tar, remote=self._spec.remote)
+        spec = self._spec
+        reader = open_shard(spec.shards[shard], cache_dir=spec.cache_dir,
+                            on_error=spec.on_error, options=spec.read, tar=spec.tar,
+                            remote=spec.remote,
+                            indexed=spec.indexed[shard] if spec.indexed else None)
         self._open[shard] = reader
         while len(self._open) > self._capacity:
             self._open.popitem(last=False)[1].close()
@@ -117,6 +136,16 @@ class SkipMeter:
         if not seen or seen[-1][0] is not reader:
             seen.append((reader, reader.skipped))
         return reader
+
+    def verify(self) -> None:
+        """Check that no shard this task read changed since its reader opened it (after the
+        last use of arrays that view a shard's map).
+
+        Raises:
+            ShardChangedError: naming the first that did.
+        """
+        for seen in self._seen.values():
+            seen[-1][0].verify()
 
     def skips(self) -> dict[int, int]:
         """Samples skipped during the task, by shard (shards with none left out)."""
@@ -181,7 +210,13 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
             raise ReplyTooLarge(f"batch of {nbytes} bytes exceeds this server's "
                                 f"--max-reply-bytes {spec.max_reply_bytes}; ask for fewer "
                                 "samples a request")
-        return Reply(wire.encode(msg), tuple(sorted(skips.items())), samples=msg.size)
+        frames = wire.encode(msg)
+        # Arrays may view a shard's map (Arrow): a shard rewritten since they were read fails
+        # the reply here, even under --on-error skip (the batch is built). ZeroMQ reads the
+        # frames sent zero-copy later still: a rewrite in place landing in that window (the
+        # send, or the wait of a parked reply) is not seen.
+        meter.verify()
+        return Reply(frames, tuple(sorted(skips.items())), samples=msg.size)
     except Exception as e:
         log.warning("request %d failed: %s: %s", req_id, type(e).__name__, e)
         text = f"{type(e).__name__}: {e}"

@@ -12,14 +12,16 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 from dataflow.columns import ReadOptions
-from dataflow.errors import ShardReadError
+from dataflow.errors import ShardChangedError, ShardReadError
 from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_on_error
 from dataflow.readers.cache import default_cache_dir
+from dataflow.readers.guard import FileGuard, IndexedShard, changed
+from dataflow.readers.lost import LostShard
 from dataflow.readers.multi import read_ranges
 from dataflow.readers.remotefile import buffered, open_blob
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions, TarReader
 from dataflow.remote import RemoteConfig
-from dataflow.sources import is_local, open_file
+from dataflow.sources import is_local
 
 if TYPE_CHECKING:
     from dataflow.readers.arrow import ArrowFileReader, ArrowStreamReader
@@ -31,6 +33,8 @@ _DEFAULT_READ = ReadOptions()
 __all__ = [
     "ArrowFileReader",
     "ArrowStreamReader",
+    "IndexedShard",
+    "LostShard",
     "ParquetReader",
     "RemoteArrowReader",
     "MAX_SKIP_LOG",
@@ -62,17 +66,15 @@ _MAGIC_BYTES = _TAR_BLOCK
 
 
 def detect_format(url: str, head: bytes, size: int) -> str:
-    """The format of a shard from its first bytes (not its name), or for an empty file from
-    its name.
+    """The format of a shard from its first bytes (not its name).
 
     A file of whole 512-byte blocks whose first block is all zeros is an empty tar (just its
     end-of-archive blocks, as ``tarfile`` and webdataset write one). A zero-byte file has no
-    bytes to sniff: named ``*.tar`` it is an empty tar, as GNU tar reads it; any other
-    zero-byte file is refused, since an Arrow or Parquet file always holds at least its schema
-    and a gzip stream its header, so zero bytes there mean a failed write.
+    format: every shard holds at least its header (a tar its end-of-archive blocks, an Arrow
+    or Parquet file its schema, a gzip stream its header), so zero bytes mean a failed write.
 
     Args:
-        url: the shard, for the error message and a zero-byte file's extension.
+        url: the shard, for the error message.
         head: the shard's first bytes (at least 262 for tar detection, 512 for an empty tar).
         size: the shard's size in bytes.
 
@@ -80,13 +82,12 @@ def detect_format(url: str, head: bytes, size: int) -> str:
         One of :data:`FORMATS`.
 
     Raises:
-        ShardReadError: no known magic at offset 0, or a zero-byte file not named ``*.tar``.
+        ShardReadError: a zero-byte file, or no known magic at offset 0.
     """
     if size == 0:
-        if url.lower().endswith(".tar"):
-            return "tar"
-        raise ShardReadError(url, "empty file (zero bytes): only a zero-byte .tar is a valid "
-                             "(empty) shard", offset=0)
+        raise ShardReadError(url, "empty file (zero bytes): every shard holds at least its "
+                             "header (a tar its end-of-archive blocks), so this is a failed "
+                             "write", offset=0)
     if head.startswith(b"ARROW1"):
         return "arrow-file"
     if head.startswith(b"PAR1"):
@@ -114,12 +115,20 @@ def open_shard(
     options: ReadOptions = _DEFAULT_READ,
     tar: TarOptions = DEFAULT_OPTIONS,
     remote: RemoteConfig | None = None,
+    indexed: IndexedShard | None = None,
 ) -> ShardReader:
     """Open one shard, detecting its format by magic bytes.
 
-    Local shards are memory-mapped. Remote ones are read through the bounded block cache
-    (:mod:`dataflow.readers.remotefile`): Parquet and Arrow by ranged reads, plain tars by
-    each sample's byte span; only a gzipped tar is decompressed whole into ``cache_dir``.
+    Local shards are memory-mapped, their files held open and checked against their identity
+    on every read (see :mod:`dataflow.readers.guard`). Remote ones are read through the
+    bounded block cache (:mod:`dataflow.readers.remotefile`): Parquet and Arrow by ranged
+    reads, plain tars by each sample's byte span; only a gzipped tar is decompressed whole
+    into ``cache_dir``.
+
+    Under ``on_error="skip"``, a zero-byte shard opens as a shard of no sample and no field
+    (its damage recorded in ``skip_log``), and a shard that no longer matches ``indexed`` as
+    one that serves none of the indexed samples and counts every one a read asks for (a
+    :class:`~dataflow.readers.lost.LostShard`).
 
     Args:
         url: a local path or fsspec URL.
@@ -132,38 +141,74 @@ def open_shard(
         tar: WebDataset conventions of tar shards (``__key__``, samples missing a field).
         remote: storage options and cache size for remote shards (default: none, and the
             default size).
+        indexed: what the dataset index recorded of the shard (its identity: size and mtime,
+            or size and ETag; its sample count): a shard that differs is refused. ``None``:
+            the shard is taken as it is (and a local one still checked on every read against
+            what it was when opened).
 
     Raises:
         ConfigError: ``on_error`` is invalid.
+        ShardChangedError: the shard differs from ``indexed`` (``on_error="raise"``).
         ShardReadError: the shard is missing, unreadable, of unknown format or damaged, or
             column options are given for a tar shard.
     """
     check_on_error(on_error)
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
-    if not is_local(url):
-        return _open_remote(url, cache_dir, on_error, remote or RemoteConfig(), options, tar)
+    expect = indexed.identity if indexed is not None else None
     try:
-        with open_file(url) as f:
-            head = f.read(_MAGIC_BYTES)
-            size = f.seek(0, os.SEEK_END)
-    except (OSError, ValueError) as e:
-        raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
-    fmt = detect_format(url, head, size)
-    if fmt == "arrow-file":
-        from dataflow.readers.arrow import ArrowFileReader
+        if not is_local(url):
+            reader = _open_remote(url, cache_dir, on_error, remote or RemoteConfig(), options,
+                                  tar, expect)
+        else:
+            reader = _open_local(url, cache_dir, on_error, options, tar, expect)
+        if indexed is not None and len(reader) != indexed.samples:
+            reader.close()
+            raise ShardChangedError(url, f"has {len(reader)} sample(s) where the dataset "
+                                    f"index recorded {indexed.samples}; restart the server to "
+                                    "index it again")
+    except ShardChangedError as e:
+        if on_error == "raise" or indexed is None:
+            raise
+        return LostShard(url, indexed.schema, indexed.samples, e)
+    return reader
 
-        return ArrowFileReader(url, on_error, options)
-    if fmt == "arrow-stream":
-        from dataflow.readers.arrow import ArrowStreamReader
 
-        return ArrowStreamReader(url, on_error, options)
-    if fmt == "parquet":
-        from dataflow.readers.parquet import ParquetReader
+def _sniff(url: str, head: bytes, size: int, on_error: str) -> str | LostShard:
+    """The shard's format, or under ``on_error="skip"`` a zero-byte shard's stand-in."""
+    try:
+        return detect_format(url, head, size)
+    except ShardReadError as e:
+        if size or on_error == "raise":
+            raise
+        return LostShard(url, (), 0, e)
 
-        return ParquetReader(url, on_error, options)
-    _check_tar_options(url, options)
-    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
-                     options=tar)
+
+def _open_local(url: str, cache_dir: str, on_error: str, options: ReadOptions,
+                tar: TarOptions, expect: str | None) -> ShardReader:
+    guard = FileGuard(url, expect)
+    try:
+        fmt = _sniff(url, os.pread(guard.fd, _MAGIC_BYTES, 0), guard.size, on_error)
+        if isinstance(fmt, LostShard):
+            guard.close()
+            return fmt
+        if fmt == "arrow-file":
+            from dataflow.readers.arrow import ArrowFileReader
+
+            return ArrowFileReader(url, on_error, options, guard=guard)
+        if fmt == "arrow-stream":
+            from dataflow.readers.arrow import ArrowStreamReader
+
+            return ArrowStreamReader(url, on_error, options, guard=guard)
+        if fmt == "parquet":
+            from dataflow.readers.parquet import ParquetReader
+
+            return ParquetReader(url, on_error, options, guard=guard)
+        _check_tar_options(url, options)
+        return TarReader(url, guard, cache_dir=cache_dir, on_error=on_error,
+                         gzipped=fmt == "tar.gz", options=tar)
+    except BaseException:
+        guard.close()  # a reader that took it closed it too (idempotent)
+        raise
 
 
 def _check_tar_options(url: str, options: ReadOptions) -> None:
@@ -173,9 +218,13 @@ def _check_tar_options(url: str, options: ReadOptions) -> None:
 
 
 def _open_remote(url: str, cache_dir: str, on_error: str, remote: RemoteConfig,
-                 options: ReadOptions, tar: TarOptions) -> ShardReader:
+                 options: ReadOptions, tar: TarOptions, expect: str | None) -> ShardReader:
     blob = open_blob(url, remote, cache_dir)
-    fmt = detect_format(url, blob.read_exact(0, _MAGIC_BYTES), blob.size)
+    if expect is not None and blob.identity != expect:
+        raise changed(url, expect, blob.identity)
+    fmt = _sniff(url, blob.read_exact(0, _MAGIC_BYTES), blob.size, on_error)
+    if isinstance(fmt, LostShard):
+        return fmt
     if fmt in ("arrow-file", "arrow-stream"):
         from dataflow.readers.arrowremote import RemoteArrowReader
 
@@ -185,6 +234,5 @@ def _open_remote(url: str, cache_dir: str, on_error: str, remote: RemoteConfig,
 
         return ParquetReader(url, on_error, options, source=buffered(blob))
     _check_tar_options(url, options)
-    return TarReader(url, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
-                     options=tar, blob=blob, remote=remote)
-
+    return TarReader(url, blob, cache_dir=cache_dir, on_error=on_error, gzipped=fmt == "tar.gz",
+                     options=tar, remote=remote)

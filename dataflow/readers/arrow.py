@@ -8,13 +8,14 @@ several is concatenated (one copy). :meth:`read_many` converts each touched reco
 (zero-copy views, kept until close) and gathers the rows of every range with numpy (one copy).
 
 Arrow IPC stores no checksums, so damage is found only where it breaks the structure. A
-record batch whose metadata cannot be read fails the open (under ``on_error="skip"``: a
-file's batch is dropped, a stream's remaining batches are lost; their rows are not in the
-shard and cannot be counted, which a :class:`~dataflow.readers.base.SkipRecord` of count 0
-says). A record batch is fully validated (offsets in bounds, UTF-8, ...) the first time a
-read touches it; a read asking for rows of one that fails raises an error naming it and its
-first sample, or under ``on_error="skip"`` leaves its rows out, counted per read in
-``skipped``.
+record batch that cannot be read fails the open (under ``on_error="skip"``: a file's batch
+is dropped, and its rows cannot be counted, which a
+:class:`~dataflow.readers.base.SkipRecord` of count 0 says; a stream's remaining batches are
+lost: the rows of the first one are counted when its metadata is readable, as in a stream
+cut short, those of any after it cannot be). A record batch is fully validated (offsets in
+bounds, UTF-8, ...) the first time a read touches it; a read asking for rows of one that
+fails raises an error naming it and its first sample, or under ``on_error="skip"`` leaves its
+rows out, counted per read in ``skipped``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,7 @@ from dataflow.batch import Batch, Schema
 from dataflow.columns import Census, ReadOptions
 from dataflow.convert import DEFAULT, census, check_selection, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
+from dataflow.readers.arrowmeta import record_batch_meta
 from dataflow.readers.base import (
     ShardReader,
     empty_batch,
@@ -39,7 +41,7 @@ from dataflow.readers.base import (
     split_damaged,
 )
 from dataflow.readers.gather import take_rows
-from dataflow.sources import local_path
+from dataflow.readers.guard import FileGuard
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,27 @@ class ArrowBatches(ShardReader):
             view = self._views[i] = self._from_arrow(self._batches[i], self._bounds[i])
         return view
 
+    def _walk_ends(self, what: str, offset: int, row: int, size: int,
+                   read: Callable[[int, int], bytes], e: Exception) -> None:
+        """The message at byte ``offset`` (``what``: the record batch starting at row
+        ``row``) of a shard of ``size`` bytes cannot be read, so a walk over the shard's
+        messages ends there: that record batch and whatever follows are lost. Its rows are
+        counted when its metadata gives them; when its body would reach the shard's end (a
+        shard cut short) nothing follows it, else the record batches after it cannot be
+        counted. Raised under ``on_error="raise"``.
+        """
+        meta = record_batch_meta(read, offset)
+        if meta is None:
+            lost = "it and the rest of the shard are lost (how many rows is unknown)"
+        elif meta.end >= size:
+            lost = f"its {meta.rows} row(s) are lost (the shard ends within it)"
+        else:
+            lost = (f"its {meta.rows} row(s) and the rest of the shard, from byte offset "
+                    f"{meta.end}, are lost (how many rows there is unknown)")
+        self._damaged(ShardReadError(self.url, f"{what} is unreadable: {lost}: {e}",
+                                     offset=offset, index=row),
+                      0 if meta is None else meta.rows)
+
     def close(self) -> None:
         self.closed = True
         self._batches = []
@@ -148,11 +171,14 @@ class ArrowBatches(ShardReader):
 class _MappedReader(ArrowBatches):
     """A local Arrow shard, memory-mapped: record batches are views of the map."""
 
-    def __init__(self, url: str, on_error: str = "raise",
-                 options: ReadOptions = DEFAULT) -> None:
+    def __init__(self, url: str, on_error: str = "raise", options: ReadOptions = DEFAULT,
+                 *, guard: FileGuard) -> None:
+        """Map the shard open as ``guard`` (which the reader closes) and list its record
+        batches."""
         super().__init__(url, on_error, options)
+        self._guard = guard
         try:
-            self._source = pa.memory_map(local_path(url), "r")
+            self._source = pa.memory_map(guard.path, "r")
         except (OSError, ValueError) as e:
             raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
         try:
@@ -171,6 +197,8 @@ class _MappedReader(ArrowBatches):
     def close(self) -> None:
         super().close()
         self._source.close()
+        if self._guard is not None:
+            self._guard.close()
 
 
 class ArrowFileReader(_MappedReader):
@@ -213,9 +241,13 @@ class ArrowStreamReader(_MappedReader):
             except StopIteration:
                 return reader.schema, batches
             except (pa.ArrowInvalid, OSError) as e:
-                self._damaged(ShardReadError(
-                    self.url, f"record batch {len(batches)} of the stream is unreadable: it and "
-                    f"the rest of the stream are lost (how many rows is unknown): {e}",
-                    offset=offset, index=sum(b.num_rows for b in batches),
-                ))
+                self._walk_ends(f"record batch {len(batches)} of the stream", offset,
+                                sum(b.num_rows for b in batches), source.size(),
+                                lambda a, b: _read_at(source, a, b), e)
                 return reader.schema, batches
+
+
+def _read_at(source: pa.MemoryMappedFile, start: int, stop: int) -> bytes:
+    """Bytes ``[start, stop)`` of ``source``, clipped to it."""
+    stop = min(stop, source.size())
+    return source.read_at(stop - start, start) if start < stop else b""

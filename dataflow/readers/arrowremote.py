@@ -10,7 +10,8 @@ batches per open shard whatever the shard's size.
 An Arrow IPC file holds the stream format after its 8-byte magic, so both kinds are walked
 the same way (the file's footer is not needed). Dictionary-encoded columns are refused.
 Damage met by the walk follows the stream reader's rule: the batch and the rest of the shard
-are lost (under ``on_error="skip"`` recorded with count 0).
+are lost (under ``on_error="skip"`` recorded, the batch's rows counted when its metadata
+gives them).
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class RemoteArrowReader(ArrowBatches):
             except StopIteration:
                 return schema, spans, rows
             except (pa.ArrowInvalid, OSError) as e:
-                self._lost(len(spans), sum(rows), offset, e)
+                self._walk_ends(f"record batch {len(spans)}", offset, sum(rows), self.blob.size,
+                                self.blob.read, e)
                 return schema, spans, rows
             if message.type == "dictionary batch":
                 raise ShardReadError(self.url, "dictionary-encoded columns are not supported",
@@ -117,15 +119,11 @@ class RemoteArrowReader(ArrowBatches):
             try:
                 batch = pa.ipc.read_record_batch(message, schema)
             except (pa.ArrowInvalid, OSError) as e:
-                self._lost(len(spans), sum(rows), offset, e)
+                self._walk_ends(f"record batch {len(spans)}", offset, sum(rows), self.blob.size,
+                                self.blob.read, e)
                 return schema, spans, rows
             spans.append((offset, f.tell()))
             rows.append(batch.num_rows)
-
-    def _lost(self, batch: int, row: int, offset: int, e: Exception) -> None:
-        self._damaged(ShardReadError(
-            self.url, f"record batch {batch} is unreadable: it and the rest of the shard are "
-            f"lost (how many rows is unknown): {e}", offset=offset, index=row))
 
     def _view(self, i: int) -> Batch:
         """Record batch ``i`` converted, the last :data:`KEEP_BATCHES` kept."""

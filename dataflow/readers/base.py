@@ -6,16 +6,17 @@ import bisect
 import logging
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dataflow.batch import Batch, Ragged, Schema, concat
+from dataflow.batch import Batch, Ragged, Schema, batch_len, concat
 from dataflow.columns import Census, ReadOptions, hive_columns
-from dataflow.errors import ConfigError, DataflowError, ShardReadError
+from dataflow.errors import ConfigError, DataflowError, ShardChangedError, ShardReadError
+from dataflow.readers.guard import FileGuard
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -79,13 +80,15 @@ class ShardReader(ABC):
         skipped: samples of this shard not served because of damage (``on_error="skip"``;
             always 0 under ``"raise"``), cumulative over the reader's life. Two parts:
 
-            * dropped when the shard was indexed (tar only, once per occurrence: a damaged
-              sample, a sample that lost members, a repeated key); such samples are not in
-              ``len(self)``, so no read asks for them, and this part is fixed once the reader
-              is open;
+            * dropped when the shard was opened (once per occurrence: a tar's damaged
+              sample, a sample that lost members, a repeated key; the rows of the Arrow
+              stream record batch where a damaged stream ends, when its metadata gives
+              them); such samples are not in ``len(self)``, so no read asks for them, and
+              this part is fixed once the reader is open;
             * asked for by a read but not returned (Parquet row groups and Arrow record
-              batches found damaged when decoded), counted per read: a sample asked for
-              twice and lost twice counts twice.
+              batches found damaged when decoded, every row of a local shard found changed
+              since it was opened), counted per read: a sample asked for twice and lost
+              twice counts twice.
 
             So across any :meth:`read` or :meth:`read_many` call, the increase of ``skipped``
             plus the rows returned equals the rows asked for, exactly.
@@ -94,12 +97,21 @@ class ShardReader(ABC):
         closed: whether :meth:`close` was called.
         options: which columns are served and how (Arrow and Parquet shards).
 
+    A reader of a local shard holds the file it maps open (:mod:`dataflow.readers.guard`) and
+    checks that it has not changed before and after every read: a changed file is never
+    touched and nothing read while it changed is returned; the read raises
+    :class:`~dataflow.errors.ShardChangedError`, or under ``on_error="skip"`` returns none of
+    the rows asked for and counts them.
+
     A reader is not thread-safe: use one reader per thread. ``close()`` is idempotent.
     """
 
     url: str
     schema: Schema
     closed: bool = False
+    _guard: FileGuard | None = None
+    _viewed = False
+    """Whether a read returned rows since the last :meth:`verify`."""
 
     def __init__(self, url: str, on_error: str, options: ReadOptions = _DEFAULT) -> None:
         self.url = url
@@ -152,7 +164,7 @@ class ShardReader(ABC):
             raise ShardReadError(self.url, f"range [{start}, {stop}) outside [0, {n}]")
         if start == stop:
             return empty_batch(self.schema)
-        return self._read(start, stop)
+        return self._guarded(lambda: self._read(start, stop), stop - start)
 
     def read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
         """The rows of several ranges of the shard, as one batch.
@@ -189,16 +201,54 @@ class ShardReader(ABC):
             return empty_batch(self.schema)
         if keep.sum() == 1:
             i = int(np.flatnonzero(keep)[0])
-            return self._read(int(starts[i]), int(stops[i]))
-        return self._read_many(starts[keep], stops[keep])
+            return self._guarded(lambda: self._read(int(starts[i]), int(stops[i])),
+                                 int(stops[i] - starts[i]))
+        return self._guarded(lambda: self._read_many(starts[keep], stops[keep]),
+                             int((stops - starts)[keep].sum()))
 
-    def _damaged(self, err: ShardReadError) -> None:
-        """Damage found on open that loses rows not in ``len(self)`` (so not countable):
-        raised under ``on_error="raise"``, else logged and recorded with count 0."""
+    def verify(self) -> None:
+        """Raise if a local shard changed since a read returned rows of it, not verified yet
+        (arrays a read returns may view the file's map: checked after their last use). A
+        read that lost its rows to the change returned none, so needs no check.
+
+        Raises:
+            ShardChangedError: it changed.
+        """
+        viewed, self._viewed = self._viewed, False
+        if viewed and self._guard is not None and not self.closed:
+            self._guard.check()
+
+    def _guarded(self, read: Callable[[], Batch], rows: int) -> Batch:
+        """``read()``, between two checks that the shard did not change; a change loses
+        every one of the ``rows`` asked for (raised, or under ``on_error="skip"`` counted)."""
+        if self._guard is None:
+            return read()
+        before = self.skipped
+        try:
+            self._guard.check()
+            try:
+                batch = read()
+            except Exception:
+                self._guard.check()  # a read that failed because the file changed says so
+                raise
+            self._guard.check()
+        except ShardChangedError as e:
+            if self.on_error == "raise":
+                raise
+            self._lose({0: rows - (self.skipped - before)}, {0: e})
+            return empty_batch(self.schema)
+        self._viewed = self._viewed or batch_len(batch) > 0
+        return batch
+
+    def _damaged(self, err: ShardReadError, count: int = 0) -> None:
+        """Damage found on open that loses rows not in ``len(self)``: raised under
+        ``on_error="raise"``, else logged, recorded and counted in ``skipped`` with the
+        ``count`` rows known lost (0 when how many is unknown)."""
         if self.on_error == "raise":
             raise err
         log.warning("skipping: %s", err)
-        self.skip_log.append(SkipRecord.of(err, 0))
+        self.skipped += count
+        self.skip_log.append(SkipRecord.of(err, count))
 
     def _lose(self, lost: Mapping[int, int], damage: Mapping[int, ShardReadError]) -> None:
         """A read asked for ``lost[u]`` rows of each damaged unit ``u`` (damage ``damage[u]``):

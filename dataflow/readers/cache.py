@@ -51,12 +51,17 @@ def identity(url: str, remote: RemoteConfig | None = None) -> str:
             st = os.stat(local_path(url))
         except OSError as e:
             raise ShardReadError(url, f"cannot stat shard: {e}", offset=0) from e
-        return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
+        return stat_identity(st)
     try:
         info = session(remote or RemoteConfig()).info(url)
     except RemoteFailure as e:
         raise ShardReadError(url, f"cannot stat shard: {e.reason}", offset=0) from e
     return info_identity(info)
+
+
+def stat_identity(st: os.stat_result) -> str:
+    """The identity of a local file from its ``stat`` (or ``fstat``): size and mtime."""
+    return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
 
 
 def info_identity(info: Mapping[str, object]) -> str:
@@ -109,10 +114,12 @@ class LocalCopy(NamedTuple):
         damage: for a gzipped shard whose compressed stream is damaged, what is wrong and
             where (the copy then holds what was decompressed before the damage); else
             ``None``.
+        identity: the identity of the shard it is a copy of.
     """
 
     path: str
     damage: str | None
+    identity: str
 
 
 def local_copy(url: str, cache_dir: str, *, gunzip: bool,
@@ -147,7 +154,7 @@ def local_copy(url: str, cache_dir: str, *, gunzip: bool,
         with open(id_path, encoding="utf-8") as f:
             head, _, noted = f.read().partition("\ndamage=")
         if head == f"{stamp}{os.path.getsize(path)}":
-            return LocalCopy(path, noted or None)
+            return LocalCopy(path, noted or None, ident)
     except OSError:
         pass
     found: list[str] = []
@@ -174,7 +181,7 @@ def local_copy(url: str, cache_dir: str, *, gunzip: bool,
     damage = found[0] if found else None
     stamp += str(os.path.getsize(path)) + (f"\ndamage={damage}" if damage else "")
     write_atomic(id_path, lambda f: f.write(stamp.encode("utf-8")))
-    return LocalCopy(path, damage)
+    return LocalCopy(path, damage, ident)
 
 
 def _gunzip(src: IO[bytes], dst: IO[bytes]) -> str | None:

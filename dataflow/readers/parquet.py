@@ -57,7 +57,8 @@ from dataflow.readers.base import (
     split_damaged,
 )
 from dataflow.readers.gather import take_rows
-from dataflow.sources import is_local, local_path, open_file
+from dataflow.readers.guard import FileGuard
+from dataflow.sources import open_file
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,20 @@ class _NewDamage(Exception):
 
 
 class ParquetReader(ShardReader):
-    """A Parquet file; local shards are memory-mapped, remote ones read through ``source``
-    (a file over the remote bytes, see :func:`dataflow.readers.open_shard`), else fsspec."""
+    """A Parquet file; local shards are memory-mapped from ``guard`` (the open file, which
+    the reader closes), remote ones read through ``source`` (a file over the remote bytes,
+    see :func:`dataflow.readers.open_shard`), else fsspec."""
 
     def __init__(self, url: str, on_error: str = "raise", options: ReadOptions = DEFAULT,
-                 source: IO[bytes] | None = None) -> None:
+                 source: IO[bytes] | None = None, *, guard: FileGuard | None = None) -> None:
         super().__init__(url, on_error, options)
         self._span: _Span | None = None
         self._bad: dict[int, ShardReadError] = {}
-        remote = source if source is not None or is_local(url) else open_file(url)
+        self._guard = guard
+        remote = None if guard is not None else source or open_file(url)
         try:
-            self._file = pq.ParquetFile(remote or local_path(url), memory_map=remote is None,
+            self._file = pq.ParquetFile(guard.path if guard is not None else remote,
+                                        memory_map=guard is not None,
                                         page_checksum_verification=True)
         except (OSError, pa.ArrowInvalid) as e:
             if remote is not None:
@@ -252,3 +256,5 @@ class ParquetReader(ShardReader):
         self._file.close()
         if self._remote is not None:
             self._remote.close()
+        if self._guard is not None:
+            self._guard.close()

@@ -48,12 +48,15 @@ class RemoteBlob:
 
     Attributes:
         fetched: bytes this blob fetched from the remote (not from the cache).
+        identity: the file's identity when the blob was made (size and ETag or time, see
+            :func:`~dataflow.readers.cache.info_identity`).
     """
 
     def __init__(self, remote: Remote, url: str, size: int, identity: str, lru: DiskLru) -> None:
         self.remote = remote
         self.url = url
         self.size = size
+        self.identity = identity
         self.fetched = 0
         self._lru = lru
         self._prefix = hashlib.sha256(f"{url}\n{identity}".encode()).hexdigest()[:24]

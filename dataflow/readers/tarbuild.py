@@ -236,21 +236,36 @@ class _Builder:
 
     def _npy(self, name: str, offs: np.ndarray, sizes: np.ndarray, where: np.ndarray,
              ok: np.ndarray) -> tuple[np.dtype, FieldSpec]:
-        """Check every sample's ``.npy`` header against the first; point offsets at payloads.
+        """Check every sample's ``.npy`` header against the first valid one (the samples
+        before it are bad); point offsets at payloads.
 
         Returns:
             The stored dtype (byte order included) and the field's spec.
+
+        Raises:
+            ShardReadError: under ``on_error="raise"`` the first bad header; in either mode,
+                no valid one.
         """
-        try:
-            first = _read_npy_header(self.mm, int(offs[0]), int(sizes[0]))
-        except ValueError as e:
-            raise ShardReadError(self.url, f"field {name!r}: {e}", index=int(where[0])) from e
-        payload = first.dtype.itemsize * math.prod(first.shape)
-        if first.length + payload != sizes[0]:
-            raise ShardReadError(self.url, f"field {name!r}: .npy size does not match its header",
-                                 index=int(where[0]))
-        head = np.frombuffer(self.mm[int(offs[0]) : int(offs[0]) + first.length], np.uint8)
-        same = sizes == sizes[0]
+        ref = 0
+        while True:
+            try:
+                first = _read_npy_header(self.mm, int(offs[ref]), int(sizes[ref]))
+                payload = first.dtype.itemsize * math.prod(first.shape)
+                if first.length + payload != sizes[ref]:
+                    raise ValueError(".npy size does not match its header")
+                break
+            except ValueError as e:
+                err = ShardReadError(self.url, f"field {name!r}: {e}", offset=int(offs[ref]),
+                                     index=int(where[ref]))
+                if ref + 1 == len(offs):
+                    raise ShardReadError(self.url, f"field {name!r}: no sample has a valid .npy "
+                                         f"header, the last: {e}", index=int(where[ref])) from e
+                if ok[ref]:
+                    self.bad(err)
+                    ok[ref] = False
+                ref += 1
+        head = np.frombuffer(self.mm[int(offs[ref]) : int(offs[ref]) + first.length], np.uint8)
+        same = sizes == sizes[ref]
         same[same] = (gather_fixed(self.buf, offs[same], first.length) == head).all(axis=1)
         for i in np.flatnonzero(~same & ok).tolist():
             try:
@@ -304,6 +319,7 @@ def build_index(url: str, mm: bytes | mmap.mmap, ident: str, on_error: str, *,
 
     Raises:
         ShardReadError: bad input with ``on_error="raise"``, naming offset and/or sample index;
-            also, in either mode, a first sample that cannot define the schema.
+            also, in either mode, samples that cannot define the schema (two extensions
+            naming one field, no valid ``.npy`` header in a field).
     """
     return _Builder(url, mm, on_error, resync, missing_field).build(ident)

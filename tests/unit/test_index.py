@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
+import logging
 import os
+import re
 import shutil
 import tarfile
 import time
@@ -144,15 +147,14 @@ def _empty_like(fmt: str, kind: str = "file"):
 
 
 @pytest.mark.parametrize(("fmt", "kind", "name", "write"), [
-    ("tar", "file", "empty.tar", lambda p, _: _zero_bytes(p)),
     ("tar", "file", "empty.tar", lambda p, _: _empty_tar(p)),
     ("tar", "file", "empty.tar.gz", lambda p, _: _empty_tar_gz(p)),
-    ("parquet", "file", "empty.tar", lambda p, _: _zero_bytes(p)),
+    ("parquet", "file", "empty.tar", lambda p, _: _empty_tar(p)),
     ("arrow", "file", "empty.arrow", _empty_like("arrow", "file")),
     ("arrow", "stream", "empty.arrow", _empty_like("arrow", "stream")),
     ("parquet", "file", "empty.parquet", _empty_like("parquet")),
-], ids=["tar-zero-bytes", "tar-end-blocks", "tar-gz", "zero-byte-tar-among-parquet",
-        "arrow-file", "arrow-stream", "parquet"])
+], ids=["tar-end-blocks", "tar-gz", "empty-tar-among-parquet", "arrow-file", "arrow-stream",
+        "parquet"])
 def test_empty_shards_count_zero_samples(tmp_path, fmt: str, kind: str, name: str,
                                          write) -> None:
     spec = DemoSpec(fmt=fmt, shards=2, samples_per_shard=15, image_shape=(2, 2),
@@ -170,11 +172,21 @@ def test_empty_shards_count_zero_samples(tmp_path, fmt: str, kind: str, name: st
         assert r.read_many(np.array([0]), np.array([0])).keys() == r.read(0, 0).keys()
 
 
-def test_zero_byte_shards_other_than_tar_are_refused(tmp_path) -> None:
-    _arrow(str(tmp_path / "a.arrow"), x=np.arange(3))
-    _zero_bytes(str(tmp_path / "b.parquet"))
-    with pytest.raises(ShardReadError, match=r"b\.parquet.*empty file \(zero bytes\)"):
-        build_index(str(tmp_path))
+@pytest.mark.parametrize("name", ["b.tar", "b.parquet"])
+def test_zero_byte_shards_are_damaged(tmp_path, caplog, name: str) -> None:
+    """Zero bytes are a failed write, whatever the name: the index refuses the shard under
+    ``raise``; under ``skip`` it has no sample and its damage is logged."""
+    a = _arrow(str(tmp_path / "a.arrow"), x=np.arange(3))
+    empty = str(tmp_path / name)
+    _zero_bytes(empty)
+    with pytest.raises(ShardReadError, match=rf"{re.escape(empty)}.*empty file \(zero bytes\)"):
+        build_index(str(tmp_path), cache_dir=str(tmp_path / "c"))
+    with caplog.at_level(logging.WARNING, "dataflow.scan"):
+        index = build_index(str(tmp_path), cache_dir=str(tmp_path / "c"), on_error="skip")
+    assert dict(zip(index.shards, index.sizes, strict=True)) == {a: 3, empty: 0}
+    assert index.skipped == ()
+    assert f"{empty}: 0 sample(s) skipped, 1 damage record(s), first: {empty}" in caplog.text
+    assert "0 sample(s) skipped in total, in 1 of 2 shard(s)" in caplog.text
 
 
 @pytest.mark.parametrize(("cols_b", "field"), [
@@ -227,6 +239,24 @@ def test_index_validates_its_fields() -> None:
         DatasetIndex.from_json("{}")
     with pytest.raises(ConfigError, match="identities"):
         DatasetIndex.from_json('{"shards": ["a"], "sizes": [1], "schema": []}')
+    with pytest.raises(ConfigError, match="`skipped` must have one entry per shard"):
+        DatasetIndex(("a", "b"), (1, 1), (), ("i", "j"), skipped=(1,))
+    for bad in (-1, 1.0, True):
+        with pytest.raises(ConfigError, match="`skipped` must be non-negative ints"):
+            DatasetIndex(("a",), (1,), (), ("i",), skipped=(bad,))
+    with pytest.raises(ConfigError, match="skipped"):
+        DatasetIndex.from_json('{"shards": ["a"], "sizes": [1], "schema": [], '
+                               '"identities": ["i"], "skipped": ["2"]}')
+
+
+def test_samples_lost_at_indexing_travel_in_the_json_and_leave_the_fingerprint() -> None:
+    index = DatasetIndex(("d/a", "d/b"), (3, 4), (), ("i", "j"), skipped=(0, 2))
+    again = DatasetIndex.from_json(index.to_json())
+    assert again == index and again.lost == 2
+    assert index.fingerprint == DatasetIndex(("d/a", "d/b"), (3, 4), (), ("i", "j")).fingerprint
+    older = json.loads(index.to_json())
+    del older["skipped"]  # an index from a server without the field: nothing lost
+    assert DatasetIndex.from_json(json.dumps(older)).skipped == ()
 
 
 @pytest.mark.parametrize(("shards", "root"), [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tarfile
 
 import pytest
 
@@ -98,8 +99,9 @@ def test_damaged_cache_is_rebuilt_with_a_warning(shards, tmp_path, caplog, damag
 
 def test_hit_reports_the_damage_the_index_left_out(shards, tmp_path, caplog) -> None:
     cache = str(tmp_path / "cache")
-    with open(shards[1], "r+b") as f:
-        f.truncate(os.path.getsize(shards[1]) // 2)
+    with tarfile.open(shards[1]) as t:
+        member = t.getmembers()[-3]  # of the last sample: it and its shard's end are lost
+    os.truncate(shards[1], member.offset_data + member.size // 2)
     with caplog.at_level(logging.WARNING):
         built = _load(shards, cache, on_error="skip")
     total = [r.message for r in caplog.records if "skipped in total" in r.message]
@@ -109,6 +111,8 @@ def test_hit_reports_the_damage_the_index_left_out(shards, tmp_path, caplog) -> 
         again = _load(shards, cache, on_error="skip")
     assert again.hit and again.index == built.index
     assert [r.message for r in caplog.records if "skipped in total" in r.message] == total
+    assert built.index.skipped == (0, 1, *[0] * (len(shards) - 2))
+    assert f"{shards[1]}: 1 sample(s) skipped when the cached index was built" in caplog.text
 
 
 def test_consistent_cache_of_other_shards_is_refused(shards, tmp_path, caplog) -> None:

@@ -12,8 +12,11 @@ import gzip
 import io
 import logging
 import os
+import re
+import struct
 import tarfile
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -353,6 +356,84 @@ def test_arrow_unreadable_batch_metadata(tmp_path, kind: str) -> None:
         np.testing.assert_array_equal(r.read(0, len(r))["x"], want)
         (rec,) = r.skip_log
         assert rec.count == 0 and rec.index == 300 and "how many" in rec.message
+
+
+def _stream_with_cut(cut_in: int) -> tuple[bytes, int]:
+    """A stream of 1000 rows in record batches of 100, cut ``cut_in`` bytes into the body of
+    record batch 4 (``-1``: in its metadata), and where batch 4 starts."""
+    table = pa.table({"x": np.arange(1000)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table, max_chunksize=100)
+    data = sink.getvalue().to_pybytes()
+    src = pa.BufferReader(data)
+    reader = pa.ipc.open_stream(src)
+    for _ in range(4):
+        reader.read_next_batch()
+    start = src.tell()
+    reader.read_next_batch()
+    body = src.tell() - 8 * 100  # the batch's body (800 bytes of int64) ends its message
+    return data[: body + cut_in if cut_in >= 0 else start + 12], start
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "memory-url"])
+@pytest.mark.parametrize(("cut_in", "counted"), [(400, 100), (-1, 0)],
+                         ids=["in-the-body", "in-the-metadata"])
+def test_arrow_stream_cut_short_counts_the_rows_its_metadata_gives(tmp_path, remote: bool,
+                                                                   cut_in: int,
+                                                                   counted: int) -> None:
+    """A stream cut inside record batch 4: its 100 rows are counted when its metadata is
+    whole (the shard ends within it, so nothing else is lost), else the count is unknown."""
+    data, start = _stream_with_cut(cut_in)
+    url = f"memory://damage-{cut_in}/s.arrow" if remote else str(tmp_path / "s.arrow")
+    if remote:
+        fsspec.filesystem("memory").pipe(url, data)
+    else:
+        with open(url, "wb") as f:
+            f.write(data)
+    try:
+        with pytest.raises(ShardReadError, match="record batch 4") as e:
+            open_shard(url, cache_dir=str(tmp_path / "c"))
+        assert e.value.shard == url and e.value.offset == start and e.value.index == 400
+        with open_shard(url, on_error="skip", cache_dir=str(tmp_path / "c")) as r:
+            assert len(r) == 400 and r.skipped == counted
+            np.testing.assert_array_equal(r.read(0, 400)["x"], np.arange(400))
+            (rec,) = r.skip_log
+            assert rec.count == counted and rec.index == 400
+            assert ("its 100 row(s) are lost (the shard ends within it)" if counted
+                    else "how many rows is unknown") in rec.message
+    finally:
+        if remote:
+            fsspec.filesystem("memory").rm(url)
+
+
+def test_arrow_stream_batch_unreadable_mid_way_counts_it_and_says_the_rest_is_unknown(
+        tmp_path) -> None:
+    """Record batch 4's metadata names a buffer longer than the file, so the batch cannot be
+    loaded; its row count and body length are intact: its 100 rows are counted, the batches
+    after it cannot be."""
+    table = pa.table({"x": np.arange(1000)})
+    path = str(tmp_path / "s.arrow")
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table, max_chunksize=100)
+    with open(path, "rb") as f:
+        data = f.read()
+    src = pa.BufferReader(data)
+    reader = pa.ipc.open_stream(src)
+    for _ in range(4):
+        reader.read_next_batch()
+    start = src.tell()
+    meta_len = int.from_bytes(data[start + 4 : start + 8], "little")
+    values = data.index(struct.pack("<qq", 0, 800), start, start + 8 + meta_len)  # (offset, len)
+    _flip(path, values + 8, struct.pack("<q", 1 << 40))
+    with pytest.raises(ShardReadError, match="record batch 4 of the stream is unreadable"):
+        open_shard(path)
+    with open_shard(path, on_error="skip") as r:
+        assert len(r) == 400 and r.skipped == 100
+        (rec,) = r.skip_log
+        assert rec.count == 100 and rec.offset == start
+        assert re.search(r"its 100 row\(s\) and the rest of the shard, from byte offset \d+, are "
+                         r"lost \(how many rows there is unknown\)", rec.message), rec.message
 
 
 # --- dataset scan ---------------------------------------------------------------------------

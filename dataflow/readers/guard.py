@@ -1,0 +1,110 @@
+"""A local shard held open by its descriptor and checked against what its dataset index
+recorded.
+
+``cp new.tar old.tar`` rewrites a shard in place: the inode stays, so a reader's memory map
+sees the new bytes at the indexed offsets (mixed data), and a shorter file raises SIGBUS on
+any access past its new end. A reader of a local shard therefore holds the descriptor of the
+file it maps and compares ``fstat`` of it (size and mtime: the identity the index recorded)
+on open and before and after every read (one ``fstat`` each, about a microsecond). It never
+touches the map of a file that changed, and never returns what it read while the file
+changed.
+
+A shard replaced by an atomic rename (written elsewhere, then ``mv`` / ``os.replace``) is
+another inode: a reader holding the old one keeps serving exactly the indexed content; a
+reader opening the shard after the rename finds the new file and refuses it, as it refuses a
+file rewritten in place.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from dataflow.batch import Schema
+from dataflow.errors import ShardChangedError, ShardReadError
+from dataflow.readers.cache import stat_identity
+from dataflow.sources import local_path
+
+
+@dataclass(frozen=True)
+class IndexedShard:
+    """What the dataset index recorded of one shard, for the readers that serve it.
+
+    Attributes:
+        identity: the shard's identity when it was indexed
+            (:func:`~dataflow.readers.cache.identity`).
+        samples: its sample count.
+        schema: the schema every shard of the dataset serves.
+    """
+
+    identity: str
+    samples: int
+    schema: Schema
+
+
+def changed(url: str, recorded: str, now: str) -> ShardChangedError:
+    """The error of a shard whose identity is ``now``, where ``recorded`` was indexed."""
+    return ShardChangedError(url, f"changed since the dataset index was built ({recorded} "
+                             f"then, {now} now); restart the server to index it again")
+
+
+class FileGuard:
+    """The open descriptor of a local shard, checked against one identity.
+
+    Attributes:
+        url: the shard.
+        fd: its descriptor (read-only, close-on-exec); -1 once closed.
+        size: its size in bytes when opened (the size every check expects).
+        identity: the identity every check expects: the one given, which the file had when
+            opened.
+    """
+
+    def __init__(self, url: str, expect: str | None = None) -> None:
+        """Open ``url``.
+
+        Args:
+            url: a local shard.
+            expect: the identity it must have (the index's); ``None``: whatever it has now.
+
+        Raises:
+            ShardReadError: the file cannot be opened.
+            ShardChangedError: its identity is not ``expect``.
+        """
+        self.url = url
+        try:
+            self.fd = os.open(local_path(url), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            self.close()
+            raise ShardReadError(url, "cannot open shard: not a regular file", offset=0)
+        self.size = st.st_size
+        self.identity = stat_identity(st)
+        self._stamp = (st.st_size, st.st_mtime_ns)
+        if expect is not None and self.identity != expect:
+            self.close()
+            raise changed(url, expect, self.identity)
+
+    @property
+    def path(self) -> str:
+        """A path that opens this very file (``/proc/self/fd/N``), whatever was renamed over
+        its name since, for libraries that open files by path (pyarrow)."""
+        return f"/proc/self/fd/{self.fd}"
+
+    def check(self) -> None:
+        """Raise unless the file still has its identity (same size and mtime).
+
+        Raises:
+            ShardChangedError: it changed.
+        """
+        st = os.fstat(self.fd)
+        if (st.st_size, st.st_mtime_ns) != self._stamp:  # what the identity is made of
+            raise changed(self.url, self.identity, stat_identity(st))
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)

@@ -1,0 +1,107 @@
+"""Shards changed under a running server: rewritten in place with the same sample count
+(``cp``: same inode, new bytes), cut short, replaced by an atomic rename. Each epoch after a
+change has exactly the indexed samples or fails with an error naming the shard: never a
+wrong id, a duplicate, or a reader killed by SIGBUS."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+
+import pytest
+from srvtools import RawClient, scrape, wait_for
+
+from dataflow.client import DataLoader
+from dataflow.demo import DemoSpec, make_demo
+from dataflow.errors import RemoteError
+
+PER_SHARD = 40
+SHARDS = 3
+KINDS = [("tar", "file"), ("arrow", "file"), ("arrow", "stream"), ("parquet", "file")]
+
+
+def _demo(root: str, fmt: str, kind: str, per_shard: int = PER_SHARD) -> list[str]:
+    spec = DemoSpec(fmt=fmt, shards=SHARDS, samples_per_shard=per_shard, uneven=False,
+                    image_shape=(3, 8, 8), arrow_kind=kind)
+    return [str(p) for p in make_demo(root, spec, progress=None).paths]
+
+
+def _epoch(endpoint: str) -> list[int] | RemoteError:
+    """The ids of one epoch (one rank), or the error that ended it."""
+    ids: list[int] = []
+    with DataLoader(endpoint, batch_size=16, rank=0, world_size=1, timeout=30,
+                    read_ahead=False) as dl:
+        try:
+            for batch in dl:
+                ids.extend(batch["id"].tolist())
+        except RemoteError as e:
+            return e
+    return ids
+
+
+def _restarts(endpoint: str) -> int:
+    probe = RawClient(endpoint)
+    try:
+        return int(probe.stats()["worker_restarts"])
+    finally:
+        probe.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("fmt", "kind"), KINDS, ids=[f"{f}-{k}" for f, k in KINDS])
+def test_a_changed_shard_fails_its_epoch_naming_it(servers, tmp_path, fmt: str,
+                                                   kind: str) -> None:
+    paths = _demo(str(tmp_path / "d"), fmt, kind)
+    shorter = _demo(str(tmp_path / "short"), fmt, kind, PER_SHARD // 4)[1]
+    victim = paths[0]
+    name = os.path.basename(victim)
+    shutil.copy2(victim, str(tmp_path / "orig"))
+    server = servers(paths, extra_args=["--cache-dir", str(tmp_path / "c")])
+    everything = list(range(SHARDS * PER_SHARD))
+    assert sorted(_epoch(server.endpoint)) == everything  # every reader now has its shard open
+
+    for new in (paths[1], shorter):  # same sample count (ids of shard 1 again), then shorter
+        shutil.copyfile(new, victim)  # in place: same inode
+        err = _epoch(server.endpoint)
+        assert isinstance(err, RemoteError), f"served {len(err)} samples from a changed shard"
+        assert err.remote_message.startswith(f"ShardChangedError: {name}"), err.remote_message
+        assert "changed since the dataset index was built" in err.remote_message
+        shutil.copy2(str(tmp_path / "orig"), victim)  # back as indexed: size and mtime
+        assert sorted(_epoch(server.endpoint)) == everything
+
+    tmp = str(tmp_path / "new")
+    shutil.copyfile(paths[1], tmp)
+    os.replace(tmp, victim)  # atomic: the readers keep the file they hold open
+    assert sorted(_epoch(server.endpoint)) == everything
+    assert _restarts(server.endpoint) == 0
+    assert "Bus error" not in server.stderr_tail()
+
+
+@pytest.mark.timeout(120)
+def test_under_skip_a_changed_shard_is_counted_and_the_rest_served(servers, tmp_path) -> None:
+    """Shard 1 replaced (atomic rename) before any reader opened it: the reader finds the new
+    file. Then shard 2 rewritten in place under its open reader. Each is left out of every
+    epoch after its change and counted; every other sample arrives once."""
+    paths = _demo(str(tmp_path / "d"), "arrow", "file")
+    server = servers(paths, extra_args=["--on-error", "skip", "--metrics-port", "0",
+                                        "--cache-dir", str(tmp_path / "c")])
+    tmp = str(tmp_path / "new")
+    shutil.copyfile(paths[0], tmp)  # ids of shard 0: duplicates, were any of it served
+    os.replace(tmp, paths[1])
+    shard = [set(range(i * PER_SHARD, (i + 1) * PER_SHARD)) for i in range(SHARDS)]
+    with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1, timeout=30,
+                    read_ahead=False) as dl:
+        for changed in ([1], [1, 2]):
+            ids = Counter(i for batch in dl for i in batch["id"].tolist())
+            assert set(ids) == set(range(SHARDS * PER_SHARD)).difference(
+                *(shard[c] for c in changed))
+            assert set(ids.values()) == {1}
+            shutil.copyfile(paths[0], paths[2])  # in place, under the reader holding it
+        assert dl.stats()["skipped"] == 3 * PER_SHARD
+    for victim, lost in ((paths[1], 2 * PER_SHARD), (paths[2], PER_SHARD)):
+        key = ("dataflow_skipped_samples_total", (("shard", os.path.basename(victim)),))
+        wait_for(lambda key=key, lost=lost: scrape(server.ready["metrics_port"]).get(key) == lost,
+                 10, f"{lost} skipped samples of {victim} in /metrics")
+    assert "changed since the dataset index was built" in server.stderr_tail(20_000)
+    assert _restarts(server.endpoint) == 0
