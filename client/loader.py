@@ -398,7 +398,7 @@ class DataLoader:
                         drop_last=cfg.drop_last)
         return make_state(epoch=epoch, consumed=done, total=self.index.total,
                           fingerprint=self.index.fingerprint, plan=self._plan_inputs(),
-                          world_size=cfg.world_size, rank=cfg.rank)
+                          world_size=cfg.world_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (saved by any rank of a job of any size): the next pass
