@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from dataflow import wire
-from dataflow.errors import DataflowError, InternalError
+from dataflow.errors import DataflowError, InternalError, LoaderClosedError
 from dataflow.plan import Batches
 from dataflow.wire import BatchTag
 
@@ -118,6 +118,7 @@ class Handoff(Generic[T]):
         self._taken = 0
         self._indexes: tuple[wire.Index, ...] | None = None
         self._error: BaseException | None = None
+        self._closed = False
         self._want_wake = False
         self._delivered = 0
         self._discarded = 0
@@ -159,6 +160,8 @@ class Handoff(Generic[T]):
             alive: whether the I/O thread still runs.
 
         Raises:
+            LoaderClosedError: :meth:`close` was called (also while this waited, from another
+                thread).
             the I/O thread's failure, if it reported one; the error of a :class:`Failed`
                 batch, when it is the next (it is the failure from then on, and the I/O
                 thread is told to stop: it says BYE to the servers);
@@ -206,8 +209,17 @@ class Handoff(Generic[T]):
             return self._indexes
 
     def _raise_failure(self) -> None:
+        if self._closed:
+            raise LoaderClosedError("this DataLoader was closed") from self._error
         if self._error is not None:
             raise self._error
+
+    def close(self) -> None:
+        """The loader is closing: every consumer call, waiting or later, raises
+        :class:`~dataflow.errors.LoaderClosedError` (idempotent; any thread)."""
+        with self._lock:
+            self._closed = True
+            self._ready.notify_all()
 
     # -- I/O thread side ------------------------------------------------------------------------
 

@@ -106,7 +106,9 @@ class IOThread(threading.Thread):
             pass
 
     def stop(self, join_timeout: float = 5.0) -> None:
-        """Stop the thread (it says BYE to the servers and closes its sockets); idempotent."""
+        """Stop the thread (it says BYE to the servers and closes its sockets); a consumer
+        waiting in the hand-off raises LoaderClosedError at once. Idempotent; any thread."""
+        self.handoff.close()
         if self._wake_w < 0:
             return
         if self.is_alive():

@@ -88,14 +88,18 @@ class DataLoader:
 
     Iteration (see :mod:`dataflow.client.cursor`): every pass (``for batch in loader``) is one
     full pass over the current epoch, whatever earlier passes did (a peek or a ``break``
-    consumes nothing); a pass that ran to its end makes the next pass start the next epoch;
-    :meth:`set_epoch` (also as ``loader.sampler.set_epoch``) chooses the epoch, also for an
-    iterator already made but not read yet. ``state_dict()`` / ``load_state_dict()`` resume
-    exactly, on any rank and any world size: after ``load_state_dict`` the next pass yields
-    the rest of the saved epoch (spread over this job's ranks; a state taken after an epoch's
-    last batch resumes at the next epoch), and ``set_epoch`` with the saved epoch keeps that
-    position. One iterator is active at a time: starting a new one invalidates the previous.
-    After an error is raised the loader can only be closed.
+    consumes nothing); a pass whose iterator ran to its end (raised StopIteration; taking the
+    last batch is not enough) makes the next pass start the next epoch; :meth:`set_epoch`
+    (also as ``loader.sampler.set_epoch``) chooses the epoch, also for an iterator already
+    made but not read yet. ``state_dict()`` / ``load_state_dict()`` resume exactly, on any
+    rank and any world size (on the same world size: the uninterrupted run's batches, padded
+    tail included): after ``load_state_dict`` the next pass yields the rest of the saved epoch
+    (spread over this job's ranks; a state taken after an epoch's last batch resumes at the
+    next epoch), and ``set_epoch`` with the saved epoch keeps that position until a pass from
+    it completes. One iterator is active at a time: starting a new one invalidates the
+    previous. After an error is raised the loader can only be closed; :meth:`close` from
+    another thread makes a ``next()`` waiting for a batch raise
+    :class:`~dataflow.errors.LoaderClosedError`.
 
     Failover (see :mod:`dataflow.client.scheduler`): servers are stateless and this loader
     owns the plan, so losing a server loses no sample. A server whose connection drops (a
@@ -238,6 +242,7 @@ class DataLoader:
             raise
         self._cursor = EpochCursor(self.index.total)
         self._pass: Run | None = None
+        self._live: weakref.ref[PassIterator] | None = None  # the current pass's iterator
         self._ahead: Ahead | None = None
         self.epoch_size = self._size(0)
         self.sampler = EpochSetter(self)
@@ -289,7 +294,8 @@ class DataLoader:
         return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass cover ``epoch`` (a resumed position in ``epoch`` is kept).
+        """Make the next pass cover ``epoch``: all of it, or the rest of it after
+        :meth:`load_state_dict` saved in ``epoch``, until a pass from that position completed.
 
         An iterator made but not read yet is retargeted to ``epoch`` (torch's DataLoader
         without workers behaves so; Lightning makes its iterator before it sets the epoch);
@@ -303,7 +309,9 @@ class DataLoader:
         value = operator.index(epoch)
         if value < 0:
             raise ConfigError(f"`epoch` must be an integer >= 0. Found: {value}")
-        unread = self._pass if self._pass is not None and self._pass.gen == self._gen else None
+        run = self._pass
+        held = self._live is not None and self._live() is not None
+        unread = run if run is not None and run.gen == self._gen and held else None
         self._gen += 1
         self._cursor.set_epoch(value)
         if unread is not None and unread.yielded == 0 and not self._io.handoff.failed:
@@ -324,26 +332,37 @@ class DataLoader:
                                     "resume") from failure
         self._pass = Run(0, 0)
         self._begin(self._pass)
-        return PassIterator(self._iterate(self._pass))
+        iterator = PassIterator(self._iterate(self._pass))
+        self._live = weakref.ref(iterator)
+        return iterator
 
     def _begin(self, run: Run) -> None:
         """Start ``run`` as a new pass: the one read ahead, when the pass before it ended
-        exactly where it starts, else planned now and asked of the I/O thread."""
+        exactly where it starts; else, while a pass read ahead is still intact, requested at
+        the first ``next()`` (a ``set_epoch`` before it may make it the one read ahead:
+        Lightning makes its iterator, then sets the epoch); else planned now and asked of the
+        I/O thread."""
         self._gen += 1
         span = self._cursor.begin()
+        run.gen, run.span, run.ahead, run.pending = self._gen, span, False, False
         ahead = self._ahead
-        if (ahead is not None and ahead.span == span
-                and self._io.handoff.consumed(ahead.stream) == ahead.base):
-            batches, run.stream, run.base = ahead.batches, ahead.stream, ahead.base
-            self._io.handoff.command(Need(ahead.stream, ahead.base + len(batches)))
+        intact = (ahead is not None
+                  and self._io.handoff.consumed(ahead.stream) == ahead.base)
+        if intact and ahead is not None and ahead.span == span:
+            run.stream, run.base, run.n = ahead.stream, ahead.base, len(ahead.batches)
+            self._io.handoff.command(Need(ahead.stream, ahead.base + run.n))
+        elif intact:
+            run.pending, run.n = True, self._size(span.start).batches_per_rank
         else:
-            self._ahead = None
-            batches, tags = plan_pass(self.config, self.index.sizes, span)
-            run.stream, run.base = self._gen, 0
-            self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
-        if not batches:
-            self._cursor.end()
-        run.gen, run.n, run.span, run.ahead = self._gen, len(batches), span, False
+            self._request(run)
+
+    def _request(self, run: Run) -> None:
+        """Plan ``run``'s pass and ask the I/O thread for it, as a new generation (anything
+        read ahead is discarded)."""
+        self._ahead = None
+        batches, tags = plan_pass(self.config, self.index.sizes, run.span)
+        run.stream, run.base, run.n, run.pending = self._gen, 0, len(batches), False
+        self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
 
     def _read_ahead(self, run: Run) -> None:
         """Append the pass that follows ``run`` once it completes (the next epoch, from its
@@ -357,10 +376,14 @@ class DataLoader:
 
     def _iterate(self, run: Run) -> Iterator[dict[str, torch.Tensor]]:
         while run.yielded < run.n:
+            if not self._finalizer.alive:
+                raise LoaderClosedError("this DataLoader is closed")
             if run.gen != self._gen:
                 raise StaleIteratorError("this iterator was invalidated: a newer iterator was "
-                                         "started, set_epoch/load_state_dict was called after "
-                                         "it yielded, or the loader was closed")
+                                         "started, or set_epoch/load_state_dict was called "
+                                         "after it yielded")
+            if run.pending:
+                self._request(run)
             t0 = perf_counter()
             index, ready = self._io.handoff.take(run.stream, GET_POLL_S, self._io.is_alive)
             if self._meter is not None:
@@ -368,11 +391,13 @@ class DataLoader:
             if index != run.base + run.yielded:
                 raise InternalError(f"got batch {index}, expected {run.base + run.yielded}")
             run.yielded += 1
-            self._cursor.yielded(last=run.yielded == run.n)
+            self._cursor.yielded()
             if (self.config.read_ahead and not run.ahead
                     and run.n - run.yielded <= self._io.handoff.window):
                 self._read_ahead(run)
             yield hand_over(ready)
+        if run.gen == self._gen:  # the iterator reached its end: the pass is complete
+            self._cursor.end()
 
     def stats(self) -> dict[str, int]:
         """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,
@@ -389,10 +414,20 @@ class DataLoader:
         return {name: getattr(cfg, name) for name in PLAN_FIELDS}
 
     def state_dict(self) -> dict[str, Any]:
-        """Resume state: a few scalars (see :mod:`dataflow.client.state`), valid on any rank
-        and any world size."""
+        """Resume state: a few scalars (see :mod:`dataflow.client.state`), the same on every
+        rank, valid on any rank and any world size.
+
+        It describes what the next batch would be: the batches returned by ``next()`` of the
+        current iterator count as consumed while the program still holds that iterator (a
+        training loop's); once it is gone (a peek ``next(iter(loader))``, a loop left by
+        ``break``) or replaced, they do not, as the next pass starts that epoch over. An
+        iterator that reached its end completed its epoch: the state resumes at the next one.
+        """
         cfg = self.config
-        epoch, start, batches = self._cursor.position
+        run = self._pass
+        live = (run is not None and run.gen == self._gen and self._live is not None
+                and self._live() is not None)
+        epoch, start, batches = self._cursor.position(live)
         done = consumed(start, world_size=cfg.world_size, batch_size=cfg.batch_size,
                         batches_yielded=batches, total=self.index.total,
                         drop_last=cfg.drop_last)
