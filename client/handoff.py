@@ -2,8 +2,9 @@
 
 Everything that crosses between the two threads goes through a :class:`Handoff`, under its
 lock: commands one way (:class:`StartEpoch`, :class:`Extend`, :class:`Need`, :class:`Stop`),
-and the other way the handshake result, batches of the current epoch in plan order (a failed
-request's :class:`Failed` in its batch's place), and a failure. Nothing else is shared.
+and the other way the servers that joined (the first one starts the loader), batches of the
+current epoch in plan order (a failed request's :class:`Failed` in its batch's place), and a
+failure. Nothing else is shared.
 
 Batches belong to an epoch *generation*. :meth:`Handoff.start` (consumer) makes a new
 generation current and discards every batch of older ones at once, so iterators that were
@@ -116,7 +117,8 @@ class Handoff(Generic[T]):
         self._gen = 0
         self._batches: deque[tuple[int, T | Failed]] = deque()
         self._taken = 0
-        self._indexes: tuple[wire.Index, ...] | None = None
+        self._first: wire.Index | None = None  # the INDEX of the first server that joined
+        self._readers: dict[str, int] = {}  # each server that joined -> its reader processes
         self._error: BaseException | None = None
         self._closed = False
         self._want_wake = False
@@ -198,15 +200,22 @@ class Handoff(Generic[T]):
         with self._lock:
             return self._taken if gen == self._gen else None
 
-    def hello(self, timeout: float, alive: Callable[[], bool]) -> tuple[wire.Index, ...]:
-        """Every server's INDEX once the handshake is done (raises the I/O thread's failure)."""
+    def hello(self, timeout: float, alive: Callable[[], bool]) -> wire.Index:
+        """The INDEX of the first server that joined, once one did (raises the I/O thread's
+        failure: ServerUnavailable when none joined within the loader's ``timeout``)."""
         with self._lock:
-            while self._indexes is None:
+            while self._first is None:
                 self._raise_failure()
                 if not alive():
                     raise DataflowError("the DataLoader's I/O thread has stopped")
                 self._ready.wait(timeout)
-            return self._indexes
+            return self._first
+
+    def readers(self) -> tuple[int, ...]:
+        """The reader process count of each server that joined so far, in the order they
+        first joined (as its INDEX said)."""
+        with self._lock:
+            return tuple(self._readers.values())
 
     def _raise_failure(self) -> None:
         if self._closed:
@@ -266,10 +275,13 @@ class Handoff(Generic[T]):
         with self._lock:
             self.capacity = capacity
 
-    def handshake_done(self, indexes: tuple[wire.Index, ...]) -> None:
+    def admitted(self, endpoint: str, index: wire.Index) -> None:
+        """Server ``endpoint`` joined with ``index`` (the first one starts the loader)."""
         with self._lock:
-            self._indexes = indexes
-            self._ready.notify_all()
+            self._readers[endpoint] = index.workers
+            if self._first is None:
+                self._first = index
+                self._ready.notify_all()
 
     def fail(self, error: BaseException) -> None:
         """Report a failure; every later consumer call raises it (the first one is kept)."""

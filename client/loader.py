@@ -32,7 +32,6 @@ from dataflow.client.passes import Ahead, PassIterator, Run, after, plan_pass
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
 from dataflow.errors import (
     ConfigError,
-    DatasetMismatchError,
     InternalError,
     LoaderClosedError,
     StaleIteratorError,
@@ -112,7 +111,17 @@ class DataLoader:
     the same dataset (otherwise it stays out, logged). Liveness is judged by the servers'
     connections and HEARTBEAT answers, never by how long a big reply takes.
 
-    ``server_readers`` holds each server's reader process count, as its INDEX reply said.
+    Start: the constructor returns as soon as one server admitted this loader (its HELLO was
+    answered with INDEX and its reader connections answered); that server's dataset is the
+    loader's. The other servers join in the background whenever they can, as servers found by
+    discovery do, and take requests from then on: one busy (``ServerBusy``: it holds its
+    ``--max-sessions``), still starting, slow to answer or not up yet is asked again with a
+    backoff (1 s, doubling up to 30 s; at once when its connection comes up), logged once per
+    reason; one serving another dataset stays out, logged as an error; one that refuses the
+    HELLO itself (a ``batch_size`` or ``columns`` it does not accept) fails the constructor
+    while no server admitted this loader yet. ``stats()["joined"]`` counts the servers that
+    joined after the loader started without them.
+    ``server_readers`` holds the reader process count of each server that joined so far.
 
     Under the server's ``--on-error skip`` a batch may be short: damaged samples are left out,
     and counted in ``stats()["skipped"]``.
@@ -139,9 +148,11 @@ class DataLoader:
         device: None / "cpu" for CPU tensors, or a CUDA device.
         pin_memory: pin CPU batches (only when CUDA is available).
         prefetch: requests kept outstanding per server.
-        timeout: seconds the servers may take to answer the first HELLO, and seconds an epoch
-            may wait with no usable server, before :class:`~dataflow.errors.ServerUnavailable`
-            is raised (naming every endpoint).
+        timeout: seconds the constructor waits for a first server to admit this loader, and
+            seconds an epoch may wait with no usable server, before
+            :class:`~dataflow.errors.ServerUnavailable` is raised (naming every endpoint and
+            its state); also the seconds one server's join may take before it is tried again
+            later.
         grace: seconds a server may be disconnected or silent before it is lost (its
             session is then given up; it must join again).
         shuffle_window: samples shuffled together by the ``"sample"`` shuffle.
@@ -176,10 +187,10 @@ class DataLoader:
     Raises:
         ConfigError: an argument is invalid.
         MetricsError: the metrics port is taken, or the registry has a DataLoader's already.
-        ServerUnavailable: a server did not answer HELLO within ``timeout``, or a name or a
+        ServerUnavailable: no server admitted this loader within ``timeout`` (naming every
+            endpoint and its state: not connected, no answer, busy, ...), or a name or a
             registry named no server within ``timeout`` (while iterating: no server was
             usable for ``timeout`` seconds).
-        DatasetMismatchError: the servers serve different datasets.
     """
 
     def __init__(
@@ -251,14 +262,17 @@ class DataLoader:
         self.metrics_port = self._metrics.port if self._metrics is not None else None
 
     def _handshake(self) -> DatasetIndex:
-        indexes = self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
-        self.server_readers = tuple(msg.workers for msg in indexes)
-        parsed = [DatasetIndex.from_json(msg.index_json) for msg in indexes]
-        prints = {e: idx.fingerprint for e, idx in zip(self._endpoints, parsed, strict=True)}
-        if len(set(prints.values())) > 1:
-            raise DatasetMismatchError("servers serve different datasets (fingerprints "
-                                       + ", ".join(f"{e}: {f}" for e, f in prints.items()) + ")")
-        return parsed[0]
+        """The dataset index of the first server that joined (the I/O thread made sure every
+        later one serves the same)."""
+        return DatasetIndex.from_json(self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
+                                      .index_json)
+
+    @property
+    def server_readers(self) -> tuple[int, ...]:
+        """The reader process count of each server that joined so far (as its INDEX said), in
+        the order they joined; servers that join later (busy, slow or not up at the start,
+        found by discovery) are added when they do."""
+        return self._io.handoff.readers()
 
     @property
     def schema(self) -> Schema:
@@ -403,8 +417,9 @@ class DataLoader:
         """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,
         batches ``waiting`` for the consumer, samples ``skipped`` by the servers (damaged,
         ``--on-error skip``), ``servers_lost``, servers ``rejoined``, batches ``rerequested``
-        from another server after a loss, ``recovered`` (re-requested batches received), and
-        servers found by discovery that ``joined`` and that ``left``."""
+        from another server after a loss, ``recovered`` (re-requested batches received),
+        servers that ``joined`` after the loader started without them (found by discovery, or
+        listed but busy, slow or not up at the start) and servers that ``left`` (discovery)."""
         return self._io.handoff.stats()
 
     # -- resume ---------------------------------------------------------------------------------
