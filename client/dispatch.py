@@ -27,8 +27,14 @@ from dataflow.client.handshake import Join
 from dataflow.client.links import Links
 from dataflow.client.receive import drain, receive_batch, receive_header
 from dataflow.client.reorder import Reorder
-from dataflow.client.scheduler import Scheduler, State
-from dataflow.errors import DataflowError, DatasetMismatchError, ProtocolError, RemoteError
+from dataflow.client.scheduler import Late, Scheduler, State
+from dataflow.errors import (
+    DataflowError,
+    DatasetMismatchError,
+    ProtocolError,
+    RemoteError,
+    RequestTimeout,
+)
 from dataflow.wire import ErrorKind
 
 log = logging.getLogger("dataflow.client")
@@ -62,6 +68,7 @@ class Dispatch:
         self._reorder: Reorder[Ready | Failed] = Reorder(0, 0)
         self._joins: dict[int, Join] = {}
         self._sessions: dict[int, str] = {}  # server -> its session token, once joined
+        self._transforms: dict[int, str] = {}  # server -> its --transform ("": none)
         self._listed = len(endpoints)  # servers numbered from here on were found by discovery
         self._late: set[int] = set()  # servers that join after the loader started without them
         self._said: dict[int, str] = {}  # server -> the join failure last logged (logged once)
@@ -166,6 +173,27 @@ class Dispatch:
             self._hand_over(slot.gen, slot.index,
                             Failed(RemoteError(self._endpoints[server], str(msg.kind),
                                                msg.message)))
+
+    def late(self, late: Late, *, request_timeout: float) -> None:
+        """A batch got no reply within ``request_timeout``: log its request to another server,
+        or put its :class:`~dataflow.errors.RequestTimeout` in its place."""
+        asked = ", ".join(f"{self._endpoints[i]} (transform "
+                          f"{self._transforms.get(i) or 'none'}, asked {age:.1f} s ago)"
+                          for i, age in late.asked)
+        what = f"batch {late.tag.batch} of epoch {late.tag.epoch}"
+        if not late.again:
+            self.handoff.count("late")
+        if not late.failed:
+            log.warning("%s: no reply within request_timeout %g s from %s; asking another "
+                        "server", what, request_timeout, asked)
+            return
+        why = ("asked of another server too" if late.again
+               else "no other server could take it")
+        error = RequestTimeout(", ".join(self._endpoints[i] for i, _ in late.asked),
+                               f"no reply within request_timeout {request_timeout:g} s to "
+                               f"{what} (global batch index) from {asked}; {why}",
+                               epoch=late.tag.epoch, batch=late.tag.batch)
+        self._hand_over(late.gen, late.index, Failed(error))
 
     def _hand_over(self, gen: int, index: int, item: Ready | Failed) -> None:
         for i, due in self._reorder.add(index, item):
@@ -287,6 +315,7 @@ class Dispatch:
         first = self._scheduler.grant(server, index.credits, now)
         self._joins.pop(server)
         self._sessions[server] = index.session
+        self._transforms[server] = index.transform
         self._said.pop(server, None)
         if not self.fingerprint:  # the first server: the loader starts
             self.fingerprint = join.fingerprint

@@ -30,7 +30,8 @@ from dataflow.wire import BatchTag
 T = TypeVar("T")
 
 # The I/O thread's counters (see :meth:`Handoff.count`).
-COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered", "joined", "left")
+COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered", "joined", "left",
+            "late")
 
 
 @dataclass(frozen=True)

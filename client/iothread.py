@@ -26,6 +26,7 @@ this thread; the consumer reaches it only through the :class:`Handoff`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import threading
@@ -68,22 +69,27 @@ class IOThread(threading.Thread):
             raises :class:`~dataflow.errors.ServerUnavailable` at once.
         find: looks the servers up again (a DNS name or a file), or None (a static list).
         resolve_interval: seconds between lookups with ``find``.
+        request_timeout: seconds a request may go unanswered before its batch is asked of
+            another server, or fails (:meth:`Scheduler.late`).
     """
 
     def __init__(self, endpoints: Sequence[str], hello: wire.Hello, timeout: float,
                  grace: float, sink: HostSink | CudaSink, curve: ClientCurve | None = None,
-                 find: Lookup | None = None, resolve_interval: float = 10.0) -> None:
+                 find: Lookup | None = None, resolve_interval: float = 10.0,
+                 request_timeout: float = math.inf) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._endpoints = list(endpoints)
         self._hello = wire.encode(hello)
         self._timeout = timeout
+        self._request_timeout = request_timeout
         self._sink = sink
         self._routing_id = secrets.token_hex(8).encode()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.handoff: Handoff[Ready] = Handoff(self._wake)
         self._scheduler = Scheduler(self._endpoints, timeout=timeout, heartbeat_s=HEARTBEAT_S,
-                                    silent_s=SILENT_S, grace=grace, now=time.monotonic())
+                                    silent_s=SILENT_S, grace=grace, now=time.monotonic(),
+                                    request_timeout=request_timeout)
         self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
         self._links = Links(zmq.Context.instance(), self._poller, curve, self._endpoints)
@@ -188,6 +194,8 @@ class IOThread(threading.Thread):
                 log.warning("%s: lost (no usable connection for the grace period); its "
                             "batches go to the other servers", self._endpoints[server])
                 self.handoff.count("servers_lost")
+            for late in self._scheduler.late(now):
+                self._dispatch.late(late, request_timeout=self._request_timeout)
 
     # -- discovery ------------------------------------------------------------------------------
 

@@ -109,7 +109,8 @@ class DataLoader:
     ``grace`` seconds (a network cut) keeps its session and its work; one that lost this
     client's session (restarted) joins again (HELLO) and takes work again, provided it serves
     the same dataset (otherwise it stays out, logged). Liveness is judged by the servers'
-    connections and HEARTBEAT answers, never by how long a big reply takes.
+    connections and HEARTBEAT answers, never by how long a big reply takes; how long one
+    request may take is ``request_timeout``.
 
     Start: the constructor returns as soon as one server admitted this loader (its HELLO was
     answered with INDEX and its reader connections answered); that server's dataset is the
@@ -183,6 +184,16 @@ class DataLoader:
             them; after the last epoch up to ``prefetch`` batches per server are read for
             nothing (and counted in the servers' metrics and in ``stats()``, ``skipped``
             included). A failed read raises only when the loop reaches its batch.
+        request_timeout: seconds a request may go unanswered, from when it was sent until its
+            whole reply arrived (the server's queue, its read and ``--transform``, and the
+            transfer), before its batch is asked of another server (the first reply is
+            taken, as in failover); when no other server can take it, or that request too
+            goes unanswered as long, the batch fails: the loop gets
+            :class:`~dataflow.errors.RequestTimeout` where it reaches it, naming the
+            servers, the batch (epoch, global batch index) and their ``--transform``. A late
+            request does not make its server suspect (liveness is judged by connections and
+            HEARTBEATs); set this above the longest a batch may take, e.g. a big batch over a
+            slow link. None (the default): ``timeout``.
 
     Raises:
         ConfigError: an argument is invalid.
@@ -217,6 +228,7 @@ class DataLoader:
         resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
         columns: Sequence[str] | None = None,
         read_ahead: bool = True,
+        request_timeout: float | None = None,
     ) -> None:
         source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
@@ -226,7 +238,7 @@ class DataLoader:
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             shuffle_window=shuffle_window, block_size=block_size, window=window,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
-            columns=columns, read_ahead=read_ahead,
+            columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
         )
         cfg = self.config
         find = functools.partial(lookup, source)
@@ -238,7 +250,8 @@ class DataLoader:
         self._io = IOThread(self._endpoints,
                             cfg.hello(f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}"),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
-                            find if source.dynamic else None, cfg.resolve_interval)
+                            find if source.dynamic else None, cfg.resolve_interval,
+                            cfg.request_limit)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._gen = 0
@@ -419,7 +432,9 @@ class DataLoader:
         ``--on-error skip``), ``servers_lost``, servers ``rejoined``, batches ``rerequested``
         from another server after a loss, ``recovered`` (re-requested batches received),
         servers that ``joined`` after the loader started without them (found by discovery, or
-        listed but busy, slow or not up at the start) and servers that ``left`` (discovery)."""
+        listed but busy, slow or not up at the start), servers that ``left`` (discovery), and
+        batches ``late`` (no reply within ``request_timeout``: asked of another server, or
+        failed)."""
         return self._io.handoff.stats()
 
     # -- resume ---------------------------------------------------------------------------------

@@ -24,7 +24,14 @@ time passed in, so every rule here is unit-tested with a fake clock:
   other one (a late reply from a server it was taken away from, a duplicate) is discarded.
 * **Liveness** is judged by each server's connections, never by how long a reply takes (a
   56 MB reply on a slow link may take longer than ``timeout`` while bytes flow): the rules are
-  :mod:`dataflow.client.servers`. A suspect server gets no new requests and its open batches
+  :mod:`dataflow.client.servers`.
+* **Late requests.** A batch whose every request at a usable server was sent more than
+  ``request_timeout`` seconds ago, without a reply, is *late* (:meth:`Scheduler.late`): it is
+  requested again, before any new batch, from a usable server that does not hold it (the
+  first reply is accepted, as in failover); when there is none, or that request too is not
+  answered within ``request_timeout`` (counted from when it was decided), the batch fails. A
+  late request says nothing about its server's liveness: the server keeps its other requests
+  and gets new ones. A suspect server gets no new requests and its open batches
   are re-requested from the other servers at once; if a connection broke meanwhile, replies
   in flight on it may be gone, so its outstanding requests are forgotten when it is usable
   again (their late replies are discarded). A lost server's requests are all forgotten, and
@@ -42,7 +49,9 @@ time passed in, so every rule here is unit-tested with a fake clock:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from dataflow.client.epochwork import EpochWork
@@ -59,8 +68,9 @@ from dataflow.client.servers import (
 from dataflow.client.slots import Assignment, Slot
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches
+from dataflow.wire import BatchTag
 
-__all__ = ["CONTROL", "Assignment", "Loss", "Scheduler", "Slot", "State"]
+__all__ = ["CONTROL", "Assignment", "Late", "Loss", "Scheduler", "Slot", "State"]
 
 
 class Loss(NamedTuple):
@@ -69,6 +79,26 @@ class Loss(NamedTuple):
 
     server: int
     joining: bool
+
+
+@dataclass(frozen=True)
+class Late:
+    """Batch ``index`` of generation ``gen`` (``tag``) got no reply within the request timeout.
+
+    Attributes:
+        asked: ``(server, seconds since its request was sent)`` of each usable server holding
+            a request for it.
+        failed: no other server could take it (or its request again was late too): the batch
+            fails; else it is requested again from another server.
+        again: it was late before (it was requested again already).
+    """
+
+    gen: int
+    index: int
+    tag: BatchTag
+    asked: tuple[tuple[int, float], ...]
+    failed: bool
+    again: bool
 
 
 class Scheduler:
@@ -82,18 +112,22 @@ class Scheduler:
         silent_s: seconds a HEARTBEAT may stay unanswered before its server is suspect.
         grace: seconds a server may be suspect before it is lost.
         now: the start (no server joined within ``timeout`` of it: unavailable).
+        request_timeout: seconds a request may go unanswered before its batch is late (see
+            the module); infinite: never.
 
     Thread invariant: used by the I/O thread only.
     """
 
     def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
-                 silent_s: float, grace: float, now: float = 0.0) -> None:
+                 silent_s: float, grace: float, now: float = 0.0,
+                 request_timeout: float = math.inf) -> None:
         self._servers = [ServerRecord(e, state=State.DOWN, since=now, down_links={CONTROL},
                                       note="not connected") for e in endpoints]
         self._started = now
         self._admitted = False  # a server joined: the loader started
         self._window = 0
         self._timeout = timeout
+        self._request_timeout = request_timeout
         self._heartbeat_s = heartbeat_s
         self._silent_s = silent_s
         self._grace = grace
@@ -234,14 +268,21 @@ class Scheduler:
         """Generation of the current epoch, or None before the first."""
         return None if self._epoch is None else self._epoch.gen
 
-    def _least_loaded(self) -> int | None:
-        """The usable server with credit and the fewest requests outstanding (first on a tie)."""
+    def _least_loaded(self, holders: set[int]) -> int | None:
+        """The usable server with credit and the fewest requests outstanding (first on a tie),
+        other than ``holders``."""
         best = None
         for i, s in enumerate(self._servers):
-            if (s.state is State.UP and len(s.outstanding) < s.credits and (
-                    best is None or len(s.outstanding) < len(self._servers[best].outstanding))):
+            if (s.state is State.UP and len(s.outstanding) < s.credits and i not in holders
+                    and (best is None
+                         or len(s.outstanding) < len(self._servers[best].outstanding))):
                 best = i
         return best
+
+    def _holders(self, gen: int, index: int) -> set[int]:
+        """The servers holding a request for batch ``index`` of generation ``gen``."""
+        return {i for i, s in enumerate(self._servers)
+                for slot in s.outstanding.values() if slot.gen == gen and slot.index == index}
 
     def assignments(self, taken: int, now: float) -> list[Assignment]:
         """Requests to send now, given that the consumer took ``taken`` batches of this epoch.
@@ -255,14 +296,18 @@ class Scheduler:
         out: list[Assignment] = []
         while ep is not None:
             index = ep.peek(taken, self.window)
-            best = self._least_loaded()
-            if index is None or best is None:
+            if index is None:
+                break
+            best = self._least_loaded(self._holders(ep.gen, index) if ep.retrying(index)
+                                      else set())
+            if best is None:
                 break
             retry = ep.claim(index)
             self._req_ids += 1
             rows, tag = ep.request(index)
             samples = int((rows[:, 2] - rows[:, 1]).sum())
-            self._servers[best].outstanding[self._req_ids] = Slot(ep.gen, index, samples, retry)
+            self._servers[best].outstanding[self._req_ids] = Slot(ep.gen, index, samples, retry,
+                                                                  now, tag)
             out.append(Assignment(best, self._req_ids, index, rows, retry, tag))
         return out
 
@@ -408,6 +453,61 @@ class Scheduler:
                 f"no server usable for {now - self._stalled_since:.1f} s (timeout "
                 f"{self._timeout} s; states: {', '.join(s.state.value for s in members)})")
 
+    def _held(self) -> dict[int, list[tuple[int, Slot]]]:
+        """Open batches of the current epoch held by usable servers: index -> (server, slot)."""
+        ep = self._epoch
+        held: dict[int, list[tuple[int, Slot]]] = {}
+        if ep is None:
+            return held
+        for i, s in enumerate(self._servers):
+            if s.state is State.UP:
+                for slot in s.outstanding.values():
+                    if slot.gen == ep.gen and slot.index in ep.open:
+                        held.setdefault(slot.index, []).append((i, slot))
+        return held
+
+    def late(self, now: float) -> list[Late]:
+        """Apply the request timeout at ``now`` (see the module).
+
+        Returns:
+            The batches found late now, in plan order: requested again (``failed`` False:
+            the next :meth:`assignments` asks another server), or failed (closed: a reply
+            for it is discarded; the caller puts its error in its place).
+        """
+        ep, limit = self._epoch, self._request_timeout
+        if ep is None or math.isinf(limit):
+            return []
+        out = []
+        for index, holders in sorted(self._held().items()):
+            if any(now - slot.sent <= limit for _, slot in holders):
+                continue
+            since = ep.late.get(index)
+            if since is not None and now - since <= limit:
+                continue  # requested again: waiting for a server's credit
+            asked = tuple((i, now - slot.sent) for i, slot in holders)
+            others = {i for i, s in enumerate(self._servers) if s.state is State.UP}
+            failed = since is not None or not others - {i for i, _ in holders}
+            if failed:
+                ep.close(index)
+            else:
+                ep.late[index] = now
+                ep.requeue([index])
+            out.append(Late(ep.gen, index, holders[0][1].tag, asked, failed, since is not None))
+        return out
+
+    def _late_deadline(self, now: float) -> float:
+        """Seconds until :meth:`late` may find a batch late."""
+        ep, limit = self._epoch, self._request_timeout
+        if ep is None or math.isinf(limit):
+            return math.inf
+        soonest = math.inf
+        for index, holders in self._held().items():
+            due = max(slot.sent for _, slot in holders) + limit
+            if index in ep.late:
+                due = max(due, ep.late[index] + limit)
+            soonest = min(soonest, due - now)
+        return soonest
+
     def _waiting(self) -> bool:
         """Whether the current epoch needs a server now."""
         return self._epoch is not None and self._epoch.waiting(self._taken, self.window)
@@ -421,4 +521,4 @@ class Scheduler:
             soonest = min(soonest, self._stalled_since + self._timeout - now)
         if not self._admitted:
             soonest = min(soonest, self._started + self._timeout - now)
-        return max(soonest, 0.0)
+        return max(min(soonest, self._late_deadline(now)), 0.0)

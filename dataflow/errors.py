@@ -101,6 +101,23 @@ class ServerUnavailable(DataflowError):
         self.endpoint = endpoint
 
 
+class RequestTimeout(ServerUnavailable):
+    """No server answered a request within the DataLoader's ``request_timeout``, and no other
+    server could be asked; the message names the servers asked, the batch and their
+    ``--transform``.
+
+    Attributes:
+        endpoint: the servers asked, comma-separated.
+        epoch: the batch's epoch.
+        batch: its global batch index in the epoch (a transform's ``ctx.batch_index``).
+    """
+
+    def __init__(self, endpoint: str, message: str, *, epoch: int, batch: int) -> None:
+        super().__init__(endpoint, message)
+        self.epoch = epoch
+        self.batch = batch
+
+
 class RemoteError(DataflowError):
     """An error raised inside a loader server, carried to the client.
 

@@ -494,3 +494,89 @@ def test_a_pass_appended_ahead_is_not_waited_for_until_the_consumer_needs_it() -
     s.check(200.0)
     with pytest.raises(ServerUnavailable, match="no server usable for 5.1 s"):
         s.check(205.1)
+
+
+def _late_sched(credits=(2, 2), request_timeout: float = 5.0) -> Scheduler:
+    s = Scheduler(EPS[: len(credits)], timeout=100.0, heartbeat_s=1.0, silent_s=3.0,
+                  grace=5.0, request_timeout=request_timeout)
+    for i, c in enumerate(credits):
+        s.link(i, CONTROL, up=True, now=0.0)
+        s.hellos_due(0.0)
+        s.grant(i, c, now=0.0)
+    return s
+
+
+def _alive(s: Scheduler, now: float) -> None:
+    """Heartbeats answered: liveness never suspects anyone."""
+    for i in s.heartbeats_due(now):
+        s.heard(i, now)
+    assert s.check(now) == []
+
+
+def test_a_late_batch_is_asked_of_another_server_and_the_first_reply_wins() -> None:
+    s = _late_sched()
+    s.start_epoch(1, _batches(6), first=0, tags=Tags(9, 2, 0, 1))
+    first = s.assignments(taken=0, now=0.0)
+    assert [(a.index, a.server) for a in first] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    for a in first[1:]:  # every batch but 0 is answered at once
+        s.on_reply(a.server, a.req_id, now=0.1)
+    _alive(s, 4.0)
+    assert s.late(5.0) == [] and s.next_deadline(4.0) == pytest.approx(1.0)
+    (late,) = s.late(5.01)
+    assert (late.index, late.tag, late.failed, late.again) == (0, BatchTag(9, 2, 0), False,
+                                                              False)
+    assert [i for i, _ in late.asked] == [0] and late.asked[0][1] == pytest.approx(5.01)
+    again = s.assignments(taken=3, now=5.01)
+    assert [(a.index, a.server, a.retry) for a in again][0] == (0, 1, True)  # not server 0
+    _alive(s, 5.5)
+    assert s.state(0) is State.UP  # a late request says nothing of its server's liveness
+    assert s.on_reply(1, again[0].req_id, now=6.0) == Slot(1, 0, 4, retry=True)
+    assert s.on_reply(0, first[0].req_id, now=7.0) is None  # the late reply: discarded
+    assert 0 not in [r.index for r in s.late(100.0)]  # done with: never late again
+
+
+def test_a_late_batch_fails_when_no_other_server_can_take_it() -> None:
+    s = _late_sched(credits=(2,))
+    s.start_epoch(1, _batches(4), first=0, tags=Tags(9, 0, 0, 1))
+    a, b = s.assignments(taken=0, now=0.0)
+    s.on_reply(0, b.req_id, now=1.0)
+    _alive(s, 5.0)
+    (late,) = s.late(5.01)
+    assert (late.index, late.failed, late.again) == (0, True, False)
+    assert s.on_reply(0, a.req_id, now=9.0) is None  # failed: its reply comes too late
+    assert s.state(0) is State.UP
+
+
+def test_a_late_batch_asked_again_fails_when_that_request_is_late_too() -> None:
+    s = _late_sched()
+    s.start_epoch(1, _batches(4), first=0)
+    first = s.assignments(taken=0, now=0.0)
+    for a in first[1:]:
+        s.on_reply(a.server, a.req_id, now=0.1)
+    assert not s.late(5.01)[0].failed
+    (again, *_) = s.assignments(taken=3, now=6.0)  # sent 1 s after it was decided
+    assert again.index == 0 and again.server == 1
+    assert s.late(10.5) == []  # that request is 4.5 s old
+    _alive(s, 10.5)
+    assert s.next_deadline(10.5) == pytest.approx(0.5)
+    (late,) = s.late(11.01)
+    assert (late.index, late.failed, late.again) == (0, True, True)
+    assert sorted(i for i, _ in late.asked) == [0, 1]
+
+
+def test_a_late_batch_waiting_for_credit_fails_after_the_timeout() -> None:
+    s = _late_sched(credits=(1, 1))
+    s.start_epoch(1, _batches(4), first=0)
+    a, b = s.assignments(taken=0, now=0.0)  # both servers hold one batch each, never answered
+    late = s.late(5.01)
+    assert [(x.index, x.failed) for x in late] == [(0, False), (1, False)]
+    assert s.assignments(taken=0, now=5.01) == []  # no credit anywhere
+    assert s.late(10.0) == []
+    assert [(x.index, x.failed) for x in s.late(10.02)] == [(0, True), (1, True)]
+
+
+def test_no_request_timeout_means_no_late_batch() -> None:
+    s = _late_sched(request_timeout=float("inf"))
+    s.start_epoch(1, _batches(4), first=0)
+    s.assignments(taken=0, now=0.0)
+    assert s.late(1e9) == []
