@@ -12,7 +12,7 @@ by pure parts it drives:
   server's join (:class:`~dataflow.client.handshake.Join`: HELLO / INDEX / data connections),
   at the start and later; the loader starts when the first server joined;
 * :class:`~dataflow.client.scheduler.Scheduler`: which batch to request from which server,
-  credits, window, heartbeats, liveness and failover;
+  credits, window, heartbeats, joins, liveness, failover and late requests;
 * :class:`~dataflow.client.reorder.Reorder`: replies back into plan order;
 * :class:`~dataflow.client.handoff.Handoff`: commands in, batches and failures out;
 * :class:`~dataflow.client.membership.Membership` (servers named by a DNS name or a file):

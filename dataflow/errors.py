@@ -73,7 +73,8 @@ class StateMismatchError(DataflowError):
 
 
 class DatasetMismatchError(DataflowError):
-    """Servers serve different datasets, or a state was saved on another dataset."""
+    """A server serves another dataset than the loader's, or a state was saved on another
+    dataset."""
 
 
 class LoaderClosedError(DataflowError):
