@@ -497,8 +497,8 @@ def test_a_pass_appended_ahead_is_not_waited_for_until_the_consumer_needs_it() -
 
 
 def _late_sched(credits=(2, 2), request_timeout: float = 5.0) -> Scheduler:
-    s = Scheduler(EPS[: len(credits)], timeout=100.0, heartbeat_s=1.0, silent_s=3.0,
-                  grace=5.0, request_timeout=request_timeout)
+    s = Scheduler([f"tcp://s{i}:1" for i in range(len(credits))], timeout=100.0,
+                  heartbeat_s=1.0, silent_s=3.0, grace=5.0, request_timeout=request_timeout)
     for i, c in enumerate(credits):
         s.link(i, CONTROL, up=True, now=0.0)
         s.hellos_due(0.0)
@@ -580,3 +580,35 @@ def test_no_request_timeout_means_no_late_batch() -> None:
     s.start_epoch(1, _batches(4), first=0)
     s.assignments(taken=0, now=0.0)
     assert s.late(1e9) == []
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_late_requests_at_random_keep_every_batch_once_answered_or_failed(seed: int) -> None:
+    """Three servers answer after random delays, some far past the request timeout: every
+    batch is accepted once or fails once, never both, and no server is taken for dead."""
+    rng = __import__("random").Random(seed)
+    s = _late_sched(credits=(2, 1, 2), request_timeout=2.0)
+    n = 30
+    s.start_epoch(1, _batches(n), first=0)
+    due: dict[tuple[int, int], float] = {}  # (server, req_id) -> when its reply comes
+    accepted: list[int] = []
+    failed: list[int] = []
+    now, reasked = 0.0, 0
+    while len(accepted) + len(failed) < n:
+        now += 0.1
+        _alive(s, now)
+        for a in s.assignments(taken=len(accepted) + len(failed), now=now):
+            due[(a.server, a.req_id)] = now + rng.choice([0.2, 0.5, 1.0, 3.0, 9.0])
+        for (server, req), when in sorted(due.items(), key=lambda kv: kv[1]):
+            if when <= now:
+                del due[(server, req)]
+                slot = s.on_reply(server, req, now)
+                if slot is not None:
+                    accepted.append(slot.index)
+        late = s.late(now)
+        reasked += sum(not x.failed for x in late)
+        failed += [x.index for x in late if x.failed]
+        assert now < 500, (accepted, failed)
+    assert sorted(accepted + failed) == list(range(n))
+    assert reasked > 0
+    assert all(s.state(i) is State.UP for i in range(3))
