@@ -245,10 +245,10 @@ def _stuck_server(servers, demo, tmp_path, stuck_from: int, stuck_s: float = 6.0
 def test_a_request_past_request_timeout_is_asked_of_another_server(demo_data, servers,
                                                                    tmp_path) -> None:
     demo = demo_data("arrow")
-    stuck = _stuck_server(servers, demo, tmp_path, stuck_from=2, stuck_s=10.0)
+    stuck = _stuck_server(servers, demo, tmp_path, stuck_from=2, stuck_s=15.0)
     fine = _stuck_server(servers, demo, tmp_path, stuck_from=10**6)
     # the stuck server is server 0: it wins ties, so it is asked for some batch >= 2
-    with _loader([stuck.endpoint, fine.endpoint], request_timeout=3) as dl:
+    with _loader([stuck.endpoint, fine.endpoint], request_timeout=5) as dl:
         ids = [i for batch in dl for i in batch["id"].tolist()]
         stats = dl.stats()
     assert ids == list(range(demo.total))
