@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,7 +20,7 @@ from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.procs import descendants
 from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
-from dataflow.errors import LoaderClosedError
+from dataflow.errors import LoaderClosedError, ServerUnavailable
 
 if TYPE_CHECKING:
     from dataflow.client import DataLoader
@@ -95,12 +96,29 @@ class DataflowRun:
                 prefetch=max(1, math.ceil(cfg.prefetch / len(endpoints))),
                 timeout=cfg.timeout_s,
             )
-            readers = self._loader.server_readers
+            readers = self._all_joined(self._loader, endpoints, cfg.timeout_s)
             self.budget = sum(readers)
             self.description = dataflow_budget(readers, local=not cfg.endpoints)
         except BaseException:
             self.close()
             raise
+
+    @staticmethod
+    def _all_joined(loader: DataLoader, endpoints: list[str], timeout: float
+                    ) -> tuple[int, ...]:
+        """Every server's reader count, once all of ``endpoints`` joined (the loader starts
+        with the first; the budget counts them all).
+
+        Raises:
+            ServerUnavailable: not all joined within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while len(readers := loader.server_readers) < len(endpoints):
+            if time.monotonic() > deadline:
+                raise ServerUnavailable(", ".join(endpoints), f"{len(readers)} of "
+                                        f"{len(endpoints)} servers joined within {timeout} s")
+            time.sleep(0.01)
+        return readers
 
     def batches(self) -> Iterator[Batch]:
         loader = self._loader

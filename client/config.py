@@ -71,7 +71,7 @@ class LoaderConfig:
 
     ``device`` is normalized: None for CPU tensors, else a CUDA device string; ``shuffle`` is
     normalized to a mode name (True is ``"sample"``, False is ``"none"``); ``columns`` to a
-    tuple.
+    tuple. ``request_timeout`` None stands for ``timeout`` (see :attr:`request_limit`).
     """
 
     servers: ServerSource
@@ -93,6 +93,7 @@ class LoaderConfig:
     resolve_interval: float = DEFAULT_RESOLVE_INTERVAL
     columns: Sequence[str] | None = None
     read_ahead: bool = True
+    request_timeout: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))
@@ -121,6 +122,12 @@ class LoaderConfig:
         _int("window", self.window, 1)
         if not self.timeout > 0:
             raise ConfigError(f"`timeout` must be > 0 seconds. Found: {self.timeout!r}")
+        if self.request_timeout is not None and (
+                isinstance(self.request_timeout, bool)
+                or not isinstance(self.request_timeout, (int, float))
+                or not 0 < self.request_timeout < float("inf")):
+            raise ConfigError("`request_timeout` must be None (the `timeout`) or a number of "
+                              f"seconds > 0. Found: {self.request_timeout!r}")
         if isinstance(self.grace, bool) or not (isinstance(self.grace, (int, float))
                                                 and 0 <= self.grace < float("inf")):
             raise ConfigError(f"`grace` must be a number of seconds >= 0. Found: {self.grace!r}")
@@ -129,6 +136,12 @@ class LoaderConfig:
                               f"Found: {self.device!r}")
         if self.device is not None and not torch.cuda.is_available():
             raise ConfigError(f"`device` is {self.device!r} but CUDA is not available")
+
+    @property
+    def request_limit(self) -> float:
+        """Seconds a request may go unanswered before its batch is asked of another server
+        (``request_timeout``, or ``timeout`` when None)."""
+        return float(self.timeout if self.request_timeout is None else self.request_timeout)
 
     def hello(self, name: str) -> Hello:
         """The HELLO said to every server: ``prefetch`` credits, the client's description

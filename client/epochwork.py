@@ -40,6 +40,8 @@ class EpochWork:
     needed: int = field(init=False)  # one past the last batch of the pass the consumer is in
     open: set[int] = field(default_factory=set)
     retry: list[int] = field(default_factory=list)  # a heap of open batches to request again
+    late: dict[int, float] = field(default_factory=dict)  # open batch -> when it was re-asked
+    # for want of a reply within the request timeout
     # (index of its first batch, its batches, index its tags count from), latest first
     _passes: list[tuple[int, Batches, int, Tags]] = field(default_factory=list, init=False,
                                                           repr=False)
@@ -90,6 +92,10 @@ class EpochWork:
             return self.retry[0]
         return self.next_request if self._unsent_due(taken, window) else None
 
+    def retrying(self, index: int) -> bool:
+        """Whether :meth:`peek`'s ``index`` is a batch to request again."""
+        return bool(self.retry) and self.retry[0] == index
+
     def claim(self, index: int) -> bool:
         """The batch :meth:`peek` gave is requested now; returns whether it is a re-request."""
         if self.retry and self.retry[0] == index:
@@ -115,8 +121,13 @@ class EpochWork:
         generation (the batch is then closed)."""
         if slot.gen != self.gen or slot.index not in self.open:
             return False
-        self.open.discard(slot.index)
+        self.close(slot.index)
         return True
+
+    def close(self, index: int) -> None:
+        """Batch ``index`` is done with (answered, or failed): later replies are discarded."""
+        self.open.discard(index)
+        self.late.pop(index, None)
 
     def again(self, index: int) -> None:
         """A reply accepted for ``index`` could not be delivered: request it again."""

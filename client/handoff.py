@@ -2,8 +2,9 @@
 
 Everything that crosses between the two threads goes through a :class:`Handoff`, under its
 lock: commands one way (:class:`StartEpoch`, :class:`Extend`, :class:`Need`, :class:`Stop`),
-and the other way the handshake result, batches of the current epoch in plan order (a failed
-request's :class:`Failed` in its batch's place), and a failure. Nothing else is shared.
+and the other way the servers that joined (the first one starts the loader), batches of the
+current epoch in plan order (a failed request's :class:`Failed` in its batch's place), and a
+failure. Nothing else is shared.
 
 Batches belong to an epoch *generation*. :meth:`Handoff.start` (consumer) makes a new
 generation current and discards every batch of older ones at once, so iterators that were
@@ -22,14 +23,15 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from dataflow import wire
-from dataflow.errors import DataflowError, InternalError
+from dataflow.errors import DataflowError, InternalError, LoaderClosedError
 from dataflow.plan import Batches
 from dataflow.wire import BatchTag
 
 T = TypeVar("T")
 
 # The I/O thread's counters (see :meth:`Handoff.count`).
-COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered", "joined", "left")
+COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered", "joined", "left",
+            "late")
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,10 @@ class Handoff(Generic[T]):
         self._gen = 0
         self._batches: deque[tuple[int, T | Failed]] = deque()
         self._taken = 0
-        self._indexes: tuple[wire.Index, ...] | None = None
+        self._first: wire.Index | None = None  # the INDEX of the first server that joined
+        self._readers: dict[str, int] = {}  # each server that joined -> its reader processes
         self._error: BaseException | None = None
+        self._closed = False
         self._want_wake = False
         self._delivered = 0
         self._discarded = 0
@@ -159,6 +163,8 @@ class Handoff(Generic[T]):
             alive: whether the I/O thread still runs.
 
         Raises:
+            LoaderClosedError: :meth:`close` was called (also while this waited, from another
+                thread).
             the I/O thread's failure, if it reported one; the error of a :class:`Failed`
                 batch, when it is the next (it is the failure from then on, and the I/O
                 thread is told to stop: it says BYE to the servers);
@@ -195,19 +201,35 @@ class Handoff(Generic[T]):
         with self._lock:
             return self._taken if gen == self._gen else None
 
-    def hello(self, timeout: float, alive: Callable[[], bool]) -> tuple[wire.Index, ...]:
-        """Every server's INDEX once the handshake is done (raises the I/O thread's failure)."""
+    def hello(self, timeout: float, alive: Callable[[], bool]) -> wire.Index:
+        """The INDEX of the first server that joined, once one did (raises the I/O thread's
+        failure: ServerUnavailable when none joined within the loader's ``timeout``)."""
         with self._lock:
-            while self._indexes is None:
+            while self._first is None:
                 self._raise_failure()
                 if not alive():
                     raise DataflowError("the DataLoader's I/O thread has stopped")
                 self._ready.wait(timeout)
-            return self._indexes
+            return self._first
+
+    def readers(self) -> tuple[int, ...]:
+        """The reader process count of each server that joined so far, in the order they
+        first joined (as its INDEX said)."""
+        with self._lock:
+            return tuple(self._readers.values())
 
     def _raise_failure(self) -> None:
+        if self._closed:
+            raise LoaderClosedError("this DataLoader was closed") from self._error
         if self._error is not None:
             raise self._error
+
+    def close(self) -> None:
+        """The loader is closing: every consumer call, waiting or later, raises
+        :class:`~dataflow.errors.LoaderClosedError` (idempotent; any thread)."""
+        with self._lock:
+            self._closed = True
+            self._ready.notify_all()
 
     # -- I/O thread side ------------------------------------------------------------------------
 
@@ -254,10 +276,13 @@ class Handoff(Generic[T]):
         with self._lock:
             self.capacity = capacity
 
-    def handshake_done(self, indexes: tuple[wire.Index, ...]) -> None:
+    def admitted(self, endpoint: str, index: wire.Index) -> None:
+        """Server ``endpoint`` joined with ``index`` (the first one starts the loader)."""
         with self._lock:
-            self._indexes = indexes
-            self._ready.notify_all()
+            self._readers[endpoint] = index.workers
+            if self._first is None:
+                self._first = index
+                self._ready.notify_all()
 
     def fail(self, error: BaseException) -> None:
         """Report a failure; every later consumer call raises it (the first one is kept)."""

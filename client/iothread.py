@@ -8,11 +8,11 @@ processes (routing id: the session token from INDEX), on which BATCH and ERROR r
 events feed the scheduler's liveness rules). The loop only moves bytes; the decisions are made
 by pure parts it drives:
 
-* :class:`~dataflow.client.handshake.Handshake`: HELLO / INDEX / data connections at start;
-* :class:`~dataflow.client.dispatch.Dispatch`: what each reply and error means, and joining a
-  lost server again;
+* :class:`~dataflow.client.dispatch.Dispatch`: what each reply and error means, and every
+  server's join (:class:`~dataflow.client.handshake.Join`: HELLO / INDEX / data connections),
+  at the start and later; the loader starts when the first server joined;
 * :class:`~dataflow.client.scheduler.Scheduler`: which batch to request from which server,
-  credits, window, heartbeats, liveness and failover;
+  credits, window, heartbeats, joins, liveness, failover and late requests;
 * :class:`~dataflow.client.reorder.Reorder`: replies back into plan order;
 * :class:`~dataflow.client.handoff.Handoff`: commands in, batches and failures out;
 * :class:`~dataflow.client.membership.Membership` (servers named by a DNS name or a file):
@@ -26,6 +26,7 @@ this thread; the consumer reaches it only through the :class:`Handoff`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import threading
@@ -39,13 +40,9 @@ from dataflow.client.buffers import CudaSink, HostSink, Ready
 from dataflow.client.discovery import Lookup, Watcher
 from dataflow.client.dispatch import Dispatch
 from dataflow.client.handoff import Extend, Handoff, Need, StartEpoch, Stop
-from dataflow.client.handshake import Handshake
 from dataflow.client.links import Links
 from dataflow.client.membership import Membership
-from dataflow.client.receive import drain, receive_header
 from dataflow.client.scheduler import CONTROL, Scheduler, State
-from dataflow.errors import ProtocolError
-from dataflow.index import DatasetIndex
 from dataflow.security import ClientCurve
 
 log = logging.getLogger("dataflow.client")
@@ -63,30 +60,36 @@ class IOThread(threading.Thread):
         endpoints: server endpoints.
         hello: the HELLO said to every server (credits asked of each, the prefetch depth; this
             client's description; the columns its batches hold).
-        timeout: seconds the first handshake, a join, or an epoch without any usable server
-            may take before :class:`~dataflow.errors.ServerUnavailable`.
+        timeout: seconds until a first server joined, seconds a join may take (it is then
+            tried again later), and seconds an epoch may wait without any usable server,
+            before :class:`~dataflow.errors.ServerUnavailable` (not for a join).
         grace: seconds a server may be disconnected or silent before it is lost.
         sink: where batches are received.
         curve: CURVE keys applied to every socket (None: clear text); a refused handshake
             raises :class:`~dataflow.errors.ServerUnavailable` at once.
         find: looks the servers up again (a DNS name or a file), or None (a static list).
         resolve_interval: seconds between lookups with ``find``.
+        request_timeout: seconds a request may go unanswered before its batch is asked of
+            another server, or fails (:meth:`Scheduler.late`).
     """
 
     def __init__(self, endpoints: Sequence[str], hello: wire.Hello, timeout: float,
                  grace: float, sink: HostSink | CudaSink, curve: ClientCurve | None = None,
-                 find: Lookup | None = None, resolve_interval: float = 10.0) -> None:
+                 find: Lookup | None = None, resolve_interval: float = 10.0,
+                 request_timeout: float = math.inf) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._endpoints = list(endpoints)
         self._hello = wire.encode(hello)
         self._timeout = timeout
+        self._request_timeout = request_timeout
         self._sink = sink
         self._routing_id = secrets.token_hex(8).encode()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.handoff: Handoff[Ready] = Handoff(self._wake)
         self._scheduler = Scheduler(self._endpoints, timeout=timeout, heartbeat_s=HEARTBEAT_S,
-                                    silent_s=SILENT_S, grace=grace)
+                                    silent_s=SILENT_S, grace=grace, now=time.monotonic(),
+                                    request_timeout=request_timeout)
         self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
         self._links = Links(zmq.Context.instance(), self._poller, curve, self._endpoints)
@@ -106,7 +109,9 @@ class IOThread(threading.Thread):
             pass
 
     def stop(self, join_timeout: float = 5.0) -> None:
-        """Stop the thread (it says BYE to the servers and closes its sockets); idempotent."""
+        """Stop the thread (it says BYE to the servers and closes its sockets); a consumer
+        waiting in the hand-off raises LoaderClosedError at once. Idempotent; any thread."""
+        self.handoff.close()
         if self._wake_w < 0:
             return
         if self.is_alive():
@@ -125,8 +130,11 @@ class IOThread(threading.Thread):
                 self._control[server] = self._links.open(server, CONTROL, self._routing_id,
                                                          endpoint)
             self._poller.register(self._wake_r, zmq.POLLIN)
-            if self._handshake():
-                self._serve()
+            if self._watcher is not None:
+                self._membership = Membership(self._endpoints, interval=self._resolve_interval,
+                                              now=time.monotonic())
+                self._watcher.start()
+            self._serve()
         except Exception as e:
             self.handoff.fail(e)
         finally:
@@ -155,47 +163,6 @@ class IOThread(threading.Thread):
                     self._dispatch.need(cmd)
         return events, stop
 
-    def _handshake(self) -> bool:
-        """Run the first handshake; False when stopped first."""
-        hs = Handshake(self._endpoints, time.monotonic() + self._timeout, self._timeout)
-        for sock in self._control.values():
-            sock.send_multipart(self._hello)
-        while not hs.done:
-            hs.check(time.monotonic())
-            events, stop = self._poll(hs.left(time.monotonic()))
-            if stop:
-                return False
-            for server, sock in self._control.items():
-                if events.get(sock):
-                    msg = self._header(sock, server)
-                    if msg is not None:
-                        data = hs.on_control(server, msg)
-                        assert isinstance(msg, wire.Index)
-                        self._dispatch.connect(server, msg.session.encode(), data)
-            for sock, (server, reader) in self._data.items():
-                if events.get(sock):
-                    msg = self._header(sock, server)
-                    if msg is not None:
-                        hs.on_data(server, reader, msg)
-        now = time.monotonic()
-        for server, index in enumerate(hs.indexes):
-            self._scheduler.grant(server, index.credits, now)
-        self._dispatch.fingerprint = DatasetIndex.from_json(hs.indexes[0].index_json).fingerprint
-        self.handoff.set_capacity(self._scheduler.window)
-        self.handoff.handshake_done(hs.indexes)
-        if self._watcher is not None:
-            self._membership = Membership(self._endpoints, interval=self._resolve_interval,
-                                          now=now)
-            self._watcher.start()
-        return True
-
-    def _header(self, sock: zmq.Socket, server: int) -> wire.Message | None:
-        msg = receive_header(sock, self._endpoints[server])
-        if isinstance(msg, wire.BatchMsg):
-            drain(sock)
-            raise ProtocolError(f"{self._endpoints[server]}: BATCH before the handshake ended")
-        return msg
-
     def _serve(self) -> None:
         while True:
             now = time.monotonic()
@@ -219,12 +186,16 @@ class IOThread(threading.Thread):
                                                          flags=zmq.NOBLOCK)
                 except zmq.Again:
                     pass
-            for server in self._scheduler.check(now):
-                log.warning("%s: lost (no usable connection for the grace period, or its join "
-                            "timed out); its batches go to the other servers",
-                            self._endpoints[server])
+            for server, joining in self._scheduler.check(now):
                 self._dispatch.drop_data(server)
+                if joining:
+                    self._dispatch.expired(server)
+                    continue
+                log.warning("%s: lost (no usable connection for the grace period); its "
+                            "batches go to the other servers", self._endpoints[server])
                 self.handoff.count("servers_lost")
+            for late in self._scheduler.late(now):
+                self._dispatch.late(late, request_timeout=self._request_timeout)
 
     # -- discovery ------------------------------------------------------------------------------
 

@@ -32,7 +32,6 @@ from dataflow.client.passes import Ahead, PassIterator, Run, after, plan_pass
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
 from dataflow.errors import (
     ConfigError,
-    DatasetMismatchError,
     InternalError,
     LoaderClosedError,
     StaleIteratorError,
@@ -88,14 +87,18 @@ class DataLoader:
 
     Iteration (see :mod:`dataflow.client.cursor`): every pass (``for batch in loader``) is one
     full pass over the current epoch, whatever earlier passes did (a peek or a ``break``
-    consumes nothing); a pass that ran to its end makes the next pass start the next epoch;
-    :meth:`set_epoch` (also as ``loader.sampler.set_epoch``) chooses the epoch, also for an
-    iterator already made but not read yet. ``state_dict()`` / ``load_state_dict()`` resume
-    exactly, on any rank and any world size: after ``load_state_dict`` the next pass yields
-    the rest of the saved epoch (spread over this job's ranks; a state taken after an epoch's
-    last batch resumes at the next epoch), and ``set_epoch`` with the saved epoch keeps that
-    position. One iterator is active at a time: starting a new one invalidates the previous.
-    After an error is raised the loader can only be closed.
+    consumes nothing); a pass whose iterator ran to its end (raised StopIteration; taking the
+    last batch is not enough) makes the next pass start the next epoch; :meth:`set_epoch`
+    (also as ``loader.sampler.set_epoch``) chooses the epoch, also for an iterator already
+    made but not read yet. ``state_dict()`` / ``load_state_dict()`` resume exactly, on any
+    rank and any world size (on the same world size: the uninterrupted run's batches, padded
+    tail included): after ``load_state_dict`` the next pass yields the rest of the saved epoch
+    (spread over this job's ranks; a state taken after an epoch's last batch resumes at the
+    next epoch), and ``set_epoch`` with the saved epoch keeps that position until a pass from
+    it completes. One iterator is active at a time: starting a new one invalidates the
+    previous. After an error is raised the loader can only be closed; :meth:`close` from
+    another thread makes a ``next()`` waiting for a batch raise
+    :class:`~dataflow.errors.LoaderClosedError`.
 
     Failover (see :mod:`dataflow.client.scheduler`): servers are stateless and this loader
     owns the plan, so losing a server loses no sample. A server whose connection drops (a
@@ -106,9 +109,20 @@ class DataLoader:
     ``grace`` seconds (a network cut) keeps its session and its work; one that lost this
     client's session (restarted) joins again (HELLO) and takes work again, provided it serves
     the same dataset (otherwise it stays out, logged). Liveness is judged by the servers'
-    connections and HEARTBEAT answers, never by how long a big reply takes.
+    connections and HEARTBEAT answers, never by how long a big reply takes; how long one
+    request may take is ``request_timeout``.
 
-    ``server_readers`` holds each server's reader process count, as its INDEX reply said.
+    Start: the constructor returns as soon as one server admitted this loader (its HELLO was
+    answered with INDEX and its reader connections answered); that server's dataset is the
+    loader's. The other servers join in the background whenever they can, as servers found by
+    discovery do, and take requests from then on: one busy (``ServerBusy``: it holds its
+    ``--max-sessions``), still starting, slow to answer or not up yet is asked again with a
+    backoff (1 s, doubling up to 30 s; at once when its connection comes up), logged once per
+    reason; one serving another dataset stays out, logged as an error; one that refuses the
+    HELLO itself (a ``batch_size`` or ``columns`` it does not accept) fails the constructor
+    while no server admitted this loader yet. ``stats()["joined"]`` counts the servers that
+    joined after the loader started without them.
+    ``server_readers`` holds the reader process count of each server that joined so far.
 
     Under the server's ``--on-error skip`` a batch may be short: damaged samples are left out,
     and counted in ``stats()["skipped"]``.
@@ -135,9 +149,11 @@ class DataLoader:
         device: None / "cpu" for CPU tensors, or a CUDA device.
         pin_memory: pin CPU batches (only when CUDA is available).
         prefetch: requests kept outstanding per server.
-        timeout: seconds the servers may take to answer the first HELLO, and seconds an epoch
-            may wait with no usable server, before :class:`~dataflow.errors.ServerUnavailable`
-            is raised (naming every endpoint).
+        timeout: seconds the constructor waits for a first server to admit this loader, and
+            seconds an epoch may wait with no usable server, before
+            :class:`~dataflow.errors.ServerUnavailable` is raised (naming every endpoint and
+            its state); also the seconds one server's join may take before it is tried again
+            later.
         grace: seconds a server may be disconnected or silent before it is lost (its
             session is then given up; it must join again).
         shuffle_window: samples shuffled together by the ``"sample"`` shuffle.
@@ -168,14 +184,24 @@ class DataLoader:
             them; after the last epoch up to ``prefetch`` batches per server are read for
             nothing (and counted in the servers' metrics and in ``stats()``, ``skipped``
             included). A failed read raises only when the loop reaches its batch.
+        request_timeout: seconds a request may go unanswered, from when it was sent until its
+            whole reply arrived (the server's queue, its read and ``--transform``, and the
+            transfer), before its batch is asked of another server (the first reply is
+            taken, as in failover); when no other server can take it, or that request too
+            goes unanswered as long, the batch fails: the loop gets
+            :class:`~dataflow.errors.RequestTimeout` where it reaches it, naming the
+            servers, the batch (epoch, global batch index) and their ``--transform``. A late
+            request does not make its server suspect (liveness is judged by connections and
+            HEARTBEATs); set this above the longest a batch may take, e.g. a big batch over a
+            slow link. None (the default): ``timeout``.
 
     Raises:
         ConfigError: an argument is invalid.
         MetricsError: the metrics port is taken, or the registry has a DataLoader's already.
-        ServerUnavailable: a server did not answer HELLO within ``timeout``, or a name or a
+        ServerUnavailable: no server admitted this loader within ``timeout`` (naming every
+            endpoint and its state: not connected, no answer, busy, ...), or a name or a
             registry named no server within ``timeout`` (while iterating: no server was
             usable for ``timeout`` seconds).
-        DatasetMismatchError: the servers serve different datasets.
     """
 
     def __init__(
@@ -202,6 +228,7 @@ class DataLoader:
         resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
         columns: Sequence[str] | None = None,
         read_ahead: bool = True,
+        request_timeout: float | None = None,
     ) -> None:
         source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
@@ -211,7 +238,7 @@ class DataLoader:
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             shuffle_window=shuffle_window, block_size=block_size, window=window,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
-            columns=columns, read_ahead=read_ahead,
+            columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
         )
         cfg = self.config
         find = functools.partial(lookup, source)
@@ -223,7 +250,8 @@ class DataLoader:
         self._io = IOThread(self._endpoints,
                             cfg.hello(f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}"),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
-                            find if source.dynamic else None, cfg.resolve_interval)
+                            find if source.dynamic else None, cfg.resolve_interval,
+                            cfg.request_limit)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._gen = 0
@@ -238,6 +266,7 @@ class DataLoader:
             raise
         self._cursor = EpochCursor(self.index.total)
         self._pass: Run | None = None
+        self._live: weakref.ref[PassIterator] | None = None  # the current pass's iterator
         self._ahead: Ahead | None = None
         self.epoch_size = self._size(0)
         self.sampler = EpochSetter(self)
@@ -246,14 +275,17 @@ class DataLoader:
         self.metrics_port = self._metrics.port if self._metrics is not None else None
 
     def _handshake(self) -> DatasetIndex:
-        indexes = self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
-        self.server_readers = tuple(msg.workers for msg in indexes)
-        parsed = [DatasetIndex.from_json(msg.index_json) for msg in indexes]
-        prints = {e: idx.fingerprint for e, idx in zip(self._endpoints, parsed, strict=True)}
-        if len(set(prints.values())) > 1:
-            raise DatasetMismatchError("servers serve different datasets (fingerprints "
-                                       + ", ".join(f"{e}: {f}" for e, f in prints.items()) + ")")
-        return parsed[0]
+        """The dataset index of the first server that joined (the I/O thread made sure every
+        later one serves the same)."""
+        return DatasetIndex.from_json(self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
+                                      .index_json)
+
+    @property
+    def server_readers(self) -> tuple[int, ...]:
+        """The reader process count of each server that joined so far (as its INDEX said), in
+        the order they joined; servers that join later (busy, slow or not up at the start,
+        found by discovery) are added when they do."""
+        return self._io.handoff.readers()
 
     @property
     def schema(self) -> Schema:
@@ -289,7 +321,8 @@ class DataLoader:
         return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next pass cover ``epoch`` (a resumed position in ``epoch`` is kept).
+        """Make the next pass cover ``epoch``: all of it, or the rest of it after
+        :meth:`load_state_dict` saved in ``epoch``, until a pass from that position completed.
 
         An iterator made but not read yet is retargeted to ``epoch`` (torch's DataLoader
         without workers behaves so; Lightning makes its iterator before it sets the epoch);
@@ -303,7 +336,9 @@ class DataLoader:
         value = operator.index(epoch)
         if value < 0:
             raise ConfigError(f"`epoch` must be an integer >= 0. Found: {value}")
-        unread = self._pass if self._pass is not None and self._pass.gen == self._gen else None
+        run = self._pass
+        held = self._live is not None and self._live() is not None
+        unread = run if run is not None and run.gen == self._gen and held else None
         self._gen += 1
         self._cursor.set_epoch(value)
         if unread is not None and unread.yielded == 0 and not self._io.handoff.failed:
@@ -324,26 +359,37 @@ class DataLoader:
                                     "resume") from failure
         self._pass = Run(0, 0)
         self._begin(self._pass)
-        return PassIterator(self._iterate(self._pass))
+        iterator = PassIterator(self._iterate(self._pass))
+        self._live = weakref.ref(iterator)
+        return iterator
 
     def _begin(self, run: Run) -> None:
         """Start ``run`` as a new pass: the one read ahead, when the pass before it ended
-        exactly where it starts, else planned now and asked of the I/O thread."""
+        exactly where it starts; else, while a pass read ahead is still intact, requested at
+        the first ``next()`` (a ``set_epoch`` before it may make it the one read ahead:
+        Lightning makes its iterator, then sets the epoch); else planned now and asked of the
+        I/O thread."""
         self._gen += 1
         span = self._cursor.begin()
+        run.gen, run.span, run.ahead, run.pending = self._gen, span, False, False
         ahead = self._ahead
-        if (ahead is not None and ahead.span == span
-                and self._io.handoff.consumed(ahead.stream) == ahead.base):
-            batches, run.stream, run.base = ahead.batches, ahead.stream, ahead.base
-            self._io.handoff.command(Need(ahead.stream, ahead.base + len(batches)))
+        intact = (ahead is not None
+                  and self._io.handoff.consumed(ahead.stream) == ahead.base)
+        if intact and ahead is not None and ahead.span == span:
+            run.stream, run.base, run.n = ahead.stream, ahead.base, len(ahead.batches)
+            self._io.handoff.command(Need(ahead.stream, ahead.base + run.n))
+        elif intact:
+            run.pending, run.n = True, self._size(span.start).batches_per_rank
         else:
-            self._ahead = None
-            batches, tags = plan_pass(self.config, self.index.sizes, span)
-            run.stream, run.base = self._gen, 0
-            self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
-        if not batches:
-            self._cursor.end()
-        run.gen, run.n, run.span, run.ahead = self._gen, len(batches), span, False
+            self._request(run)
+
+    def _request(self, run: Run) -> None:
+        """Plan ``run``'s pass and ask the I/O thread for it, as a new generation (anything
+        read ahead is discarded)."""
+        self._ahead = None
+        batches, tags = plan_pass(self.config, self.index.sizes, run.span)
+        run.stream, run.base, run.n, run.pending = self._gen, 0, len(batches), False
+        self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
 
     def _read_ahead(self, run: Run) -> None:
         """Append the pass that follows ``run`` once it completes (the next epoch, from its
@@ -357,10 +403,14 @@ class DataLoader:
 
     def _iterate(self, run: Run) -> Iterator[dict[str, torch.Tensor]]:
         while run.yielded < run.n:
+            if not self._finalizer.alive:
+                raise LoaderClosedError("this DataLoader is closed")
             if run.gen != self._gen:
                 raise StaleIteratorError("this iterator was invalidated: a newer iterator was "
-                                         "started, set_epoch/load_state_dict was called after "
-                                         "it yielded, or the loader was closed")
+                                         "started, or set_epoch/load_state_dict was called "
+                                         "after it yielded")
+            if run.pending:
+                self._request(run)
             t0 = perf_counter()
             index, ready = self._io.handoff.take(run.stream, GET_POLL_S, self._io.is_alive)
             if self._meter is not None:
@@ -372,19 +422,24 @@ class DataLoader:
                 # The samples the index lost to damage are missing from every epoch: rank 0
                 # counts them once per pass over an epoch from its start.
                 self._io.handoff.count("skipped", self.index.lost)
-            self._cursor.yielded(last=run.yielded == run.n)
+            self._cursor.yielded()
             if (self.config.read_ahead and not run.ahead
                     and run.n - run.yielded <= self._io.handoff.window):
                 self._read_ahead(run)
             yield hand_over(ready)
+        if run.gen == self._gen:  # the iterator reached its end: the pass is complete
+            self._cursor.end()
 
     def stats(self) -> dict[str, int]:
         """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,
         batches ``waiting`` for the consumer, samples ``skipped`` as damaged (left out of the
         batches received, and on rank 0 those the dataset index lost, once per pass over an
         epoch from its start), ``servers_lost``, servers ``rejoined``, batches ``rerequested``
-        from another server after a loss, ``recovered`` (re-requested batches received), and
-        servers found by discovery that ``joined`` and that ``left``."""
+        from another server after a loss, ``recovered`` (re-requested batches received),
+        servers that ``joined`` after the loader started without them (found by discovery, or
+        listed but busy, slow or not up at the start), servers that ``left`` (discovery), and
+        batches ``late`` (no reply within ``request_timeout``: asked of another server, or
+        failed)."""
         return self._io.handoff.stats()
 
     # -- resume ---------------------------------------------------------------------------------
@@ -394,16 +449,26 @@ class DataLoader:
         return {name: getattr(cfg, name) for name in PLAN_FIELDS}
 
     def state_dict(self) -> dict[str, Any]:
-        """Resume state: a few scalars (see :mod:`dataflow.client.state`), valid on any rank
-        and any world size."""
+        """Resume state: a few scalars (see :mod:`dataflow.client.state`), the same on every
+        rank, valid on any rank and any world size.
+
+        It describes what the next batch would be: the batches returned by ``next()`` of the
+        current iterator count as consumed while the program still holds that iterator (a
+        training loop's); once it is gone (a peek ``next(iter(loader))``, a loop left by
+        ``break``) or replaced, they do not, as the next pass starts that epoch over. An
+        iterator that reached its end completed its epoch: the state resumes at the next one.
+        """
         cfg = self.config
-        epoch, start, batches = self._cursor.position
+        run = self._pass
+        live = (run is not None and run.gen == self._gen and self._live is not None
+                and self._live() is not None)
+        epoch, start, batches = self._cursor.position(live)
         done = consumed(start, world_size=cfg.world_size, batch_size=cfg.batch_size,
                         batches_yielded=batches, total=self.index.total,
                         drop_last=cfg.drop_last)
         return make_state(epoch=epoch, consumed=done, total=self.index.total,
                           fingerprint=self.index.fingerprint, plan=self._plan_inputs(),
-                          world_size=cfg.world_size, rank=cfg.rank)
+                          world_size=cfg.world_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (saved by any rank of a job of any size): the next pass

@@ -23,7 +23,8 @@ from dataflow.transform import global_batch_index
 @dataclass
 class Run:
     """The batches one iterator yields, valid while the loader's generation is ``gen``: ``n``
-    batches of pass ``span``, batches ``base``... of the hand-off's generation ``stream``."""
+    batches of pass ``span``, batches ``base``... of the hand-off's generation ``stream``
+    (once requested: ``pending`` until then)."""
 
     gen: int
     n: int
@@ -32,6 +33,7 @@ class Run:
     stream: int = 0
     base: int = 0
     ahead: bool = False  # the pass after it was appended to ``stream``
+    pending: bool = False  # not requested yet: planned and requested at its first ``next()``
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ time passed in, so every rule here is unit-tested with a fake clock:
 * **Window.** At most ``window`` batches of the current epoch are requested but not yet taken
   by the consumer (received, reordered and waiting count too), so the consumer's hand-off
   never holds more. ``window`` is the sum of the credits the servers granted at their first
-  join; it is fixed for an epoch and may only grow when the next epoch starts or is appended
-  to the current generation (servers that joined meanwhile count then; servers that left never
-  shrink it).
+  join; it grows when a server joins for the first time (also mid-epoch: the loader starts
+  with the first server, and the others' credits count as soon as they join), and never
+  shrinks (servers that left or were lost keep their part: they may come back).
 * **Membership.** A server found by discovery is :meth:`Scheduler.add`-ed (it joins and then
   takes requests at once, the epoch's batches not yet requested and re-requests, inside the
   epoch's window); a removed one is :meth:`Scheduler.retire`-d (GONE: its open batches go to
@@ -24,11 +24,24 @@ time passed in, so every rule here is unit-tested with a fake clock:
   other one (a late reply from a server it was taken away from, a duplicate) is discarded.
 * **Liveness** is judged by each server's connections, never by how long a reply takes (a
   56 MB reply on a slow link may take longer than ``timeout`` while bytes flow): the rules are
-  :mod:`dataflow.client.servers`. A suspect server gets no new requests and its open batches
+  :mod:`dataflow.client.servers`.
+* **Late requests.** A batch whose every request at a usable server was sent more than
+  ``request_timeout`` seconds ago, without a reply, is *late* (:meth:`Scheduler.late`): it is
+  requested again, before any new batch, from a usable server that does not hold it (the
+  first reply is accepted, as in failover); when there is none, or that request too is not
+  answered within ``request_timeout`` (counted from when it was decided), the batch fails. A
+  late request says nothing about its server's liveness: the server keeps its other requests
+  and gets new ones. A suspect server gets no new requests and its open batches
   are re-requested from the other servers at once; if a connection broke meanwhile, replies
   in flight on it may be gone, so its outstanding requests are forgotten when it is usable
   again (their late replies are discarded). A lost server's requests are all forgotten, and
   it must join again (HELLO) before it gets work.
+* **Start.** Every server starts DOWN, not connected; it is sent HELLO once its control
+  connection is up, and joins when its handshake is done (:meth:`Scheduler.grant`). The loader
+  starts as soon as one server joined; the others join whenever they can (a busy, slow or
+  not yet started server is asked again with a backoff), as servers found by discovery do.
+  When none joined within ``timeout`` seconds of the start,
+  :class:`~dataflow.errors.ServerUnavailable` names every endpoint and its state.
 * **Unavailable.** When the current epoch needs a server and none was usable for ``timeout``
   seconds, :class:`~dataflow.errors.ServerUnavailable` names every endpoint. Batches of a pass
   appended ahead are not needed until the consumer begins it (:meth:`Scheduler.need`).
@@ -36,7 +49,10 @@ time passed in, so every rule here is unit-tested with a fake clock:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from dataflow.client.epochwork import EpochWork
 from dataflow.client.handoff import NO_TAGS, Tags
@@ -46,13 +62,43 @@ from dataflow.client.servers import (
     State,
     Transition,
     deadline,
+    join_backoff,
     transition,
 )
 from dataflow.client.slots import Assignment, Slot
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches
+from dataflow.wire import BatchTag
 
-__all__ = ["CONTROL", "Assignment", "Scheduler", "Slot", "State"]
+__all__ = ["CONTROL", "Assignment", "Late", "Loss", "Scheduler", "Slot", "State"]
+
+
+class Loss(NamedTuple):
+    """Server ``server`` was lost (``joining`` False: it had joined) or its join attempt ran
+    out of time (``joining`` True): the caller closes its data connections."""
+
+    server: int
+    joining: bool
+
+
+@dataclass(frozen=True)
+class Late:
+    """Batch ``index`` of generation ``gen`` (``tag``) got no reply within the request timeout.
+
+    Attributes:
+        asked: ``(server, seconds since its request was sent)`` of each usable server holding
+            a request for it.
+        failed: no other server could take it (or its request again was late too): the batch
+            fails; else it is requested again from another server.
+        again: it was late before (it was requested again already).
+    """
+
+    gen: int
+    index: int
+    tag: BatchTag
+    asked: tuple[tuple[int, float], ...]
+    failed: bool
+    again: bool
 
 
 class Scheduler:
@@ -65,15 +111,23 @@ class Scheduler:
         heartbeat_s: seconds between HEARTBEATs to each server.
         silent_s: seconds a HEARTBEAT may stay unanswered before its server is suspect.
         grace: seconds a server may be suspect before it is lost.
+        now: the start (no server joined within ``timeout`` of it: unavailable).
+        request_timeout: seconds a request may go unanswered before its batch is late (see
+            the module); infinite: never.
 
     Thread invariant: used by the I/O thread only.
     """
 
     def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
-                 silent_s: float, grace: float) -> None:
-        self._servers = [ServerRecord(e) for e in endpoints]
+                 silent_s: float, grace: float, now: float = 0.0,
+                 request_timeout: float = math.inf) -> None:
+        self._servers = [ServerRecord(e, state=State.DOWN, since=now, down_links={CONTROL},
+                                      note="not connected") for e in endpoints]
+        self._started = now
+        self._admitted = False  # a server joined: the loader started
         self._window = 0
         self._timeout = timeout
+        self._request_timeout = request_timeout
         self._heartbeat_s = heartbeat_s
         self._silent_s = silent_s
         self._grace = grace
@@ -98,8 +152,9 @@ class Scheduler:
         first = not s.share
         s.credits = credits
         s.share = s.share or credits
-        if self._epoch is None:
-            self._window = self._members_window()
+        self._admitted = True
+        self._window = max(self._window, self._members_window())
+        s.failures, s.note, s.failure = 0, "", ""
         s.unanswered = None
         s.broken = False
         s.heard = now
@@ -115,7 +170,8 @@ class Scheduler:
         """
         if self.find(endpoint) is not None:
             raise InternalError(f"{endpoint}: added twice")
-        s = ServerRecord(endpoint, state=State.DOWN, since=now, next_hello=now)
+        s = ServerRecord(endpoint, state=State.DOWN, since=now, down_links={CONTROL},
+                         note="not connected")
         self._servers.append(s)
         return len(self._servers) - 1
 
@@ -146,17 +202,32 @@ class Scheduler:
     def endpoint(self, server: int) -> str:
         return self._servers[server].endpoint
 
-    def hellos_due(self, now: float) -> list[int]:
-        """Lost servers to send a HELLO to now (each is then JOINING until :meth:`grant`, or
-        until ``timeout`` passes or :meth:`join_failed`)."""
-        return [i for i, s in enumerate(self._servers) if s.hello_due(now)]
+    def describe(self, server: int) -> str:
+        """``server``'s state for a message (``"down (busy: ...)"``)."""
+        return self._servers[server].describe()
 
-    def join_failed(self, server: int, now: float, *, retry: bool) -> None:
-        """The join of ``server`` failed: it is lost again; asked to join again after
-        ``timeout`` when ``retry``, else only once its connection comes up anew."""
+    def hellos_due(self, now: float) -> list[int]:
+        """Servers not joined to send a HELLO to now: their control connection is up and
+        their next try is due (each is then JOINING until :meth:`grant`, or until ``timeout``
+        passes or :meth:`join_failed`)."""
+        due = [i for i, s in enumerate(self._servers) if s.hello_due(now)]
+        for i in due:
+            self._servers[i].note = "HELLO sent, no answer yet"
+        return due
+
+    def note(self, server: int, text: str) -> None:
+        """How ``server``'s join is going (for :meth:`describe`)."""
+        self._servers[server].note = text
+
+    def join_failed(self, server: int, now: float, *, retry: bool, why: str = "") -> None:
+        """The join of ``server`` failed (``why``): it is DOWN; asked to join again after a
+        backoff (:func:`~dataflow.client.servers.join_backoff`) when ``retry``, else only
+        once its connection comes up anew — and at once whenever it does."""
         s = self._servers[server]
         s.enter(State.DOWN, now)
-        s.next_hello = now + self._timeout if retry else float("inf")
+        s.failures += 1
+        s.failure, s.note = why or s.note or "failed", ""
+        s.next_hello = now + join_backoff(s.failures) if retry else float("inf")
 
     # -- epochs ---------------------------------------------------------------------------------
 
@@ -172,7 +243,6 @@ class Scheduler:
             raise InternalError(f"epoch generation {gen} after {self._epoch.gen}")
         self._epoch = EpochWork(gen, batches, first, tags)
         self._taken = 0
-        self._window = max(self._window, self._members_window())
 
     def need(self, gen: int, end: int) -> None:
         """The consumer began the pass of generation ``gen`` that ends before batch ``end``:
@@ -183,8 +253,7 @@ class Scheduler:
 
     def extend_epoch(self, gen: int, batches: Batches, tags: Tags) -> bool:
         """Append the next pass (``batches``, tagged ``tags``) to generation ``gen``: its
-        batches are requested after the current ones, inside the same window, which may grow
-        now as at the start of an epoch (servers that joined meanwhile count).
+        batches are requested after the current ones, inside the same window.
 
         Returns:
             False when ``gen`` is not the current generation (nothing is appended).
@@ -192,7 +261,6 @@ class Scheduler:
         if self._epoch is None or self._epoch.gen != gen:
             return False
         self._epoch.extend(batches, tags)
-        self._window = max(self._window, self._members_window())
         return True
 
     @property
@@ -200,14 +268,21 @@ class Scheduler:
         """Generation of the current epoch, or None before the first."""
         return None if self._epoch is None else self._epoch.gen
 
-    def _least_loaded(self) -> int | None:
-        """The usable server with credit and the fewest requests outstanding (first on a tie)."""
+    def _least_loaded(self, holders: set[int]) -> int | None:
+        """The usable server with credit and the fewest requests outstanding (first on a tie),
+        other than ``holders``."""
         best = None
         for i, s in enumerate(self._servers):
-            if (s.state is State.UP and len(s.outstanding) < s.credits and (
-                    best is None or len(s.outstanding) < len(self._servers[best].outstanding))):
+            if (s.state is State.UP and len(s.outstanding) < s.credits and i not in holders
+                    and (best is None
+                         or len(s.outstanding) < len(self._servers[best].outstanding))):
                 best = i
         return best
+
+    def _holders(self, gen: int, index: int) -> set[int]:
+        """The servers holding a request for batch ``index`` of generation ``gen``."""
+        return {i for i, s in enumerate(self._servers)
+                for slot in s.outstanding.values() if slot.gen == gen and slot.index == index}
 
     def assignments(self, taken: int, now: float) -> list[Assignment]:
         """Requests to send now, given that the consumer took ``taken`` batches of this epoch.
@@ -221,14 +296,18 @@ class Scheduler:
         out: list[Assignment] = []
         while ep is not None:
             index = ep.peek(taken, self.window)
-            best = self._least_loaded()
-            if index is None or best is None:
+            if index is None:
+                break
+            best = self._least_loaded(self._holders(ep.gen, index) if ep.retrying(index)
+                                      else set())
+            if best is None:
                 break
             retry = ep.claim(index)
             self._req_ids += 1
             rows, tag = ep.request(index)
             samples = int((rows[:, 2] - rows[:, 1]).sum())
-            self._servers[best].outstanding[self._req_ids] = Slot(ep.gen, index, samples, retry)
+            self._servers[best].outstanding[self._req_ids] = Slot(ep.gen, index, samples, retry,
+                                                                  now, tag)
             out.append(Assignment(best, self._req_ids, index, rows, retry, tag))
         return out
 
@@ -311,16 +390,18 @@ class Scheduler:
         ``heartbeat_s``)."""
         return [i for i, s in enumerate(self._servers) if s.heartbeat_due(now, self._heartbeat_s)]
 
-    def check(self, now: float) -> list[int]:
+    def check(self, now: float) -> list[Loss]:
         """Apply the liveness rules at ``now``.
 
         Returns:
-            The servers lost now (suspect for longer than ``grace``, or whose join attempt
-            ran out of time): the caller closes their data connections.
+            The servers lost now (suspect for longer than ``grace``) and those whose join
+            attempt ran out of time (asked again after a backoff): the caller closes their
+            data connections.
 
         Raises:
-            ServerUnavailable: the current epoch waited ``timeout`` seconds with no usable
-                server, naming every endpoint.
+            ServerUnavailable: no server joined within ``timeout`` of the start, or the
+                current epoch waited ``timeout`` seconds with no usable server; naming every
+                endpoint and its state.
         """
         gone = []
         for i, s in enumerate(self._servers):
@@ -337,12 +418,27 @@ class Scheduler:
                 s.enter(State.UP, now)
             elif change is Transition.LOST:
                 self.lost(i, now)
-                gone.append(i)
+                gone.append(Loss(i, joining=False))
             elif change is Transition.JOIN_EXPIRED:
-                self.join_failed(i, now, retry=True)
-                gone.append(i)
+                self.join_failed(i, now, retry=True,
+                                 why=f"{s.note or 'joining'} for {self._timeout} s")
+                gone.append(Loss(i, joining=True))
+        self._check_start(now)
         self._check_stall(now)
         return gone
+
+    def _members(self) -> list[ServerRecord]:
+        return [s for s in self._servers if s.state is not State.GONE]
+
+    def _check_start(self, now: float) -> None:
+        if self._admitted or now - self._started <= self._timeout:
+            return
+        members = self._members()
+        raise ServerUnavailable(
+            ", ".join(s.endpoint for s in members) or "every server left",
+            f"no server admitted this client within {self._timeout} s (a HELLO answered "
+            "with INDEX and every reader connection answering); "
+            + "; ".join(f"{s.endpoint}: {s.describe()}" for s in members))
 
     def _check_stall(self, now: float) -> None:
         if not self._waiting() or any(s.state is State.UP for s in self._servers):
@@ -351,11 +447,66 @@ class Scheduler:
         if self._stalled_since is None:
             self._stalled_since = now
         elif now - self._stalled_since > self._timeout:
-            members = [s for s in self._servers if s.state is not State.GONE]
+            members = self._members()
             raise ServerUnavailable(
                 ", ".join(s.endpoint for s in members) or "every server left",
                 f"no server usable for {now - self._stalled_since:.1f} s (timeout "
                 f"{self._timeout} s; states: {', '.join(s.state.value for s in members)})")
+
+    def _held(self) -> dict[int, list[tuple[int, Slot]]]:
+        """Open batches of the current epoch held by usable servers: index -> (server, slot)."""
+        ep = self._epoch
+        held: dict[int, list[tuple[int, Slot]]] = {}
+        if ep is None:
+            return held
+        for i, s in enumerate(self._servers):
+            if s.state is State.UP:
+                for slot in s.outstanding.values():
+                    if slot.gen == ep.gen and slot.index in ep.open:
+                        held.setdefault(slot.index, []).append((i, slot))
+        return held
+
+    def late(self, now: float) -> list[Late]:
+        """Apply the request timeout at ``now`` (see the module).
+
+        Returns:
+            The batches found late now, in plan order: requested again (``failed`` False:
+            the next :meth:`assignments` asks another server), or failed (closed: a reply
+            for it is discarded; the caller puts its error in its place).
+        """
+        ep, limit = self._epoch, self._request_timeout
+        if ep is None or math.isinf(limit):
+            return []
+        out = []
+        for index, holders in sorted(self._held().items()):
+            if any(now - slot.sent <= limit for _, slot in holders):
+                continue
+            since = ep.late.get(index)
+            if since is not None and now - since <= limit:
+                continue  # requested again: waiting for a server's credit
+            asked = tuple((i, now - slot.sent) for i, slot in holders)
+            others = {i for i, s in enumerate(self._servers) if s.state is State.UP}
+            failed = since is not None or not others - {i for i, _ in holders}
+            if failed:
+                ep.close(index)
+            else:
+                ep.late[index] = now
+                ep.requeue([index])
+            out.append(Late(ep.gen, index, holders[0][1].tag, asked, failed, since is not None))
+        return out
+
+    def _late_deadline(self, now: float) -> float:
+        """Seconds until :meth:`late` may find a batch late."""
+        ep, limit = self._epoch, self._request_timeout
+        if ep is None or math.isinf(limit):
+            return math.inf
+        soonest = math.inf
+        for index, holders in self._held().items():
+            due = max(slot.sent for _, slot in holders) + limit
+            if index in ep.late:
+                due = max(due, ep.late[index] + limit)
+            soonest = min(soonest, due - now)
+        return soonest
 
     def _waiting(self) -> bool:
         """Whether the current epoch needs a server now."""
@@ -368,4 +519,6 @@ class Scheduler:
                       default=float("inf"))
         if self._stalled_since is not None:
             soonest = min(soonest, self._stalled_since + self._timeout - now)
-        return max(soonest, 0.0)
+        if not self._admitted:
+            soonest = min(soonest, self._started + self._timeout - now)
+        return max(min(soonest, self._late_deadline(now)), 0.0)

@@ -2,13 +2,16 @@
 
 A server is JOINING (HELLO sent), UP (joined and usable when it has credit), SUSPECT (joined,
 but one of its connections is down — a socket monitor saw it — or a HEARTBEAT stayed
-unanswered for ``silent_s``), DOWN (lost: it must join again) or GONE (discovery removed it:
-it is never asked again; found again later, it is a new server). A SUSPECT server is UP again
-once every connection is up and it was heard from since; it is lost once suspect for longer
-than ``grace``. A join that takes longer than ``timeout`` fails. No clock is read here: time
-is passed in, so the rules are unit-tested with a fake clock (through
-:class:`~dataflow.client.scheduler.Scheduler`, which owns the records and acts on the
-transitions).
+unanswered for ``silent_s``), DOWN (not joined: not connected yet, refused or failed its join,
+or lost; it is asked to join when its control connection is up and its next try is due) or
+GONE (discovery removed it: it is never asked again; found again later, it is a new server).
+Every server starts DOWN and not connected. A SUSPECT server is UP again once every connection
+is up and it was heard from since; it is lost once suspect for longer than ``grace``. A join
+that takes longer than ``timeout`` fails. A failed join is tried again after a backoff
+(:func:`join_backoff`: 1 s, doubling up to 30 s), or at once when the control connection comes
+up anew. No clock is read here: time is passed in, so the rules are unit-tested with a fake
+clock (through :class:`~dataflow.client.scheduler.Scheduler`, which owns the records and acts
+on the transitions).
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ from enum import Enum
 from dataflow.client.slots import Slot
 
 CONTROL = "control"
+JOIN_RETRY_S = 1.0  # the first wait before a failed join is tried again
+JOIN_RETRY_MAX_S = 30.0  # the longest
+
+
+def join_backoff(failures: int) -> float:
+    """Seconds before a server whose last ``failures`` joins failed (>= 1) is asked again."""
+    return min(JOIN_RETRY_MAX_S, JOIN_RETRY_S * 2.0 ** min(failures - 1, 32))
 
 
 class State(Enum):
@@ -59,6 +69,16 @@ class ServerRecord:
     broken: bool = False  # a connection went down while suspect
     next_heartbeat: float = 0.0
     next_hello: float = 0.0  # a lost server is asked to join again from then on
+    failures: int = 0  # joins failed in a row (the backoff before the next)
+    note: str = ""  # how the join under way goes, for messages (empty once joined)
+    failure: str = ""  # why the last join failed, for messages (empty once joined)
+
+    def describe(self) -> str:
+        """Its state for a message: ``"down (busy: ...)"``, ``"joining (HELLO sent, no
+        answer yet; last try: busy: ...)"``, ``"up"``."""
+        last = self.failure if not self.note else f"last try: {self.failure}"
+        details = "; ".join(part for part in (self.note, self.failure and last) if part)
+        return f"{self.state.value} ({details})" if details else self.state.value
 
     def enter(self, state: State, now: float) -> None:
         self.state = state
@@ -97,6 +117,8 @@ class ServerRecord:
         else:
             self.down_links.add(link)
             self.broken = True  # replies in flight on it may be gone
+            if link == CONTROL and self.state is State.JOINING:
+                self.note = "disconnected"
 
 
 def transition(s: ServerRecord, now: float, *, silent_s: float, grace: float,

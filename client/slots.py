@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,13 +16,18 @@ class Slot:
 
     Attributes:
         samples: samples the batch holds (the sum of its ranges' ``stop - start``).
-        retry: the request asks again for a batch requested before (from a lost server).
+        retry: the request asks again for a batch requested before (from a lost server, or
+            after a request that took longer than ``request_timeout``).
+        sent: when the request was sent (the scheduler's clock).
+        tag: the batch's (seed, epoch, global batch index).
     """
 
     gen: int
     index: int
     samples: int
     retry: bool = False
+    sent: float = field(default=0.0, compare=False)
+    tag: BatchTag = field(default=NO_TAG, compare=False)
 
     def check_size(self, endpoint: str, req_id: int, size: int, skipped: int) -> None:
         """Check a BATCH for this request: ``size`` samples served plus ``skipped`` left out
@@ -42,7 +47,7 @@ class Assignment:
 
     Attributes:
         ranges: int64 array of shape ``(n, 3)``: the batch's ``(shard, start, stop)`` rows.
-        retry: the batch was requested before (from a lost server).
+        retry: the batch was requested before (from a lost server, or a late one).
         tag: the batch's (seed, epoch, global batch index), for the server's transform.
     """
 

@@ -9,8 +9,10 @@ the epoch, every remaining sample exactly once.
 Version 2 fields: ``version``, ``epoch``, ``consumed`` (samples of the epoch's global order,
 ``total`` once the epoch is complete), ``total``, ``fingerprint`` (the dataset's content
 identity) and the plan inputs that must match (``seed``, ``batch_size``, ``shuffle``,
-``shuffle_window``, ``block_size``, ``window``, ``drop_last``). ``world_size`` and ``rank``
-record who saved it; they need not match.
+``shuffle_window``, ``block_size``, ``window``, ``drop_last``). ``world_size`` records the
+size of the job that saved it; it need not match. Every field is the same on every rank of
+that job (a state has no ``rank``; one saved by an earlier release with a ``rank`` loads the
+same), so any rank's state may be saved.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ PLAN_FIELDS = ("seed", "batch_size", "shuffle", "shuffle_window", "block_size", 
 
 
 def make_state(*, epoch: int, consumed: int, total: int, fingerprint: str,
-               plan: Mapping[str, Any], world_size: int, rank: int) -> dict[str, Any]:
-    """The state dict (plain Python scalars, JSON- and ``torch.save``-friendly)."""
+               plan: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    """The state dict (plain Python scalars, JSON- and ``torch.save``-friendly; identical on
+    every rank)."""
     return {"version": VERSION, "epoch": epoch, "consumed": consumed, "total": total,
             "fingerprint": fingerprint, **{k: plan[k] for k in PLAN_FIELDS},
-            "world_size": world_size, "rank": rank}
+            "world_size": world_size}
 
 
 def as_index(name: str, value: object) -> int:

@@ -78,7 +78,8 @@ class StateMismatchError(DataflowError):
 
 
 class DatasetMismatchError(DataflowError):
-    """Servers serve different datasets, or a state was saved on another dataset."""
+    """A server serves another dataset than the loader's, or a state was saved on another
+    dataset."""
 
 
 class LoaderClosedError(DataflowError):
@@ -104,6 +105,23 @@ class ServerUnavailable(DataflowError):
     def __init__(self, endpoint: str, message: str) -> None:
         super().__init__(f"{endpoint}: {message}")
         self.endpoint = endpoint
+
+
+class RequestTimeout(ServerUnavailable):
+    """No server answered a request within the DataLoader's ``request_timeout``, and no other
+    server could be asked; the message names the servers asked, the batch and their
+    ``--transform``.
+
+    Attributes:
+        endpoint: the servers asked, comma-separated.
+        epoch: the batch's epoch.
+        batch: its global batch index in the epoch (a transform's ``ctx.batch_index``).
+    """
+
+    def __init__(self, endpoint: str, message: str, *, epoch: int, batch: int) -> None:
+        super().__init__(endpoint, message)
+        self.epoch = epoch
+        self.batch = batch
 
 
 class RemoteError(DataflowError):

@@ -22,9 +22,11 @@ How an epoch is laid out:
    * ``drop_last=False``: ``ceil(R / (W * B))`` batches per rank. The last round of ``W``
      batches shares the final ``T`` samples (``0 < T <= W * B``): each rank's last batch has
      ``L = ceil(T / W)`` samples, rank ``r`` taking positions ``[r * L, (r + 1) * L)`` of that
-     tail, where positions past the end of the remainder cycle to its start. So
-     ``W * L - T < W`` samples are read twice (the first samples of the remainder), and only
-     the last batch of each rank may be short.
+     tail, where positions past the end of the epoch's order cycle to the start of the order
+     (position ``p`` is ``p mod N``). So ``W * L - T < W`` samples are read twice (the first
+     samples of the epoch), and only the last batch of each rank may be short. The padding
+     depends on positions in the epoch's order, not on ``start``: a job resumed on the same
+     world size reads exactly the batches the uninterrupted job would have read.
 
 Inside each batch the ranges are sorted by (shard, start) and adjacent samples are merged into
 one range: a batch is a set for SGD, and sorted reads are faster.
@@ -168,17 +170,18 @@ def _check_rank(rank: int, world_size: int) -> None:
         raise ConfigError(f"`rank` must be in [0, {world_size}). Found: {rank!r}")
 
 
-def _table(rest: np.ndarray, ends: np.ndarray, size: EpochSize, *, world_size: int, rank: int,
-           batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """One rank's batches of the remainder ``rest`` (sample ids in global order)."""
+def _table(order: np.ndarray, start: int, ends: np.ndarray, size: EpochSize, *,
+           world_size: int, rank: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """One rank's batches of the epoch's ``order`` (sample ids) after ``start`` consumed."""
     batches, last = size.batches_per_rank, size.last_batch_size
     if batches == 0:
         return np.zeros((0, 3), dtype=np.int64), np.zeros(1, dtype=np.int64)
     full = batches - 1
     per_round = world_size * batch_size
+    rest = order[start:]
     body = rest[: full * per_round].reshape(full, world_size, batch_size)[:, rank, :]
-    tail = full * per_round + rank * last + np.arange(last)
-    ids = np.concatenate([np.sort(body, axis=1).reshape(-1), np.sort(rest[tail % len(rest)])])
+    tail = start + full * per_round + rank * last + np.arange(last)
+    ids = np.concatenate([np.sort(body, axis=1).reshape(-1), np.sort(order[tail % len(order)])])
     shard = np.searchsorted(ends, ids, side="right")
     head = np.ones(len(ids), dtype=bool)
     head[1:] = (ids[1:] != ids[:-1] + 1) | (shard[1:] != shard[:-1])
@@ -252,16 +255,16 @@ class Batches(Sequence[list[Range]]):
         return f"Batches({len(self)} batches, {int(self.bounds[-1] - self.bounds[0])} ranges)"
 
 
-def _rest(shard_sizes: Sequence[int] | np.ndarray, *, world_size: int, epoch: int, seed: int,
+def _order(shard_sizes: Sequence[int] | np.ndarray, *, world_size: int, epoch: int, seed: int,
           batch_size: int, drop_last: bool, start: int, shuffle: str | bool, shuffle_window: int,
           block_size: int, window: int) -> tuple[np.ndarray, np.ndarray, EpochSize]:
-    """The unconsumed part of the epoch's order, the shards' end ids, and the sizes."""
+    """The epoch's order, the shards' end ids, and the sizes of its rest after ``start``."""
     sizes = shard_sizes_array(shard_sizes)
     order = epoch_order(sizes, epoch=epoch, seed=seed, shuffle=shuffle,
                         shuffle_window=shuffle_window, block_size=block_size, window=window)
     size = epoch_size(len(order), world_size=world_size, batch_size=batch_size,
                       drop_last=drop_last, start=start)
-    return order[start:], np.cumsum(sizes), size
+    return order, np.cumsum(sizes), size
 
 
 def rank_batches(
@@ -304,11 +307,11 @@ def rank_batches(
         samples except possibly the last (``last_batch_size``).
     """
     _check_rank(rank, world_size)
-    rest, ends, size = _rest(shard_sizes, world_size=world_size, epoch=epoch, seed=seed,
-                             batch_size=batch_size, drop_last=drop_last, start=start,
-                             shuffle=shuffle, shuffle_window=shuffle_window,
-                             block_size=block_size, window=window)
-    return Batches(*_table(rest, ends, size, world_size=world_size, rank=rank,
+    order, ends, size = _order(shard_sizes, world_size=world_size, epoch=epoch, seed=seed,
+                               batch_size=batch_size, drop_last=drop_last, start=start,
+                               shuffle=shuffle, shuffle_window=shuffle_window,
+                               block_size=block_size, window=window)
+    return Batches(*_table(order, start, ends, size, world_size=world_size, rank=rank,
                            batch_size=batch_size))
 
 
@@ -328,11 +331,11 @@ def global_plan(
 ) -> list[Batches]:
     """Every rank's batches: ``result[rank]`` equals ``rank_batches(..., rank=rank)``."""
     check_int("world_size", world_size, 1)
-    rest, ends, size = _rest(shard_sizes, world_size=world_size, epoch=epoch, seed=seed,
-                             batch_size=batch_size, drop_last=drop_last, start=start,
-                             shuffle=shuffle, shuffle_window=shuffle_window,
-                             block_size=block_size, window=window)
-    return [Batches(*_table(rest, ends, size, world_size=world_size, rank=rank,
+    order, ends, size = _order(shard_sizes, world_size=world_size, epoch=epoch, seed=seed,
+                               batch_size=batch_size, drop_last=drop_last, start=start,
+                               shuffle=shuffle, shuffle_window=shuffle_window,
+                               block_size=block_size, window=window)
+    return [Batches(*_table(order, start, ends, size, world_size=world_size, rank=rank,
                             batch_size=batch_size)) for rank in range(world_size)]
 
 

@@ -186,7 +186,8 @@ class ClientHandler:
                  "all" if msg.columns is None else quote(", ".join(msg.columns), 400))
         workers, endpoints = self._server_info()
         self._delivery.reply(identity, wire.Index(credits, workers, self._index_json,
-                                                  s.token.decode(), tuple(endpoints)))
+                                                  s.token.decode(), tuple(endpoints),
+                                                  self._config.transform or ""))
 
     def _on_request(self, identity: bytes, s: Session | None, msg: wire.Request) -> None:
         if s is None:

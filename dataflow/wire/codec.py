@@ -148,6 +148,8 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("workers", integer(0, MAX_WORKERS)),
         FieldSpec("session", text(MAX_NAME)),
         FieldSpec("data", string_list(1024, MAX_NAME), dump=list),
+        FieldSpec("transform", text(MAX_NAME), dump=lambda s: s[:MAX_NAME], optional=True,
+                  omit=""),
     ), IndexBody()),
     Kind.REQUEST: MessageSpec(Request, (
         _REQ_ID,

@@ -113,6 +113,9 @@ class Index:
             ERROR for a failed read) come straight from a reader over the client's data
             connection to it; the client connects one DEALER to each and sends a HEARTBEAT
             there, which the reader answers once the connection can carry replies.
+        transform: the server's ``--transform`` (``module:function``, for messages such as
+            a request that timed out), or "" for none; optional: left out when "" (the header
+            of a server without a transform is the old one).
     """
 
     credits: int
@@ -120,6 +123,7 @@ class Index:
     index_json: str
     session: str = ""
     data: tuple[str, ...] = ()
+    transform: str = ""
 
 
 def as_ranges(ranges: Any) -> np.ndarray:

@@ -62,7 +62,8 @@ class RecordingLoader(DataLoader):
         except Exception as e:
             self.records.write(kind="load_state_dict", state=dict(state), error=repr(e))
             raise
-        self.records.write(kind="load_state_dict", state=dict(state), after=self.state_dict())
+        self.records.write(kind="load_state_dict", state=dict(state), rank=self.config.rank,
+                           after=self.state_dict())
 
 
 class Model(pl.LightningModule):

@@ -68,13 +68,3 @@ def test_drop_last_and_unshuffled(demo_data, servers) -> None:
               for g in range(WORLD * size.batches_per_rank)]
     flat = [i for batch in rounds for i in batch]
     assert flat == list(range(demo.total - size.dropped))
-
-
-@pytest.mark.timeout(60)
-def test_servers_with_different_datasets_are_refused(demo_data, servers) -> None:
-    demo = demo_data("arrow")
-    a = servers([str(p) for p in demo.paths]).endpoint
-    b = servers([str(p) for p in demo.paths[:-1]]).endpoint
-    with pytest.raises(Exception, match="different datasets") as info:
-        DataLoader([a, b], batch_size=4, rank=0, world_size=1, timeout=10)
-    assert a in str(info.value) and b in str(info.value)

@@ -26,7 +26,7 @@ from netns import server_in, unavailable, veth_pair
 from srvtools import RawClient, repo_env
 
 from dataflow.client import DataLoader
-from dataflow.errors import ServerUnavailable
+from dataflow.errors import RequestTimeout, ServerUnavailable
 
 SLOW = '''
 import os, time
@@ -219,3 +219,61 @@ def test_skipped_samples_are_counted(servers, tmp_path) -> None:
         stats = dl.stats()
     assert xs == [i for i in range(60) if not 20 <= i < 30]
     assert stats["skipped"] == 10
+
+
+STUCK = '''
+import os, time
+
+def stuck(batch, ctx):
+    if ctx.epoch == 0 and ctx.batch_index >= int(os.environ["STUCK_FROM"]):
+        time.sleep(float(os.environ["STUCK_S"]))
+    return batch
+'''
+
+
+def _stuck_server(servers, demo, tmp_path, stuck_from: int, stuck_s: float = 6.0):
+    """A server whose transform sleeps ``stuck_s`` on batches ``stuck_from``... of epoch 0
+    (never, for a ``stuck_from`` past the epoch)."""
+    (tmp_path / "stuck_transform.py").write_text(STUCK)
+    return servers([str(p) for p in demo.paths],
+                   env={**repo_env(str(tmp_path)), "STUCK_FROM": str(stuck_from),
+                        "STUCK_S": str(stuck_s)},
+                   extra_args=["--transform", "stuck_transform:stuck"])
+
+
+@pytest.mark.timeout(90)
+def test_a_request_past_request_timeout_is_asked_of_another_server(demo_data, servers,
+                                                                   tmp_path) -> None:
+    demo = demo_data("arrow")
+    stuck = _stuck_server(servers, demo, tmp_path, stuck_from=2, stuck_s=15.0)
+    fine = _stuck_server(servers, demo, tmp_path, stuck_from=10**6)
+    # the stuck server is server 0: it wins ties, so it is asked for some batch >= 2
+    with _loader([stuck.endpoint, fine.endpoint], request_timeout=5) as dl:
+        ids = [i for batch in dl for i in batch["id"].tolist()]
+        stats = dl.stats()
+    assert ids == list(range(demo.total))
+    assert stats["late"] >= 1 and stats["rerequested"] >= 1, stats
+    assert stats["servers_lost"] == 0, stats  # a late request is no sign of a dead server
+
+
+@pytest.mark.timeout(90)
+def test_a_request_no_other_server_can_take_fails_naming_server_batch_and_transform(
+        demo_data, servers, tmp_path) -> None:
+    """The issue's case: a transform stuck on one batch, and ``timeout`` (which the request
+    timeout defaults to) far shorter: the loop gets an error where it reaches the batch."""
+    demo = demo_data("arrow")
+    server = _stuck_server(servers, demo, tmp_path, stuck_from=3, stuck_s=30.0)
+    with _loader(server.endpoint, timeout=5) as dl:
+        it = iter(dl)
+        ids = [i for _ in range(3) for i in next(it)["id"].tolist()]
+        with pytest.raises(RequestTimeout) as info:
+            next(it)
+        stats = dl.stats()
+    assert ids == list(range(12))
+    text = str(info.value)
+    assert text.startswith(f"{server.endpoint}: no reply within request_timeout 5 s to batch 3 "
+                           "of epoch 0"), text
+    assert "transform stuck_transform:stuck" in text and "no other server" in text, text
+    assert (info.value.epoch, info.value.batch, info.value.endpoint) == (0, 3, server.endpoint)
+    assert isinstance(info.value, ServerUnavailable)
+    assert stats["late"] >= 1 and stats["servers_lost"] == 0, stats

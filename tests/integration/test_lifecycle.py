@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
-from srvtools import pid_alive
+from srvtools import pid_alive, repo_env
 
 from dataflow.client import DataLoader
-from dataflow.errors import ServerUnavailable
+from dataflow.errors import LoaderClosedError, ServerUnavailable
 from dataflow.server import launch
 
 
@@ -88,3 +89,42 @@ def test_server_that_cannot_start_reports_its_error(tmp_path) -> None:
     spec = str(tmp_path / "missing-*.tar")
     with pytest.raises(ServerUnavailable, match=r"(?s)exited with code 1.*matches no shard"):
         launch([spec], workers=1, timeout=60)
+
+
+SLEEPY = """
+import time
+
+def sleepy(batch):
+    time.sleep(5)
+    return batch
+"""
+
+
+@pytest.mark.timeout(60)
+def test_close_from_another_thread_makes_a_waiting_next_raise_loader_closed(
+        demo_data, servers, tmp_path) -> None:
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    server = servers([str(p) for p in demo_data("arrow").paths], env=repo_env(str(tmp_path)),
+                     extra_args=["--transform", "sleepy:sleepy"])
+    raised: list[BaseException] = []
+    dl = DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, timeout=30)
+    waiting = threading.Event()
+
+    def consume() -> None:
+        it = iter(dl)
+        waiting.set()
+        try:
+            next(it)  # the server's transform takes 5 s: this waits
+        except BaseException as e:
+            raised.append(e)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert waiting.wait(10)
+    time.sleep(0.3)
+    dl.close()
+    consumer.join(20)
+    assert not consumer.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], LoaderClosedError), raised
+    with pytest.raises(LoaderClosedError):
+        iter(dl)

@@ -112,3 +112,23 @@ def test_a_failed_batch_read_ahead_is_raised_only_where_the_loop_reaches_it(
         assert isinstance(info.value.__cause__, RemoteError)
         probe = raw_client(server.endpoint)
         wait_for(lambda: probe.stats()["clients"] == 1, 10, "the failed loader's BYE")
+
+
+@pytest.mark.timeout(90)
+def test_a_loop_that_stops_at_len_then_makes_its_iterator_before_set_epoch_keeps_it(
+        endpoint) -> None:
+    """Lightning's fetcher takes ``len(loader)`` batches and never sees StopIteration (the
+    epoch is not complete), then makes the next epoch's iterator and sets the epoch: the
+    epoch read ahead is the one used, nothing discarded."""
+    with DataLoader(endpoint, batch_size=BATCH, rank=0, world_size=1, seed=3,
+                    timeout=20) as dl:
+        it = iter(dl)
+        first = [next(it)["id"].tolist() for _ in range(len(dl))]
+        wait_for(lambda: dl.stats()["waiting"] > 0, 10, "epoch 1's first batch read ahead")
+        it = iter(dl)  # still epoch 0 (not complete) until set_epoch
+        dl.set_epoch(1)
+        second = _ids(it)
+        discarded = dl.stats()["discarded"]
+    assert first == _cold(endpoint, 0)
+    assert second == _cold(endpoint, 1)
+    assert discarded == 0

@@ -151,7 +151,8 @@ def test_elastic_resume_reads_every_remaining_sample_once(demo_data, servers, wo
 
     firsts = run_ranks(world, first_job, 100)
     states = [s for _, s in firsts]  # type: ignore[misc]
-    assert all(s == {**states[0], "rank": r} for r, s in enumerate(states))
+    assert all(s == states[0] for s in states)  # the same on every rank
+    assert "rank" not in states[0]
     state = states[world - 1]  # any rank's state will do
 
     def second_job(rank: int) -> list[int]:
@@ -230,3 +231,142 @@ def test_abandoned_iterators_then_a_read_one_yield_the_epoch_once(demo_data, ser
         ids = sorted(i for batch in dl for i in batch["id"].tolist())
         assert dl.stats()["discarded"] > 0
     assert ids == list(range(demo.total))
+
+
+def _state_after(endpoint: str, epoch: int, k: int) -> dict:
+    """The state after ``k`` batches of ``epoch`` (one rank)."""
+    with _loader(endpoint) as dl:
+        dl.set_epoch(epoch)
+        it = iter(dl)
+        for _ in range(k):
+            next(it)
+        return dl.state_dict()
+
+
+@pytest.mark.timeout(90)
+def test_set_epoch_again_after_a_resumed_pass_completed_is_the_whole_epoch(demo_data,
+                                                                            servers) -> None:
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
+    with _loader(endpoint) as dl:
+        dl.set_epoch(1)
+        whole = [_ids(b) for b in dl]
+    state = _state_after(endpoint, 1, 3)
+    with _loader(endpoint) as dl:
+        dl.load_state_dict(state)
+        dl.set_epoch(1)
+        rest = [_ids(b) for b in dl]
+        dl.set_epoch(1)  # epoch 1 asked for again, explicitly: all of it, as a cold loader
+        again = [_ids(b) for b in dl]
+    assert rest == whole[3:]
+    assert again == whole
+
+
+@pytest.mark.timeout(90)
+def test_a_state_counts_the_batches_of_a_held_iterator_only(demo_data, servers) -> None:
+    """A peek or a break whose iterator is gone consumed nothing (the next pass starts the
+    epoch over, and so does a resume); a training loop's iterator, held, consumed its
+    batches."""
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
+    with _loader(endpoint) as dl:
+        whole = [_ids(b) for b in dl]
+        dl.set_epoch(0)
+        peeked = _ids(next(iter(dl)))
+        after_peek = dl.state_dict()
+        for i, _ in enumerate(dl):
+            if i == 2:
+                break
+        after_break = dl.state_dict()
+        it = iter(dl)
+        held = [_ids(next(it)) for _ in range(2)]
+        while_held = dl.state_dict()
+        del it
+        after_drop = dl.state_dict()
+        assert [_ids(b) for b in dl] == whole  # the pass after them all: the whole epoch
+    assert peeked == whole[0] and held == whole[:2]
+    assert after_peek["consumed"] == after_break["consumed"] == after_drop["consumed"] == 0
+    assert while_held["consumed"] == 2 * BATCH
+    for state, skipped in ((after_peek, 0), (while_held, 2)):
+        with _loader(endpoint) as dl:
+            dl.load_state_dict(state)
+            assert [_ids(b) for b in dl] == whole[skipped:]
+
+
+@pytest.mark.timeout(120)
+def test_a_peek_at_an_epoch_of_one_batch_per_rank_does_not_complete_it(demo_data,
+                                                                      servers) -> None:
+    """DDP (2 ranks), one batch per rank, a shape peek on rank 0 only: both ranks still read
+    epoch 0 and then epoch 1, every sample once per epoch."""
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
+    batch = 256
+    assert epoch_size(demo.total, world_size=2, batch_size=batch,
+                      drop_last=False).batches_per_rank == 1
+
+    def rank_body(rank: int) -> list[tuple[int, list[int]]]:
+        with DataLoader(endpoint, batch_size=batch, rank=rank, world_size=2, seed=3,
+                        timeout=20) as dl:
+            if rank == 0:
+                next(iter(dl))  # the peek yields the epoch's only batch, and is dropped
+            out = []
+            for _ in range(2):
+                ids = [i for b in dl for i in _ids(b)]
+                out.append((dl.epoch, ids))
+            return out
+
+    ranks = run_ranks(2, rank_body, 100)
+    assert [e for e, _ in ranks[0]] == [e for e, _ in ranks[1]] == [0, 1]
+    for epoch in range(2):
+        ids = ranks[0][epoch][1] + ranks[1][epoch][1]
+        assert sorted(ids) == list(range(demo.total)), f"epoch {epoch}"
+
+
+@pytest.mark.timeout(90)
+def test_a_peek_at_the_last_batch_left_after_a_resume_does_not_complete_the_epoch(
+        demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
+    n = epoch_size(demo.total, world_size=1, batch_size=BATCH, drop_last=False).batches_per_rank
+    with _loader(endpoint) as dl:
+        whole = [_ids(b) for b in dl]
+    state = _state_after(endpoint, 0, n - 1)
+    with _loader(endpoint) as dl:
+        dl.load_state_dict(state)
+        assert _ids(next(iter(dl))) == whole[-1]
+        assert dl.state_dict() == state
+        assert [_ids(b) for b in dl] == whole[-1:] and dl.epoch == 0
+        assert dl.state_dict()["consumed"] == demo.total
+        assert len([_ids(b) for b in dl]) == n and dl.epoch == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_on_the_same_world_size_is_the_uninterrupted_run_padding_included(
+        demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    endpoint = servers([str(p) for p in demo.paths], workers=2).endpoint
+    world, batch = 3, 32
+    size = epoch_size(demo.total, world_size=world, batch_size=batch, drop_last=False)
+    assert size.repeated > 0 and size.batches_per_rank > 2  # a padded tail, read after a resume
+    k = size.batches_per_rank // 2
+
+    def run(rank: int, state: dict | None, stop: int | None) -> tuple[list[bytes], dict]:
+        with DataLoader(endpoint, batch_size=batch, rank=rank, world_size=world, seed=3,
+                        timeout=20) as dl:
+            if state is not None:
+                dl.load_state_dict(state)
+            dl.set_epoch(1)
+            got = []
+            for b in dl:
+                got.append(b["id"].numpy().tobytes() + b["image"].numpy().tobytes())
+                if len(got) == stop:
+                    return got, dl.state_dict()
+            return got, dl.state_dict()
+
+    whole = run_ranks(world, lambda r: run(r, None, None), 100)
+    head = run_ranks(world, lambda r: run(r, None, k), 100)
+    states = [s for _, s in head]
+    assert all(s == states[0] for s in states)
+    tail = run_ranks(world, lambda r: run(r, states[r - 1], None), 100)  # another rank's state
+    for rank in range(world):
+        assert head[rank][0] + tail[rank][0] == whole[rank][0], f"rank {rank}"

@@ -35,6 +35,11 @@ def _cfg(**kw) -> LoaderConfig:
     (dict(resolve_interval=True), "resolve_interval"),
     (dict(resolve_interval=float("inf")), "resolve_interval"),
     (dict(read_ahead=1), "read_ahead"),
+    (dict(request_timeout=0), "request_timeout"),
+    (dict(request_timeout=-1.0), "request_timeout"),
+    (dict(request_timeout=float("inf")), "request_timeout"),
+    (dict(request_timeout="8"), "request_timeout"),
+    (dict(request_timeout=True), "request_timeout"),
 ])
 def test_config_rejects(kw: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=f"`{field}`"):
@@ -101,3 +106,8 @@ def test_dist_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(ConfigError, match="RANK"):
         dist_env(None, None)
+
+
+def test_the_request_timeout_is_the_timeout_unless_given() -> None:
+    assert _cfg(timeout=8).request_limit == 8.0
+    assert _cfg(timeout=8, request_timeout=120).request_limit == 120.0

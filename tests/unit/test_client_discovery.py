@@ -19,7 +19,7 @@ from dataflow.client.discovery import (
     servers_setting,
 )
 from dataflow.client.membership import Changes, Membership
-from dataflow.client.scheduler import Scheduler, State
+from dataflow.client.scheduler import CONTROL, Scheduler, State
 from dataflow.errors import ConfigError, InternalError, ServerUnavailable
 from dataflow.plan import Batches, Range
 
@@ -263,6 +263,7 @@ def _sched(*credits: int) -> Scheduler:
     s = Scheduler([f"tcp://s{i}:1" for i in range(len(credits))], timeout=10, heartbeat_s=1,
                   silent_s=3, grace=5)
     for i, c in enumerate(credits):
+        s.link(i, CONTROL, up=True, now=0.0)
         assert s.grant(i, c, now=0.0)
     return s
 
@@ -272,11 +273,13 @@ def test_a_server_joining_mid_epoch_takes_unrequested_batches_inside_the_window(
     s.start_epoch(1, _batches(10), first=0)
     assert [a.index for a in s.assignments(taken=0, now=0)] == [0, 1]
     new = s.add("tcp://new:1", now=1)
+    assert s.hellos_due(1) == [] and s.state(new) is State.DOWN  # not connected yet
+    s.link(new, CONTROL, up=True, now=1)
     assert s.hellos_due(1) == [new] and s.state(new) is State.JOINING
     assert s.grant(new, 3, now=2)  # its first join
-    assert s.window == 2  # fixed for this epoch
-    assert [(a.server, a.index) for a in s.assignments(taken=1, now=2)] == [(new, 2)]
-    assert [(a.server, a.index) for a in s.assignments(taken=2, now=2)] == [(new, 3)]
+    assert s.window == 5  # its credits count at once
+    assert [(a.server, a.index) for a in s.assignments(taken=1, now=2)] == [
+        (new, 2), (new, 3), (new, 4)]  # server 0 holds its 2 credits' worth
     s.start_epoch(2, _batches(10), first=0)
     assert s.window == 5  # the next epoch counts the new server's credits
 
@@ -330,6 +333,7 @@ def test_joins_and_leaves_at_random_keep_every_batch_exactly_once(seed: int) -> 
         elif roll < 0.1:
             new = s.add(f"tcp://n{names}:1", now)
             names += 1
+            s.link(new, CONTROL, up=True, now=now)
             assert s.hellos_due(now) == [new]
             s.grant(new, rng.randint(1, 3), now)
         for i in s.hellos_due(now):

@@ -7,7 +7,13 @@ import threading
 import pytest
 
 from dataflow.client.handoff import COUNTERS, Extend, Failed, Handoff, StartEpoch, Stop, Tags
-from dataflow.errors import DataflowError, InternalError, RemoteError, ServerUnavailable
+from dataflow.errors import (
+    DataflowError,
+    InternalError,
+    LoaderClosedError,
+    RemoteError,
+    ServerUnavailable,
+)
 from dataflow.plan import Batches
 from dataflow.transform import global_batch_index
 from dataflow.wire import NO_TAG, BatchTag
@@ -164,3 +170,25 @@ def test_a_failed_batch_raises_in_its_place_and_a_dropped_generation_drops_it() 
     assert h.commands() == [Stop()]  # the I/O thread says BYE and ends
     with pytest.raises(RemoteError, match="bad shard"):  # the loader is failed from then on
         h.take(2, 0.01, _alive)
+
+
+def test_close_makes_a_waiting_and_every_later_take_raise_loader_closed() -> None:
+    h, _ = _handoff()
+    h.start(StartEpoch(1, NONE, 0))
+    got: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            h.take(1, 60.0, _alive)  # waits far longer than the test: close must wake it
+        except DataflowError as e:
+            got.append(e)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    h.close()
+    t.join(5)
+    assert not t.is_alive() and isinstance(got[0], LoaderClosedError)
+    h.fail(ServerUnavailable("tcp://a:1", "gone"))  # a failure after it: still closed
+    with pytest.raises(LoaderClosedError) as info:
+        h.take(1, 0.01, lambda: False)
+    assert isinstance(info.value.__cause__, ServerUnavailable)

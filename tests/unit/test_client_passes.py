@@ -11,7 +11,7 @@ from dataflow.client.config import LoaderConfig
 from dataflow.client.cursor import Pass
 from dataflow.client.discovery import parse_servers
 from dataflow.client.passes import PassIterator, after, plan_pass
-from dataflow.plan import epoch_size
+from dataflow.plan import epoch_order, epoch_size
 from dataflow.wire import BatchTag
 
 SIZES = (7, 0, 13, 5)
@@ -28,6 +28,7 @@ def test_the_ranks_plans_cover_the_rest_of_the_epoch_with_their_global_tags(
         world: int, drop_last: bool, start: int) -> None:
     size = epoch_size(sum(SIZES), world_size=world, batch_size=4, drop_last=drop_last,
                       start=start)
+    offsets = np.concatenate([[0], np.cumsum(SIZES)])
     seen: list[int] = []
     for rank in range(world):
         batches, tags = plan_pass(_cfg(world, rank, drop_last), SIZES, Pass(3, start))
@@ -36,10 +37,11 @@ def test_the_ranks_plans_cover_the_rest_of_the_epoch_with_their_global_tags(
             g = start // 4 + i * world + rank
             assert tags.of(i) == BatchTag(9, 3, g)
             rows = batches.rows(i)
-            seen += [int(s) * 100 + j for s, a, b in rows.tolist() for j in range(a, b)]
-    distinct = set(seen)
-    assert len(distinct) == sum(SIZES) - start - size.dropped
-    assert len(seen) - len(distinct) == size.repeated
+            seen += [int(offsets[s]) + j for s, a, b in rows.tolist() for j in range(a, b)]
+    order = epoch_order(SIZES, epoch=3, seed=9).tolist()
+    rest = order[start:len(order) - size.dropped]
+    padding = order[:size.repeated]  # the epoch's first samples
+    assert sorted(seen) == sorted(rest + padding)
 
 
 def test_the_pass_after_a_completed_one_is_the_next_epoch_from_its_start() -> None:

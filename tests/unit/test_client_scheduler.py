@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dataflow.client.handoff import Tags
-from dataflow.client.scheduler import CONTROL, Scheduler, Slot, State
+from dataflow.client.scheduler import CONTROL, Loss, Scheduler, Slot, State
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches, Range
 from dataflow.wire import BatchTag
@@ -22,6 +22,8 @@ def _sched(credits=(2, 2), timeout: float = 10.0, grace: float = 5.0) -> Schedul
     s = Scheduler(EPS[: len(credits)], timeout=timeout, heartbeat_s=1.0, silent_s=3.0,
                   grace=grace)
     for i, c in enumerate(credits):
+        s.link(i, CONTROL, up=True, now=0.0)
+        assert s.hellos_due(0.0) == [i]
         s.grant(i, c, now=0.0)
     return s
 
@@ -206,7 +208,7 @@ def test_suspect_longer_than_grace_is_lost_and_joins_again_when_reconnected() ->
     first = _running(s)
     s.link(1, CONTROL, up=False, now=1.0)
     s.check(1.0)
-    assert s.check(6.0) == [] and s.check(6.1) == [1]
+    assert s.check(6.0) == [] and s.check(6.1) == [Loss(1, joining=False)]
     assert s.state(1) is State.DOWN and s.outstanding(1) == 0
     assert s.hellos_due(7.0) == []  # its control connection is still down
     s.link(1, CONTROL, up=True, now=8.0)
@@ -245,15 +247,81 @@ def test_stopping_server_is_asked_to_join_only_after_it_reconnects() -> None:
     assert s.hellos_due(102.0) == [0]
 
 
-def test_join_that_times_out_or_fails_is_retried_later() -> None:
+def test_join_that_times_out_or_fails_is_retried_later_with_a_backoff() -> None:
     s = _sched(timeout=10.0)
     _running(s)
     s.lost(0, now=1.0)
     assert s.hellos_due(1.0) == [0]
-    assert s.check(11.0) == [] and s.check(11.1) == [0] and s.state(0) is State.DOWN
-    assert s.hellos_due(21.0) == [] and s.hellos_due(21.2) == [0]
-    s.join_failed(0, now=22.0, retry=False)  # e.g. another dataset: stays out
+    assert s.check(11.0) == [] and s.check(11.1) == [Loss(0, joining=True)]
+    assert s.state(0) is State.DOWN
+    assert s.describe(0) == "down (HELLO sent, no answer yet for 10.0 s)"
+    assert s.hellos_due(12.0) == [] and s.hellos_due(12.1) == [0]  # 1 s later
+    assert s.describe(0) == ("joining (HELLO sent, no answer yet; last try: HELLO sent, no "
+                             "answer yet for 10.0 s)")
+    s.join_failed(0, now=13.0, retry=True, why="busy: full")
+    assert s.describe(0) == "down (busy: full)"
+    assert s.hellos_due(14.9) == [] and s.hellos_due(15.0) == [0]  # then 2 s, 4 s, ...
+    for failures in range(3, 12):
+        s.join_failed(0, now=100.0 * failures, retry=True)
+        wait = min(2.0 ** (failures - 1), 30.0)
+        assert s.hellos_due(100.0 * failures + wait - 0.01) == []
+        assert s.hellos_due(100.0 * failures + wait) == [0]
+    s.link(0, CONTROL, up=False, now=2000.0)
+    s.join_failed(0, now=2000.0, retry=True)
+    s.link(0, CONTROL, up=True, now=2001.0)  # its connection came up anew: asked at once
+    assert s.hellos_due(2001.0) == [0]
+    s.grant(0, 2, now=2002.0)
+    s.lost(0, now=2003.0)
+    s.hellos_due(2003.0)
+    s.join_failed(0, now=2004.0, retry=True)  # a join was granted: the backoff starts over
+    assert s.hellos_due(2005.0) == [0]
+    s.join_failed(0, now=2006.0, retry=False)  # e.g. another dataset: stays out
     assert s.hellos_due(1e9) == []
+
+
+def test_every_server_starts_not_connected_and_is_asked_once_connected() -> None:
+    s = Scheduler(EPS, timeout=10.0, heartbeat_s=1.0, silent_s=3.0, grace=5.0, now=100.0)
+    assert [s.state(i) for i in range(2)] == [State.DOWN, State.DOWN]
+    assert s.describe(0) == "down (not connected)" and s.hellos_due(100.0) == []
+    s.link(1, CONTROL, up=True, now=100.5)
+    assert s.hellos_due(100.5) == [1] and s.describe(1) == "joining (HELLO sent, no answer yet)"
+    assert s.hellos_due(100.6) == []  # one HELLO per join
+
+
+def test_the_loader_starts_with_the_first_server_and_the_others_join_later() -> None:
+    s = Scheduler(EPS, timeout=10.0, heartbeat_s=1.0, silent_s=3.0, grace=5.0, now=0.0)
+    s.link(0, CONTROL, up=True, now=0.1)
+    s.hellos_due(0.1)
+    assert s.grant(0, 2, now=0.2)  # the first server: nothing waits for the other
+    s.start_epoch(1, _batches(10), first=0)
+    assert [a.server for a in s.assignments(taken=0, now=0.3)] == [0, 0]
+    for t in (5.0, 10.1, 60.0):  # the other is not up: no error, however long
+        assert s.check(t) == []
+    s.link(1, CONTROL, up=True, now=61.0)
+    s.hellos_due(61.0)
+    assert s.grant(1, 2, now=61.5)
+    assert s.window == 4  # its credits count at once
+    assert [a.server for a in s.assignments(taken=0, now=61.6)] == [1, 1]
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_no_server_joined_within_timeout_names_every_endpoint_and_its_state(
+        joined: bool) -> None:
+    s = Scheduler(EPS, timeout=10.0, heartbeat_s=1.0, silent_s=3.0, grace=5.0, now=0.0)
+    s.link(1, CONTROL, up=True, now=0.1)
+    s.hellos_due(0.1)
+    s.check(10.0)
+    assert s.next_deadline(9.0) == pytest.approx(1.0)
+    if joined:
+        s.grant(1, 2, now=9.9)
+        assert s.check(30.0) == []
+        return
+    s.join_failed(1, now=2.0, retry=True, why="busy: full")
+    with pytest.raises(ServerUnavailable, match=r"^tcp://a:1, tcp://b:2: no server admitted "
+                                                r"this client within 10.0 s .*HELLO.*; "
+                                                r"tcp://a:1: down \(not connected\); "
+                                                r"tcp://b:2: down \(busy: full\)$"):
+        s.check(10.1)
 
 
 def test_undeliverable_reply_is_requested_again() -> None:
@@ -388,12 +456,21 @@ def test_extending_forgets_finished_passes_but_can_still_request_open_batches_ag
     assert [(a.index, a.tag) for a in nxt] == [(2, BatchTag(0, 1, 0))]
 
 
-def test_an_extension_lets_the_window_grow_as_a_new_epoch_does() -> None:
+def test_the_window_grows_when_a_server_joins_mid_epoch_and_never_shrinks() -> None:
     s = _sched(credits=(2,))
-    s.start_epoch(1, _batches(4), first=0)
+    s.start_epoch(1, _batches(8), first=0)
+    assert len(s.assignments(taken=0, now=0.5)) == 2 and s.window_full(0)
     new = s.add("tcp://new:1", now=1)
-    assert s.grant(new, 3, now=1) and s.window == 2
-    assert s.extend_epoch(1, _batches(4), Tags())
+    s.link(new, CONTROL, up=True, now=1)
+    s.hellos_due(1)
+    assert s.grant(new, 3, now=1) and s.window == 5
+    assert [(a.server, a.index) for a in s.assignments(taken=0, now=1.1)] == [
+        (new, 2), (new, 3), (new, 4)]
+    assert s.extend_epoch(1, _batches(4), Tags()) and s.window == 5
+    s.retire(new, now=2)
+    s.lost(0, now=2)
+    s.hellos_due(2)
+    s.grant(0, 1, now=3)  # joined again with fewer credits: its share is its first join's
     assert s.window == 5
 
 
@@ -417,3 +494,121 @@ def test_a_pass_appended_ahead_is_not_waited_for_until_the_consumer_needs_it() -
     s.check(200.0)
     with pytest.raises(ServerUnavailable, match="no server usable for 5.1 s"):
         s.check(205.1)
+
+
+def _late_sched(credits=(2, 2), request_timeout: float = 5.0) -> Scheduler:
+    s = Scheduler([f"tcp://s{i}:1" for i in range(len(credits))], timeout=100.0,
+                  heartbeat_s=1.0, silent_s=3.0, grace=5.0, request_timeout=request_timeout)
+    for i, c in enumerate(credits):
+        s.link(i, CONTROL, up=True, now=0.0)
+        s.hellos_due(0.0)
+        s.grant(i, c, now=0.0)
+    return s
+
+
+def _alive(s: Scheduler, now: float) -> None:
+    """Heartbeats answered: liveness never suspects anyone."""
+    for i in s.heartbeats_due(now):
+        s.heard(i, now)
+    assert s.check(now) == []
+
+
+def test_a_late_batch_is_asked_of_another_server_and_the_first_reply_wins() -> None:
+    s = _late_sched()
+    s.start_epoch(1, _batches(6), first=0, tags=Tags(9, 2, 0, 1))
+    first = s.assignments(taken=0, now=0.0)
+    assert [(a.index, a.server) for a in first] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    for a in first[1:]:  # every batch but 0 is answered at once
+        s.on_reply(a.server, a.req_id, now=0.1)
+    _alive(s, 4.0)
+    assert s.late(5.0) == [] and s.next_deadline(4.0) == pytest.approx(1.0)
+    (late,) = s.late(5.01)
+    assert (late.index, late.tag, late.failed, late.again) == (0, BatchTag(9, 2, 0), False,
+                                                              False)
+    assert [i for i, _ in late.asked] == [0] and late.asked[0][1] == pytest.approx(5.01)
+    again = s.assignments(taken=3, now=5.01)
+    assert [(a.index, a.server, a.retry) for a in again][0] == (0, 1, True)  # not server 0
+    _alive(s, 5.5)
+    assert s.state(0) is State.UP  # a late request says nothing of its server's liveness
+    assert s.on_reply(1, again[0].req_id, now=6.0) == Slot(1, 0, 4, retry=True)
+    assert s.on_reply(0, first[0].req_id, now=7.0) is None  # the late reply: discarded
+    assert 0 not in [r.index for r in s.late(100.0)]  # done with: never late again
+
+
+def test_a_late_batch_fails_when_no_other_server_can_take_it() -> None:
+    s = _late_sched(credits=(2,))
+    s.start_epoch(1, _batches(4), first=0, tags=Tags(9, 0, 0, 1))
+    a, b = s.assignments(taken=0, now=0.0)
+    s.on_reply(0, b.req_id, now=1.0)
+    _alive(s, 5.0)
+    (late,) = s.late(5.01)
+    assert (late.index, late.failed, late.again) == (0, True, False)
+    assert s.on_reply(0, a.req_id, now=9.0) is None  # failed: its reply comes too late
+    assert s.state(0) is State.UP
+
+
+def test_a_late_batch_asked_again_fails_when_that_request_is_late_too() -> None:
+    s = _late_sched()
+    s.start_epoch(1, _batches(4), first=0)
+    first = s.assignments(taken=0, now=0.0)
+    for a in first[1:]:
+        s.on_reply(a.server, a.req_id, now=0.1)
+    assert not s.late(5.01)[0].failed
+    (again, *_) = s.assignments(taken=3, now=6.0)  # sent 1 s after it was decided
+    assert again.index == 0 and again.server == 1
+    assert s.late(10.5) == []  # that request is 4.5 s old
+    _alive(s, 10.5)
+    assert s.next_deadline(10.5) == pytest.approx(0.5)
+    (late,) = s.late(11.01)
+    assert (late.index, late.failed, late.again) == (0, True, True)
+    assert sorted(i for i, _ in late.asked) == [0, 1]
+
+
+def test_a_late_batch_waiting_for_credit_fails_after_the_timeout() -> None:
+    s = _late_sched(credits=(1, 1))
+    s.start_epoch(1, _batches(4), first=0)
+    a, b = s.assignments(taken=0, now=0.0)  # both servers hold one batch each, never answered
+    late = s.late(5.01)
+    assert [(x.index, x.failed) for x in late] == [(0, False), (1, False)]
+    assert s.assignments(taken=0, now=5.01) == []  # no credit anywhere
+    assert s.late(10.0) == []
+    assert [(x.index, x.failed) for x in s.late(10.02)] == [(0, True), (1, True)]
+
+
+def test_no_request_timeout_means_no_late_batch() -> None:
+    s = _late_sched(request_timeout=float("inf"))
+    s.start_epoch(1, _batches(4), first=0)
+    s.assignments(taken=0, now=0.0)
+    assert s.late(1e9) == []
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_late_requests_at_random_keep_every_batch_once_answered_or_failed(seed: int) -> None:
+    """Three servers answer after random delays, some far past the request timeout: every
+    batch is accepted once or fails once, never both, and no server is taken for dead."""
+    rng = __import__("random").Random(seed)
+    s = _late_sched(credits=(2, 1, 2), request_timeout=2.0)
+    n = 30
+    s.start_epoch(1, _batches(n), first=0)
+    due: dict[tuple[int, int], float] = {}  # (server, req_id) -> when its reply comes
+    accepted: list[int] = []
+    failed: list[int] = []
+    now, reasked = 0.0, 0
+    while len(accepted) + len(failed) < n:
+        now += 0.1
+        _alive(s, now)
+        for a in s.assignments(taken=len(accepted) + len(failed), now=now):
+            due[(a.server, a.req_id)] = now + rng.choice([0.2, 0.5, 1.0, 3.0, 9.0])
+        for (server, req), when in sorted(due.items(), key=lambda kv: kv[1]):
+            if when <= now:
+                del due[(server, req)]
+                slot = s.on_reply(server, req, now)
+                if slot is not None:
+                    accepted.append(slot.index)
+        late = s.late(now)
+        reasked += sum(not x.failed for x in late)
+        failed += [x.index for x in late if x.failed]
+        assert now < 500, (accepted, failed)
+    assert sorted(accepted + failed) == list(range(n))
+    assert reasked > 0
+    assert all(s.state(i) is State.UP for i in range(3))

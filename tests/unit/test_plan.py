@@ -205,12 +205,32 @@ def test_consumption_is_a_prefix_of_the_global_order() -> None:
                     drop_last=False) == 91
 
 
-def test_padding_repeats_the_start_of_the_remainder() -> None:
+def test_padding_repeats_the_start_of_the_epoch() -> None:
     ranks = global_plan([3], world_size=5, epoch=0, seed=0, batch_size=4, shuffle=False)
     assert [b[0][0].start for b in ranks] == [0, 1, 2, 0, 1]
     ranks = global_plan([9], world_size=2, epoch=0, seed=0, batch_size=4, shuffle=False,
                         start=4)
-    assert [list(b) for b in ranks] == [[[Range(0, 4, 7)]], [[Range(0, 4, 5), Range(0, 7, 9)]]]
+    assert [list(b) for b in ranks] == [[[Range(0, 4, 7)]], [[Range(0, 0, 1), Range(0, 7, 9)]]]
+
+
+@pytest.mark.parametrize("world_size", range(1, 8))
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_resume_on_the_same_world_size_reads_the_uninterrupted_batches(
+        world_size: int, drop_last: bool) -> None:
+    """Byte-identical to the uninterrupted job, the padded or dropped tail included."""
+    for sizes in RESUME_SIZES:
+        total = int(sum(sizes))
+        for batch_size in (1, 3, 8):
+            kw = dict(world_size=world_size, epoch=1, seed=4, batch_size=batch_size,
+                      drop_last=drop_last, shuffle_window=30)
+            whole = global_plan(sizes, **kw)
+            n = len(whole[0])
+            for k in sorted({0, min(1, n), n // 2, max(n - 1, 0), n}):
+                start = consumed(0, world_size=world_size, batch_size=batch_size,
+                                 batches_yielded=k, total=total, drop_last=drop_last)
+                resumed = global_plan(sizes, start=start, **kw)
+                for rank in range(world_size):
+                    assert list(resumed[rank]) == list(whole[rank][k:]), (sizes, k, rank)
 
 
 def test_identity_order_without_shuffle() -> None:

@@ -101,3 +101,18 @@ def test_new_error_kinds_round_trip(kind: wire.ErrorKind) -> None:
     msg = wire.ErrorMsg(-1, kind, "bye")
     assert wire.decode(wire.encode(msg)) == msg
     assert _header(wire.encode(msg))["error"] == kind.value
+
+
+def test_index_transform_is_left_out_when_none_and_round_trips() -> None:
+    plain = wire.encode(wire.Index(2, 1, "{}", "tok", ("tcp://a:1",)))
+    assert "transform" not in _header(plain)
+    assert wire.decode(plain).transform == ""
+    named = wire.encode(wire.Index(2, 1, "{}", "tok", ("tcp://a:1",), "decode:jpeg"))
+    assert _header(named)["transform"] == "decode:jpeg"
+    assert wire.decode(named) == wire.Index(2, 1, "{}", "tok", ("tcp://a:1",), "decode:jpeg")
+    long = wire.encode(wire.Index(2, 1, "{}", "tok", ("tcp://a:1",), "m:" + "f" * 400))
+    assert wire.decode(long).transform == ("m:" + "f" * 400)[:wire.MAX_NAME]
+    for bad in (3, None, ["m:f"]):
+        header = {**_header(named), "transform": bad}
+        with pytest.raises(ProtocolError, match="INDEX header field `transform`"):
+            wire.decode([json.dumps(header).encode(), b"{}"])
