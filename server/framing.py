@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+MAX_ERROR_TEXT = 1024  # characters of an ERROR a server makes; bounds what it queues per peer
 
 class SendResult(Enum):
     """Outcome of :func:`try_send`.
