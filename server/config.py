@@ -333,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="most sessions of one peer address (IP address; on ipc, local "
                            "user); a HELLO beyond is refused with an ERROR ServerBusy "
                            "(STATS address_sessions_refused); the address may also keep at most "
-                           "2 x N + 16 connections to each server process, and N / "
+                           "2 x N + 16 connections to each server process, N x 2 x "
+                           "--max-credits requests outstanding (STATS refused), and N / "
                            "--max-sessions of --max-unsent-bytes (default: %(default)s)")
     caps.add_argument("--session-idle-timeout", type=float,
                       default=DEFAULT_SESSION_IDLE_TIMEOUT, metavar="SECONDS",
@@ -367,8 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="N",
                       help="most samples in one REQUEST of a client whose HELLO declares no "
                            "batch_size, and the largest batch_size a HELLO may declare; a "
-                           "REQUEST of more samples than its session allows is refused before "
-                           "any read (STATS refused) (default: %(default)s)")
+                           "REQUEST of more samples than its session allows, or naming a "
+                           "sample twice (overlapping ranges), is refused before any read "
+                           "(STATS refused) (default: %(default)s)")
     caps.add_argument("--max-reply-bytes", type=int, default=DEFAULT_MAX_REPLY_BYTES,
                       metavar="BYTES",
                       help="most bytes of one reply; a larger batch is answered with an ERROR "
