@@ -43,6 +43,7 @@ from dataflow.wire import ErrorKind
 log = logging.getLogger("dataflow.server")
 
 MAX_CLIENT_FRAMES = 3
+MAX_STATS_UNSENT = 4  # STATS replies to one session ZeroMQ may hold unwritten
 
 
 def relative_index(index: DatasetIndex) -> DatasetIndex:
@@ -198,11 +199,31 @@ class ClientHandler:
             if s is None:
                 self._unknown(identity, -1, "STATS")
             else:
-                self._delivery.reply(identity, wire.StatsReply(self._stats()))
+                self._on_stats(s)
         else:
             self._counters["malformed"] += 1
             self._delivery.error(identity, -1, ErrorKind.PROTOCOL,
                                  f"a server does not accept {wire.kind_of(msg).name} messages")
+
+    def _on_stats(self, s: Session) -> None:
+        """Answer STATS, unless ``MAX_STATS_UNSENT`` STATS replies to ``s`` are not written
+        yet: a reply can be tens of KB (``skipped_per_shard``), and a peer that asks without
+        reading must not make the server queue many. (A client that waits for each reply has
+        at most one unwritten: its tracker is marked by pyzmq's release thread a moment after
+        ZeroMQ let go of it.)"""
+        while s.stats_sent and s.stats_sent[0].done:
+            s.stats_sent.popleft()
+        if len(s.stats_sent) >= MAX_STATS_UNSENT:
+            self._counters["refused"] += 1
+            self._delivery.error(s.identity, -1, ErrorKind.PROTOCOL,
+                                 f"STATS while {MAX_STATS_UNSENT} STATS replies wait unread")
+            return
+        tracker = self._delivery.send_tracked(s.identity,
+                                              wire.encode(wire.StatsReply(self._stats())))
+        if tracker is None:
+            self._counters["dropped_sends"] += 1
+        else:
+            s.stats_sent.append(tracker)
 
     def _hello_problem(self, msg: wire.Hello) -> str | None:
         """Why HELLO ``msg`` is refused (counted as a refused request), or None."""

@@ -54,6 +54,8 @@ class Session:
         attached: whether a reader saw its data connection.
         requested: whether it sent a REQUEST that was admitted.
         probed: when the server last probed its connection (it had been silent).
+        stats_sent: trackers (``zmq.MessageTracker``) of the STATS replies sent to it, oldest
+            first (those known written are dropped as STATS come).
         token: session token (32 ASCII hex bytes): the routing id of the client's data
             connections to the readers, and the key of its credit account.
         parked: replies refused by the client's full send queue, oldest first.
@@ -71,6 +73,7 @@ class Session:
     attached: bool = False
     requested: bool = False
     probed: float = float("-inf")
+    stats_sent: deque[Any] = field(default_factory=deque)
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     parked: deque[ParkedReply] = field(default_factory=deque)
     parked_bytes: int = 0

@@ -58,7 +58,12 @@ from dataflow import wire
 from dataflow.errors import InternalError, ProtocolError
 from dataflow.security import secure_server
 from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
-from dataflow.server.framing import MAX_ERROR_TEXT, SendResult, recv_bounded, try_send
+from dataflow.server.framing import (
+    MAX_ERROR_TEXT,
+    recv_bounded,
+    try_send,
+    try_send_tracked,
+)
 from dataflow.server.guard import GUARD_MS, InboundGuard, client_socket_options
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.tasks import ReaderCache, Reply, WorkerSpec, serve_task
@@ -109,20 +114,6 @@ class _Parked:
     frames: list
     deadline: float
     nbytes: int
-
-
-def _send_tracked(sock: zmq.Socket, token: bytes, frames: list) -> zmq.MessageTracker | None:
-    """Hand ``frames`` to ZeroMQ for ``token`` with a tracker on the last frame (ZeroMQ writes
-    frames in order, so it tells when the whole reply left); None when not handed over.
-
-    The tracked frame is never copied and no reference to it is kept here: ZeroMQ lets go of
-    it only when nothing else holds it.
-    """
-    tail = zmq.Frame(frames[-1], copy=False, track=True)
-    tracker = tail.tracker
-    if try_send(sock, token, [*frames[:-1], tail]) is not SendResult.OK:
-        return None
-    return tracker
 
 
 class DataSender:
@@ -183,7 +174,7 @@ class DataSender:
                                           "the client's data connection")
 
     def _hand(self, token: bytes, frames: list, nbytes: int) -> bool:
-        tracker = _send_tracked(self._data, token, frames)
+        tracker = try_send_tracked(self._data, token, frames)
         if tracker is None:
             return False
         self.unsent.setdefault(token, deque()).append((tracker, nbytes))

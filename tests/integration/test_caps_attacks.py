@@ -385,3 +385,26 @@ def test_unfinished_messages_on_many_connections_stay_within_the_inbound_total(
     assert stats["connections_cut"] >= 100
     assert growth <= total + 3 * SLACK, growth  # plus what arrived within one 20 ms check
     assert _epoch_ids(server.endpoint) == list(range(demo.total))
+
+
+@pytest.mark.timeout(60)
+def test_stats_asked_without_reading_the_replies_are_refused_not_queued(demo_data,
+                                                                        servers) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths])
+    before = _warm(server, [server.pid])[server.pid]
+    peer = zmtp_connect(server.endpoint, source="127.0.0.2")
+    try:
+        hello, stats = (b"".join(zmtp_frame(bytes(f), more=i < len(frames) - 1)
+                                 for i, f in enumerate(frames))
+                        for frames in (wire.encode(wire.Hello(1, "nosy")),
+                                       wire.encode(wire.Stats())))
+        peer.sendall(hello + stats * 10_000)  # and never reads a reply
+        wait_for(lambda: _stats(server.endpoint)["refused"] > 0, 30,
+                 "STATS refused once a reply waits unwritten")
+    finally:
+        peer.close()
+    growth = peak_rss_bytes(server.pid) - before
+    print(f"frontend RSS growth {growth / MiB:.1f} MiB")
+    assert growth <= SLACK, growth
+    assert _epoch_ids(server.endpoint) == list(range(demo.total))
