@@ -408,3 +408,26 @@ def test_stats_asked_without_reading_the_replies_are_refused_not_queued(demo_dat
     print(f"frontend RSS growth {growth / MiB:.1f} MiB")
     assert growth <= SLACK, growth
     assert _epoch_ids(server.endpoint) == list(range(demo.total))
+
+
+@pytest.mark.timeout(60)
+def test_on_ipc_a_local_user_is_one_peer_address(tmp_path, demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], bind=f"ipc://{tmp_path}/server.sock",
+                     extra_args=["--max-sessions-per-address", "2"])
+    first = RawClient(server.endpoint)
+    try:
+        assert isinstance(first.call(wire.Hello(1, "first")), wire.Index)
+        assert _epoch_ids(server.endpoint) == list(range(demo.total))  # the second session
+        second = RawClient(server.endpoint)
+        try:
+            with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1,
+                            timeout=30) as dl:
+                busy = second.call(wire.Hello(1, "third"))
+                assert len(dl) > 0
+        finally:
+            second.close()
+        assert isinstance(busy, wire.ErrorMsg) and busy.kind is wire.ErrorKind.SERVER_BUSY
+        assert "--max-sessions-per-address" in busy.message
+    finally:
+        first.close()
