@@ -27,6 +27,7 @@ from dataflow.server.metrics import ServerMetrics
 from dataflow.server.pool import WorkerPool
 from dataflow.server.tasks import WorkerSpec, indexed_shards
 from dataflow.server.transform import load_transform
+from dataflow.server.worker import DataCaps
 from dataflow.sources import is_local
 
 log = logging.getLogger("dataflow.server")
@@ -113,7 +114,8 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
                                      config.transform_path, config.tar, config.remote,
                                      indexed_shards(index)),
                           config.workers, config.worker_queue,
-                          [config.data_bind(slot) for slot in range(config.workers)])
+                          [config.data_bind(slot) for slot in range(config.workers)],
+                          DataCaps(config.address_connections, config.tcp_timeout_s))
         # Reader processes are forked (they share this process's imports) before it has a
         # ZeroMQ context or a metrics thread (see WorkerPool.start: a process running other
         # threads, such as the remote layer's, spawns them instead).

@@ -8,6 +8,11 @@ queues and are served by the other readers or its replacement; a task whose read
 ``MAX_ATTEMPTS`` times is answered with WorkerDied instead (a poison request must not kill
 readers forever).
 
+The readers' SENT and DONE notices count the reply bytes they hold unsent
+(:class:`~dataflow.server.unsent.Unsent`); while those are at their limit, no request is
+handed to a reader, nor one of an address at its share. ATTACHED notices mark a session's
+data connection seen, which lets its requests be dispatched.
+
 Thread invariant: used only by the frontend's thread.
 """
 
@@ -24,8 +29,12 @@ from dataflow.index import DatasetIndex
 from dataflow.server.delivery import Delivery
 from dataflow.server.ledger import Ledger
 from dataflow.server.pool import WorkerPool
+from dataflow.server.sessions import Sessions
+from dataflow.server.unsent import Unsent
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import (
+    Attached,
+    Done,
     Internal,
     Lost,
     Ready,
@@ -52,6 +61,8 @@ class WorkerHandler:
         counters: the frontend's STATS counters (updated in place).
         index: the dataset served (for error messages; the samples it lost to damage start
             ``skipped_per_shard`` and the ``skipped_samples`` counter).
+        sessions: all sessions (marked attached).
+        unsent: reply bytes the readers hold unsent.
 
     Attributes:
         skipped_per_shard: samples left out as damaged, by shard number: those the index
@@ -59,13 +70,16 @@ class WorkerHandler:
     """
 
     def __init__(self, backend: zmq.Socket, pool: WorkerPool, ledger: Ledger,
-                 delivery: Delivery, counters: dict[str, int], index: DatasetIndex) -> None:
+                 delivery: Delivery, counters: dict[str, int], index: DatasetIndex,
+                 sessions: Sessions, unsent: Unsent) -> None:
         self._backend = backend
         self._pool = pool
         self._ledger = ledger
         self._delivery = delivery
         self._counters = counters
         self._index = index
+        self._sessions = sessions
+        self._unsent = unsent
         # Samples lost when the index was built count from the start; reads add theirs.
         self.skipped_per_shard = {i: n for i, n in enumerate(index.skipped) if n}
         counters["skipped_samples"] += index.lost
@@ -110,12 +124,24 @@ class WorkerHandler:
         if isinstance(msg, Ready):
             self._pool.mark_ready(identity, msg.endpoint)
             return
+        if isinstance(msg, Attached):
+            s = self._sessions.by_token(msg.token)
+            if s is not None and self._ledger.attach(msg.token):
+                s.attached = True
+            return
+        worker = self._pool.get(identity)
+        if isinstance(msg, Done):
+            if worker is not None:  # a reaped reader's bytes were dropped with it
+                self._unsent.release(identity, msg.token, msg.nbytes)
+            return
         if not isinstance(msg, Sent | Lost):
             raise InternalError(f"reader {identity!r} sent a {type(msg).__name__}")
-        worker = self._pool.get(identity)
         if worker is not None:
             worker.tasks.pop((msg.token, msg.req_id), None)
         if isinstance(msg, Sent):
+            if worker is not None:
+                self._unsent.add(identity, msg.token, self._ledger.address(msg.token) or "",
+                                 msg.nbytes)
             for shard, n in msg.skips:
                 self.skipped_per_shard[shard] = self.skipped_per_shard.get(shard, 0) + n
                 self._counters["skipped_samples"] += n
@@ -127,12 +153,13 @@ class WorkerHandler:
                             settles=False)
 
     def dispatch(self) -> None:
-        """Hand queued requests, fairly over sessions, to readers with room."""
-        while True:
+        """Hand queued requests, fairly over attached sessions, to readers with room, while
+        the readers' unsent bytes allow (see the module docstring)."""
+        while not self._unsent.full():
             worker = self._pool.least_loaded()
             if worker is None:
                 return
-            nxt = self._ledger.next_request()
+            nxt = self._ledger.next_request(self._unsent.blocked)
             if nxt is None:
                 return
             task = Task(nxt.key, nxt.req_id, nxt.ranges, nxt.tag, nxt.columns)
@@ -152,6 +179,7 @@ class WorkerHandler:
         module docstring)."""
         root = len(self._index.root)
         for worker, code in self._pool.reap(respawn=True):
+            self._unsent.drop_reader(worker.identity)
             for task in worker.tasks.values():
                 if task.attempts + 1 < MAX_ATTEMPTS:
                     if self._ledger.requeue(task):

@@ -2,11 +2,18 @@
 
 Only a peer with a session gets more than a refusal: a REQUEST without one is refused from its
 header alone (its ranges are never decoded), STATS without one gets UnknownClient, and HELLO
-beyond ``--max-sessions`` gets ServerBusy. A REQUEST may name at most its session's
-``max_samples`` samples (the HELLO's ``batch_size``, else ``--max-request-samples``). A HELLO
-whose ``columns`` name a field the dataset does not serve is refused, naming it; a session's
-columns go with each of its requests to the readers. Peer text reaches the log only quoted
-(:func:`~dataflow.server.peerlog.quote`) and rate-limited.
+beyond ``--max-sessions``, or beyond ``--max-sessions-per-address`` from one peer address,
+gets ServerBusy. A session is granted at most ``--max-window-samples`` samples of credits (its
+credits x its request size, at least one credit). A REQUEST may name at most its session's
+``max_samples`` samples (the HELLO's ``batch_size``, else ``--max-request-samples``), and each
+sample at most once (no two ranges overlap: a plan never repeats a sample within a batch). A
+session's requests go to readers only once a reader saw its data connection; one that attached
+none within ``--session-start-timeout``, or sent no REQUEST within ``--session-idle-timeout``
+of its HELLO, is freed and told why. A HELLO whose ``columns`` name a field the dataset does
+not serve is refused, naming it; a session's columns go with each of its requests to the
+readers. Every INDEX reply shares one buffer of the index JSON (a peer sending HELLOs without
+reading the replies makes the server queue small headers, not copies of the index). Peer text
+reaches the log only quoted (:func:`~dataflow.server.peerlog.quote`) and rate-limited.
 
 Thread invariant: used only by the frontend's thread.
 """
@@ -26,16 +33,17 @@ from dataflow.index import DatasetIndex
 from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
 from dataflow.server.framing import SendResult, recv_bounded
-from dataflow.server.guard import InboundGuard
+from dataflow.server.guard import InboundGuard, address_of
 from dataflow.server.ledger import Ledger, Refusal
 from dataflow.server.peerlog import RateLimitedLog, quote
-from dataflow.server.sessions import Session, Sessions
+from dataflow.server.sessions import Expiry, Session, Sessions, expiry
 from dataflow.subset import unmatched
 from dataflow.wire import ErrorKind
 
 log = logging.getLogger("dataflow.server")
 
 MAX_CLIENT_FRAMES = 3
+MAX_STATS_UNSENT = 4  # STATS replies to one session ZeroMQ may hold unwritten
 
 
 def relative_index(index: DatasetIndex) -> DatasetIndex:
@@ -47,6 +55,45 @@ def relative_index(index: DatasetIndex) -> DatasetIndex:
     root = len(index.root)
     return dataclasses.replace(index, shards=tuple(s[root:] for s in index.shards),
                                read=dataclasses.replace(index.read, hive_root=""))
+
+
+def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
+                  max_samples: int) -> str | None:
+    """Why ``ranges`` (int64, (n, 3) ``(shard, start, stop)`` rows) is not a valid request of
+    at most ``max_samples`` samples of shards ``shards`` of ``sizes`` samples, or None. Pure.
+
+    Each sample may be named once: no two ranges overlap (ranges that meet are fine). A plan
+    never names a sample twice in a batch, even padded (``drop_last=False`` repeats samples
+    only in other ranks' batches); a request that does would make the readers read and send
+    the same data any number of times.
+    """
+    if len(ranges) > max_samples:
+        return (f"request of {len(ranges)} ranges exceeds this session's "
+                f"{max_samples} samples a request")
+    shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
+    bad_shard = (shard < 0) | (shard >= len(sizes))
+    if bad_shard.any():
+        i = int(np.flatnonzero(bad_shard)[0])
+        return f"range {i}: shard {int(shard[i])} not in [0, {len(sizes)})"
+    size = sizes[shard]
+    bad = (start < 0) | (stop <= start) | (stop > size)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return (f"range {i}: [{int(start[i])}, {int(stop[i])}) is empty or outside shard "
+                f"{shards[int(shard[i])]} of {int(size[i])} samples")
+    total = int((stop - start).sum())
+    if total > max_samples:
+        return (f"request of {total} samples exceeds this session's {max_samples} samples "
+                "a request (its HELLO `batch_size`, else --max-request-samples)")
+    order = np.lexsort((start, shard))
+    overlap = (shard[order][1:] == shard[order][:-1]) & (start[order][1:] < stop[order][:-1])
+    if overlap.any():
+        k = int(np.flatnonzero(overlap)[0])
+        i, j = sorted((int(order[k]), int(order[k + 1])))
+        return (f"ranges {i} [{int(start[i])}, {int(stop[i])}) and {j} [{int(start[j])}, "
+                f"{int(stop[j])}) of shard {shards[int(shard[i])]} overlap: a request names "
+                "each sample at most once")
+    return None
 
 
 class ClientHandler:
@@ -75,6 +122,7 @@ class ClientHandler:
         self._config = config
         self._index = relative_index(index)
         self._index_json = self._index.to_json()
+        self._index_body = self._index_json.encode("utf-8")
         self._fields = [f.name for f in index.schema]
         self._sizes = np.asarray(index.sizes, dtype=np.int64)
         self._sessions = sessions
@@ -86,6 +134,16 @@ class ClientHandler:
         self._read_notices = read_notices
         self._guard = guard
         self._peer_log = peer_log
+        self._expired = {
+            Expiry.IDLE: ("sessions_idle_expired", f"nothing received for "
+                          f"{config.session_idle_timeout} s (--session-idle-timeout)"),
+            Expiry.UNATTACHED: ("sessions_unattached_expired", "no data connection to a reader "
+                                f"within {config.session_start_timeout} s of its HELLO "
+                                "(--session-start-timeout)"),
+            Expiry.UNUSED: ("sessions_unused_expired", "no REQUEST within "
+                            f"{config.session_idle_timeout} s of its HELLO "
+                            "(--session-idle-timeout)"),
+        }
 
     def _unknown(self, identity: bytes, req_id: int, what: str) -> None:
         self._delivery.error(
@@ -126,7 +184,7 @@ class ClientHandler:
         if s is not None:
             s.last_seen = now
         if isinstance(msg, wire.Hello):
-            self._on_hello(identity, s, msg, now)
+            self._on_hello(identity, s, msg, now, address_of(frames[0]))
         elif isinstance(msg, wire.Request):
             self._on_request(identity, s, msg)
         elif isinstance(msg, wire.Heartbeat):
@@ -141,11 +199,31 @@ class ClientHandler:
             if s is None:
                 self._unknown(identity, -1, "STATS")
             else:
-                self._delivery.reply(identity, wire.StatsReply(self._stats()))
+                self._on_stats(s)
         else:
             self._counters["malformed"] += 1
             self._delivery.error(identity, -1, ErrorKind.PROTOCOL,
                                  f"a server does not accept {wire.kind_of(msg).name} messages")
+
+    def _on_stats(self, s: Session) -> None:
+        """Answer STATS, unless ``MAX_STATS_UNSENT`` STATS replies to ``s`` are not written
+        yet: a reply can be tens of KB (``skipped_per_shard``), and a peer that asks without
+        reading must not make the server queue many. (A client that waits for each reply has
+        at most one unwritten: its tracker is marked by pyzmq's release thread a moment after
+        ZeroMQ let go of it.)"""
+        while s.stats_sent and s.stats_sent[0].done:
+            s.stats_sent.popleft()
+        if len(s.stats_sent) >= MAX_STATS_UNSENT:
+            self._counters["refused"] += 1
+            self._delivery.error(s.identity, -1, ErrorKind.PROTOCOL,
+                                 f"STATS while {MAX_STATS_UNSENT} STATS replies wait unread")
+            return
+        tracker = self._delivery.send_tracked(s.identity,
+                                              wire.encode(wire.StatsReply(self._stats())))
+        if tracker is None:
+            self._counters["dropped_sends"] += 1
+        else:
+            s.stats_sent.append(tracker)
 
     def _hello_problem(self, msg: wire.Hello) -> str | None:
         """Why HELLO ``msg`` is refused (counted as a refused request), or None."""
@@ -159,8 +237,22 @@ class ClientHandler:
                     f"serves {self._fields}")
         return None
 
+    def _busy(self, address: str) -> str | None:
+        """Why a new session of ``address`` is refused as busy, or None."""
+        if len(self._sessions) >= self._config.max_sessions:
+            self._counters["sessions_refused"] += 1
+            return (f"this server holds its maximum of {len(self._sessions)} sessions "
+                    "(--max-sessions); use another server or retry later")
+        held = self._sessions.of_address(address)
+        if held >= self._config.address_sessions:
+            self._counters["address_sessions_refused"] += 1
+            return (f"this server holds {held} sessions of this client's address, the most one "
+                    "address may (--max-sessions-per-address); use another server or retry "
+                    "later")
+        return None
+
     def _on_hello(self, identity: bytes, s: Session | None, msg: wire.Hello,
-                  now: float) -> None:
+                  now: float, address: str) -> None:
         problem = self._hello_problem(msg)
         if problem is not None:
             self._counters["refused"] += 1
@@ -168,26 +260,28 @@ class ClientHandler:
                                    quote(msg.client), quote(problem, 400))
             self._delivery.error(identity, -1, ErrorKind.PROTOCOL, problem)
             return
-        if s is None and len(self._sessions) >= self._config.max_sessions:
-            self._counters["sessions_refused"] += 1
-            self._peer_log.warning("HELLO from %s (%s) refused: %d sessions (--max-sessions)",
-                                   identity.hex()[:64], quote(msg.client), len(self._sessions))
-            self._delivery.error(identity, -1, ErrorKind.SERVER_BUSY,
-                                 f"this server holds its maximum of {len(self._sessions)} "
-                                 "sessions (--max-sessions); use another server or retry later")
+        busy = None if s is not None else self._busy(address)
+        if busy is not None:
+            self._peer_log.warning("HELLO from %s (%s, %s) refused: %s", identity.hex()[:64],
+                                   quote(msg.client), quote(address), busy)
+            self._delivery.error(identity, -1, ErrorKind.SERVER_BUSY, busy)
             return
-        credits = min(msg.credits, self._config.max_credits)
-        s = self._sessions.open(identity, msg.client, credits, now,
-                                max_samples=msg.batch_size or self._config.max_request_samples,
-                                columns=msg.columns)
-        self._ledger.open(s.token, credits, owner=identity)
-        log.info("client %s (%s) connected with %d credit(s), at most %d sample(s) a request, "
-                 "columns %s", identity.hex()[:64], quote(msg.client), credits, s.max_samples,
+        max_samples = msg.batch_size or self._config.max_request_samples
+        credits = min(msg.credits, self._config.max_credits,
+                      max(1, self._config.max_window_samples // max_samples))
+        s = self._sessions.open(identity, msg.client, credits, now, max_samples=max_samples,
+                                columns=msg.columns, address=address)
+        self._ledger.open(s.token, credits, owner=identity, address=s.address)
+        log.info("client %s (%s, %s) connected with %d credit(s), at most %d sample(s) a "
+                 "request, columns %s", identity.hex()[:64], quote(msg.client),
+                 quote(s.address), credits, s.max_samples,
                  "all" if msg.columns is None else quote(", ".join(msg.columns), 400))
         workers, endpoints = self._server_info()
-        self._delivery.reply(identity, wire.Index(credits, workers, self._index_json,
-                                                  s.token.decode(), tuple(endpoints),
-                                                  self._config.transform or ""))
+        frames = wire.encode(wire.Index(credits, workers, self._index_json, s.token.decode(),
+                                        tuple(endpoints), self._config.transform or ""))
+        frames[-1] = self._index_body  # the same bytes, shared by every INDEX queued
+        if self._delivery.send_frames(identity, frames) is not SendResult.OK:
+            self._counters["dropped_sends"] += 1
 
     def _on_request(self, identity: bytes, s: Session | None, msg: wire.Request) -> None:
         if s is None:
@@ -196,11 +290,12 @@ class ClientHandler:
                                  "REQUEST before HELLO (or the session was freed): send HELLO "
                                  "first")
             return
-        problem = self.check_ranges(msg.ranges, s.max_samples)
+        problem = range_problem(msg.ranges, self._sizes, self._index.shards, s.max_samples)
         if problem is None:
-            if self._ledger.at_credits(s.token):
-                # A reader notifies us just before it hands a reply to ZeroMQ, so the notice
-                # is normally here before the client can react to the reply: read them.
+            if self._ledger.at_credits(s.token) or not s.attached:
+                # A reader notifies us just before it hands a reply to ZeroMQ, and before it
+                # answers a data connection's first HEARTBEAT, so the notice is normally here
+                # before the client can react to the reply: read them.
                 self._read_notices()
             outcome = self._ledger.admit(s.token, msg.req_id, msg.ranges, msg.tag, s.columns)
             if isinstance(outcome, Refusal):
@@ -209,60 +304,41 @@ class ClientHandler:
             self._counters["refused"] += 1
             self._delivery.error(identity, msg.req_id, ErrorKind.PROTOCOL, problem)
             return
+        s.requested = True
         self._counters["requests"] += 1
 
-    def check_ranges(self, ranges: np.ndarray, max_samples: int) -> str | None:
-        """Why ``ranges`` (int64, (n, 3)) is not a valid request of at most ``max_samples``
-        samples, or None."""
-        if len(ranges) > max_samples:
-            return (f"request of {len(ranges)} ranges exceeds this session's "
-                    f"{max_samples} samples a request")
-        shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
-        bad_shard = (shard < 0) | (shard >= len(self._sizes))
-        if bad_shard.any():
-            i = int(np.flatnonzero(bad_shard)[0])
-            return f"range {i}: shard {int(shard[i])} not in [0, {len(self._sizes)})"
-        size = self._sizes[shard]
-        bad = (start < 0) | (stop <= start) | (stop > size)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            return (f"range {i}: [{int(start[i])}, {int(stop[i])}) is empty or outside shard "
-                    f"{self._index.shards[int(shard[i])]} of {int(size[i])} samples")
-        total = int((stop - start).sum())
-        if total > max_samples:
-            return (f"request of {total} samples exceeds this session's {max_samples} samples "
-                    "a request (its HELLO `batch_size`, else --max-request-samples)")
-        return None
-
     def expire(self, now: float) -> None:
-        """Free the sessions of clients silent for ``--session-idle-timeout`` seconds (telling
-        them), and of clients silent for ``--client-ttl`` seconds whose connection is gone.
+        """Free the sessions :func:`~dataflow.server.sessions.expiry` says are over (telling
+        them why), and those of clients silent for ``--client-ttl`` seconds whose connection
+        is gone.
 
         Silence alone is not proof of death: a client's Python threads can be held up for
         seconds by things it does not control (a foreign finalizer run by the garbage
         collector on its I/O thread, a debugger, a long GIL-holding call) while its
-        connection, kept by ZeroMQ's own threads and ZMTP heartbeats, is healthy. A silent
-        client is probed with a HEARTBEAT (``ROUTER_MANDATORY``): GONE means its connection is
-        closed, so its state is freed; a probe that is queued (or refused by a full queue)
-        means it is alive, so it is probed again ``--client-ttl`` seconds later. A live client
-        sends a HEARTBEAT every second, so only a peer that holds a session without using it
-        reaches the idle timeout.
+        connection, kept by ZeroMQ's own threads and the kernel's TCP keepalive, is healthy. A
+        silent client is probed with a HEARTBEAT (``ROUTER_MANDATORY``): GONE means its
+        connection is closed, so its state is freed; a probe that is queued (or refused by a
+        full queue) means it is alive, so it is probed again ``--client-ttl`` seconds later. A
+        live client sends a HEARTBEAT every second, so only a peer that holds a session
+        without using it reaches the idle timeout.
         """
-        ttl, idle = self._config.client_ttl, self._config.session_idle_timeout
+        ttl = self._config.client_ttl
         for s in self._sessions:
-            if now - s.last_seen > idle:
-                self._counters["sessions_idle_expired"] += 1
-                self._delivery.error(s.identity, -1, ErrorKind.UNKNOWN_CLIENT,
-                                     f"session freed: nothing received for {idle} s "
-                                     "(--session-idle-timeout); send HELLO to start again")
-                self._delivery.drop(s, f"nothing received for {idle} s")
-            elif now - s.last_seen > ttl and now - s.probed > ttl:
+            due = expiry(s, now, ttl=ttl, idle=self._config.session_idle_timeout,
+                         start=self._config.session_start_timeout)
+            if due is Expiry.PROBE:
                 if self._delivery.send(s.identity, wire.Heartbeat()) is SendResult.GONE:
                     self._counters["clients_expired"] += 1
                     self._delivery.drop(s, f"silent for more than {ttl} s and disconnected")
                 else:
                     self._counters["clients_probed"] += 1
                     s.probed = now
+            elif due is not None:
+                counter, why = self._expired[due]
+                self._counters[counter] += 1
+                self._delivery.error(s.identity, -1, ErrorKind.UNKNOWN_CLIENT,
+                                     f"session freed: {why}; send HELLO to start again")
+                self._delivery.drop(s, why)
 
     def notify_stopping(self) -> None:
         """Tell every session the server is stopping (ERROR ServerStopping, ``req_id`` -1)."""

@@ -27,8 +27,16 @@ DEFAULT_SESSION_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_REQUEST_SAMPLES = 65536
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024 * 1024
 DEFAULT_MAX_INBOUND_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_INBOUND_TOTAL = 32 * 1024 * 1024
+DEFAULT_MAX_SESSIONS_PER_ADDRESS = 32
+DEFAULT_SESSION_START_TIMEOUT = 30.0
+DEFAULT_MAX_WINDOW_SAMPLES = 1 << 18
+DEFAULT_MAX_UNSENT_BYTES = 2 * 1024**3
+MIN_TCP_TIMEOUT_S = 10.0
 MAX_SESSIONS = 65536
 MAX_REPLY_BYTES = 2 * 1024**3
+MAX_INBOUND_TOTAL = 64 * 1024**3
+MAX_UNSENT_BYTES = 1024**4
 RANGE_BYTES = 24
 HEADER_ROOM = 64 * 1024
 MAX_WORKERS = 256
@@ -75,6 +83,19 @@ class ServerConfig:
         max_inbound_bytes: most bytes one client connection may have sent that the server has
             not received as whole messages (e.g. a multipart message never finished); the
             connection is cut beyond it. Also the largest frame accepted (``MAXMSGSIZE``).
+        max_inbound_total: most such bytes over all client connections of the frontend
+            together; beyond it the connections holding the most are cut.
+        max_sessions_per_address: most sessions of one peer address (an IP address; on ipc, a
+            local user); a HELLO beyond is refused (SERVER_BUSY). Its share of
+            ``max_sessions`` is also the address's share of ``max_unsent_bytes``.
+        session_start_timeout: seconds a new session has to attach a data connection to a
+            reader; a session that did not is freed and told so.
+        max_window_samples: most samples one session may have requested and not received
+            (its credits x its request size): a HELLO asking for more is granted fewer
+            credits, at least one.
+        max_unsent_bytes: most bytes of replies the readers hold that ZeroMQ has not written
+            to a client yet; requests wait (not refused) while it, or an address's share of
+            it, is used.
         curve: CURVE keys of every client link (:mod:`dataflow.security`); None: clear text.
         metrics_port: TCP port of the Prometheus ``/metrics`` endpoint (0: a free one); None:
             no endpoint.
@@ -105,6 +126,11 @@ class ServerConfig:
     max_request_samples: int = DEFAULT_MAX_REQUEST_SAMPLES
     max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES
     max_inbound_bytes: int = DEFAULT_MAX_INBOUND_BYTES
+    max_inbound_total: int = DEFAULT_MAX_INBOUND_TOTAL
+    max_sessions_per_address: int = DEFAULT_MAX_SESSIONS_PER_ADDRESS
+    session_start_timeout: float = DEFAULT_SESSION_START_TIMEOUT
+    max_window_samples: int = DEFAULT_MAX_WINDOW_SAMPLES
+    max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES
     curve: ServerCurve | None = None
     metrics_port: int | None = None
     metrics_bind: str = DEFAULT_METRICS_BIND
@@ -156,6 +182,22 @@ class ServerConfig:
             raise ConfigError(f"`max_inbound_bytes` must be in [{least}, {MAX_REPLY_BYTES}] "
                               f"(the largest REQUEST of `max_request_samples` ranges must fit). "
                               f"Found: {self.max_inbound_bytes}")
+        if not self.max_inbound_bytes <= self.max_inbound_total <= MAX_INBOUND_TOTAL:
+            raise ConfigError(f"`max_inbound_total` must be in [`max_inbound_bytes` "
+                              f"({self.max_inbound_bytes}), {MAX_INBOUND_TOTAL}]. "
+                              f"Found: {self.max_inbound_total}")
+        if not 1 <= self.max_sessions_per_address <= MAX_SESSIONS:
+            raise ConfigError(f"`max_sessions_per_address` must be in [1, {MAX_SESSIONS}]. "
+                              f"Found: {self.max_sessions_per_address}")
+        if not self.session_start_timeout > 0:
+            raise ConfigError("`session_start_timeout` must be > 0 seconds. "
+                              f"Found: {self.session_start_timeout}")
+        if not 1 <= self.max_window_samples <= MAX_BATCH_SIZE:
+            raise ConfigError(f"`max_window_samples` must be in [1, {MAX_BATCH_SIZE}]. "
+                              f"Found: {self.max_window_samples}")
+        if not 1 <= self.max_unsent_bytes <= MAX_UNSENT_BYTES:
+            raise ConfigError(f"`max_unsent_bytes` must be in [1, {MAX_UNSENT_BYTES}]. "
+                              f"Found: {self.max_unsent_bytes}")
         if self.metrics_port is not None:
             check_metrics_address(self.metrics_port, self.metrics_bind, "metrics")
         if not 1 <= self.index_workers <= 256:
@@ -183,6 +225,28 @@ class ServerConfig:
         """Client connections a server process (frontend or reader) keeps at once; more are
         cut as they come. Room for a reconnecting client's old connection to close."""
         return 2 * self.max_sessions + 64
+
+    @property
+    def address_sessions(self) -> int:
+        """Sessions one peer address may hold (``max_sessions_per_address``, at most
+        ``max_sessions``)."""
+        return min(self.max_sessions_per_address, self.max_sessions)
+
+    @property
+    def address_connections(self) -> int:
+        """Client connections one peer address may keep open to one server process."""
+        return 2 * self.address_sessions + 16
+
+    @property
+    def address_unsent_bytes(self) -> int:
+        """An address's share of ``max_unsent_bytes``: its share of the sessions."""
+        return max(1, self.max_unsent_bytes * self.address_sessions // self.max_sessions)
+
+    @property
+    def tcp_timeout_s(self) -> float:
+        """Seconds after which the kernel closes a client connection whose peer vanished or
+        stopped reading: ``max(client_ttl, 10)`` (TCP keepalive and ``TCP_USER_TIMEOUT``)."""
+        return max(self.client_ttl, MIN_TCP_TIMEOUT_S)
 
     @property
     def descriptors(self) -> int:
@@ -239,8 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-ttl", type=float, default=DEFAULT_CLIENT_TTL, metavar="SECONDS",
                    help="free a client's state once it has been silent this long and its "
                         "connection is closed (a killed client's connection closes at once; "
-                        "one on a vanished host after max(this, 10) s of missed ZMTP "
-                        "heartbeats) (default: %(default)s)")
+                        "the kernel closes one whose host vanished, or that stopped reading, "
+                        "after max(this, 10) s: TCP keepalive and TCP_USER_TIMEOUT) "
+                        "(default: %(default)s)")
     p.add_argument("--worker-queue", type=int, default=DEFAULT_WORKER_QUEUE, metavar="N",
                    help="tasks queued per worker process (default: %(default)s)")
     p.add_argument("--on-error", default="raise", choices=ON_ERROR,
@@ -263,18 +328,49 @@ def build_parser() -> argparse.ArgumentParser:
                       help="most client sessions at once; a HELLO beyond is refused with an "
                            "ERROR ServerBusy, and connections beyond 2 x N + 64 are cut "
                            "(STATS sessions_refused, connections_cut) (default: %(default)s)")
+    caps.add_argument("--max-sessions-per-address", type=int,
+                      default=DEFAULT_MAX_SESSIONS_PER_ADDRESS, metavar="N",
+                      help="most sessions of one peer address (IP address; on ipc, local "
+                           "user); a HELLO beyond is refused with an ERROR ServerBusy "
+                           "(STATS address_sessions_refused); the address may also keep at most "
+                           "2 x N + 16 connections to each server process, N x 2 x "
+                           "--max-credits requests outstanding (STATS refused), and N / "
+                           "--max-sessions of --max-unsent-bytes (default: %(default)s)")
     caps.add_argument("--session-idle-timeout", type=float,
                       default=DEFAULT_SESSION_IDLE_TIMEOUT, metavar="SECONDS",
                       help="free a session that sent nothing (not even a HEARTBEAT; clients "
                            "send one a second) for this long, even with its connection open, "
-                           "and tell it with an ERROR UnknownClient (STATS sessions_idle_expired)"
-                           " (default: %(default)s)")
+                           "or that sent no REQUEST this long after its HELLO, and tell it "
+                           "with an ERROR UnknownClient (STATS sessions_idle_expired, "
+                           "sessions_unused_expired) (default: %(default)s)")
+    caps.add_argument("--session-start-timeout", type=float,
+                      default=DEFAULT_SESSION_START_TIMEOUT, metavar="SECONDS",
+                      help="free a session that attached no data connection to a reader this "
+                           "long after its HELLO (the DataLoader attaches at once), and tell it "
+                           "with an ERROR UnknownClient (STATS sessions_unattached_expired); "
+                           "until it attached, its requests wait unread "
+                           "(default: %(default)s)")
+    caps.add_argument("--max-window-samples", type=int, default=DEFAULT_MAX_WINDOW_SAMPLES,
+                      metavar="N",
+                      help="most samples one session may have requested and not received: a "
+                           "HELLO whose credits x batch_size (else --max-request-samples) is "
+                           "larger is granted fewer credits, at least one "
+                           "(default: %(default)s)")
+    caps.add_argument("--max-unsent-bytes", type=int, default=DEFAULT_MAX_UNSENT_BYTES,
+                      metavar="BYTES",
+                      help="most bytes of replies the readers hold that are not yet written to "
+                           "their clients; no request is handed to a reader while it is used, "
+                           "nor one of an address using its share (see "
+                           "--max-sessions-per-address); requests wait, they are not refused; "
+                           "the kernel cuts a client that stops reading after max(--client-ttl,"
+                           " 10) s (default: %(default)s)")
     caps.add_argument("--max-request-samples", type=int, default=DEFAULT_MAX_REQUEST_SAMPLES,
                       metavar="N",
                       help="most samples in one REQUEST of a client whose HELLO declares no "
                            "batch_size, and the largest batch_size a HELLO may declare; a "
-                           "REQUEST of more samples than its session allows is refused before "
-                           "any read (STATS refused) (default: %(default)s)")
+                           "REQUEST of more samples than its session allows, or naming a "
+                           "sample twice (overlapping ranges), is refused before any read "
+                           "(STATS refused) (default: %(default)s)")
     caps.add_argument("--max-reply-bytes", type=int, default=DEFAULT_MAX_REPLY_BYTES,
                       metavar="BYTES",
                       help="most bytes of one reply; a larger batch is answered with an ERROR "
@@ -285,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "server has not received as whole messages (a multipart message "
                            "never finished), and the largest frame; the connection is cut "
                            "beyond (STATS connections_cut) (default: %(default)s)")
+    caps.add_argument("--max-inbound-total", type=int, default=DEFAULT_MAX_INBOUND_TOTAL,
+                      metavar="BYTES",
+                      help="most such bytes over all client connections together; beyond, the "
+                           "connections holding the most are cut (STATS connections_cut). "
+                           "libzmq keeps up to ~33 bytes of memory per byte received (an empty "
+                           "frame is 2 bytes on the wire, 64 in memory) (default: %(default)s)")
     sec = p.add_argument_group(
         "security", "CurveZMQ on every client link (control and data): encrypted, and only "
                     "clients whose public key is allowed get a session or data; keys from "
@@ -345,7 +447,10 @@ def parse_args(argv: Sequence[str] | None = None,
             exit_with_parent=ns.exit_with_parent,
             max_sessions=ns.max_sessions, session_idle_timeout=ns.session_idle_timeout,
             max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
-            max_inbound_bytes=ns.max_inbound_bytes,
+            max_inbound_bytes=ns.max_inbound_bytes, max_inbound_total=ns.max_inbound_total,
+            max_sessions_per_address=ns.max_sessions_per_address,
+            session_start_timeout=ns.session_start_timeout,
+            max_window_samples=ns.max_window_samples, max_unsent_bytes=ns.max_unsent_bytes,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
             metrics_port=ns.metrics_port, metrics_bind=ns.metrics_bind,
             read=read_options(ns), split=ns.split, remote=remote,

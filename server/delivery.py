@@ -16,7 +16,7 @@ import logging
 import zmq
 
 from dataflow import wire
-from dataflow.server.framing import SendResult, try_send
+from dataflow.server.framing import MAX_ERROR_TEXT, SendResult, try_send, try_send_tracked
 from dataflow.server.ledger import Ledger
 from dataflow.server.peerlog import quote
 from dataflow.server.sessions import ParkedReply, Session, Sessions
@@ -43,7 +43,16 @@ class Delivery:
 
     def send(self, identity: bytes, msg: wire.Message) -> SendResult:
         """Send a message without blocking or parking it."""
-        return try_send(self._router, identity, wire.encode(msg))
+        return self.send_frames(identity, wire.encode(msg))
+
+    def send_frames(self, identity: bytes, frames: list) -> SendResult:
+        """Send an encoded message without blocking or parking it."""
+        return try_send(self._router, identity, frames)
+
+    def send_tracked(self, identity: bytes, frames: list) -> zmq.MessageTracker | None:
+        """Send an encoded message without blocking or parking it; a tracker that tells when
+        ZeroMQ let go of it, or None when it was not handed over."""
+        return try_send_tracked(self._router, identity, frames)
 
     def reply(self, identity: bytes, msg: wire.Message) -> None:
         """Send a small control message; dropped (and counted) if the client cannot take it."""
@@ -51,7 +60,8 @@ class Delivery:
             self._counters["dropped_sends"] += 1
 
     def error(self, identity: bytes, req_id: int, kind: wire.ErrorKind, message: str) -> None:
-        self.reply(identity, wire.ErrorMsg(req_id, kind, message))
+        """Send an ERROR (its text cut to ``MAX_ERROR_TEXT``) like :meth:`reply`."""
+        self.reply(identity, wire.ErrorMsg(req_id, kind, message[:MAX_ERROR_TEXT]))
 
     def fail(self, token: bytes, req_id: int, kind: wire.ErrorKind, message: str, *,
              settles: bool) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+MAX_ERROR_TEXT = 1024  # characters of an ERROR a server makes; bounds what it queues per peer
 
 class SendResult(Enum):
     """Outcome of :func:`try_send`.
@@ -44,6 +45,22 @@ def try_send(sock: zmq.Socket, peer: bytes, frames: Sequence[Any]) -> SendResult
         if e.errno == errno.EHOSTUNREACH:
             return SendResult.GONE
         raise
+
+
+def try_send_tracked(sock: zmq.Socket, peer: bytes,
+                     frames: Sequence[Any]) -> zmq.MessageTracker | None:
+    """:func:`try_send` with a tracker on the last frame, which tells when ZeroMQ let go of
+    the whole message (it writes frames in order): written to the peer's connection, or
+    dropped with it. None when the message was not handed over.
+
+    The tracked frame is never copied and no reference to it is kept here: ZeroMQ lets go of
+    it only when nothing else holds it.
+    """
+    tail = zmq.Frame(frames[-1], copy=False, track=True)
+    tracker = tail.tracker
+    if try_send(sock, peer, [*frames[:-1], tail]) is not SendResult.OK:
+        return None
+    return tracker
 
 
 @dataclass(frozen=True)

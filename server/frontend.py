@@ -8,9 +8,11 @@ sockets:
   peer is reported instead of silently dropped, and ``ROUTER_HANDOVER`` so a client that
   reconnects with the same routing id takes its session over; it carries HELLO/INDEX,
   REQUEST, HEARTBEAT, STATS and the frontend's own ERRORs. It is bound first, before any
-  reader starts, so a taken port fails the start at once. An
-  :class:`~dataflow.server.guard.InboundGuard` bounds what each of its connections can make
-  libzmq hold, and how many there are;
+  reader starts, so a taken port fails the start at once. It sends no ZMTP heartbeats and
+  has no receive high-water mark (:func:`~dataflow.server.guard.client_socket_options`:
+  either lets a peer abort libzmq 4.3.5); an :class:`~dataflow.server.guard.InboundGuard`
+  bounds what each of its connections, and all of them, can make libzmq hold, and how many
+  there are;
 * ``backend`` (bound to a private abstract-namespace ``ipc://@...`` name: no file to leave
   behind), to which the reader processes connect.
 
@@ -22,10 +24,12 @@ is the poll loop driving them.
 
 Flow control is credit based: a client may keep up to ``2 x credits`` requests outstanding
 (queued, at a reader, or not yet handed to ZeroMQ by the reader, which says SENT just before it
-does; see :mod:`~dataflow.server.ledger` for why 2x); more are refused with an ERROR. The
-readers' data sockets have a high-water mark above the largest such count, so a reader never
-meets a full queue. Memory is bounded by ``workers x worker_queue x batch`` plus
-``clients x 2 x credits x batch``.
+does; see :mod:`~dataflow.server.ledger` for why 2x), and one peer address at most
+``--max-sessions-per-address`` times that; more are refused with an ERROR. The readers' data
+sockets have a high-water mark above the largest such count, so a reader never meets a full
+queue. What the readers hold unsent is bounded in bytes (:mod:`~dataflow.server.unsent`):
+requests wait while it is at ``--max-unsent-bytes`` or their address's share. The README's
+"Memory" paragraph gives the bound of the server's memory as a formula of its flags.
 
 Thread invariant: every method runs on the one thread that calls :meth:`serve`.
 """
@@ -47,25 +51,25 @@ from dataflow.server.backend import WorkerHandler
 from dataflow.server.clients import ClientHandler
 from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
-from dataflow.server.guard import GUARD_MS, InboundGuard
+from dataflow.server.guard import GUARD_MS, InboundGuard, client_socket_options
 from dataflow.server.ledger import CREDIT_SLACK, Ledger
 from dataflow.server.metrics import SessionUse, Snapshot, session_label
 from dataflow.server.peerlog import RateLimitedLog
 from dataflow.server.pool import WorkerPool
 from dataflow.server.sessions import Sessions
+from dataflow.server.unsent import Unsent
 from dataflow.wire import MAX_COUNTER_LIST
 
 log = logging.getLogger("dataflow.server")
 
 DRAIN = 256
 HOUSEKEEPING_S = 0.25
-ZMTP_HEARTBEAT_MS = 1000
-MIN_ZMTP_TIMEOUT_S = 10.0
 STOPPING_LINGER_MS = 1000
 
 COUNTERS = ("malformed", "refused", "dropped_sends", "stale_notices", "requests", "replies",
             "bytes_sent", "clients_expired", "clients_probed", "sessions_refused",
-            "sessions_idle_expired", "connections_cut", "tasks_requeued", "replies_too_large",
+            "address_sessions_refused", "sessions_idle_expired", "sessions_unattached_expired",
+            "sessions_unused_expired", "connections_cut", "tasks_requeued", "replies_too_large",
             "skipped_samples", "samples_sent")
 
 
@@ -99,7 +103,9 @@ class Frontend:
         self._index = index
         self._publish = publish
         self._sessions = Sessions()
-        self._ledger = Ledger()
+        self._ledger = Ledger(address_cap=config.address_sessions * CREDIT_SLACK
+                              * config.max_credits)
+        self._unsent = Unsent(config.max_unsent_bytes, config.address_unsent_bytes)
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._peer_log = RateLimitedLog(log)
         self.router = ctx.socket(zmq.ROUTER)
@@ -111,16 +117,13 @@ class Frontend:
         secure_server(self.router, config.curve)
         self._gate = start_gatekeeper(ctx, config.curve)
         self.router.setsockopt(zmq.SNDHWM, CREDIT_SLACK * config.max_credits + 16)
-        self.router.setsockopt(zmq.RCVHWM, 4096)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_inbound_bytes)
-        self.router.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
-        # A killed client's connection closes at once; this timeout only catches a vanished
-        # host, so it never drops a live client whose machine is briefly overloaded.
-        self.router.setsockopt(zmq.HEARTBEAT_TIMEOUT,
-                               int(max(config.client_ttl, MIN_ZMTP_TIMEOUT_S) * 1000))
+        client_socket_options(self.router, config.tcp_timeout_s)
         self._guard = InboundGuard(self.router, config.max_inbound_bytes,
                                    config.max_connections, tcp=config.bind.startswith("tcp://"),
-                                   counters=self.counters, peer_log=self._peer_log)
+                                   counters=self.counters, peer_log=self._peer_log,
+                                   total_limit=config.max_inbound_total,
+                                   per_address=config.address_connections)
         try:
             _bind(self.router, config.zmq_bind, "client-facing")
             _bind(self.backend, backend, "reader backend")
@@ -130,7 +133,7 @@ class Frontend:
         self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._delivery = Delivery(self.router, self._sessions, self._ledger, self.counters)
         self._workers = WorkerHandler(self.backend, pool, self._ledger, self._delivery,
-                                      self.counters, index)
+                                      self.counters, index, self._sessions, self._unsent)
         self._clients = ClientHandler(config, index, self._sessions, self._ledger,
                                       self._delivery, self.counters, guard=self._guard,
                                       peer_log=self._peer_log, server_info=self._server_info,
@@ -211,6 +214,7 @@ class Frontend:
             "in_flight": sum(len(w.tasks) for w in self._pool),
             "pending_sends": self._sessions.parked(),
             "bytes_buffered": self._sessions.parked_bytes(),
+            "unsent_bytes": self._unsent.total,
             "workers": len(self._pool),
             "worker_restarts": self._pool.restarts,
             "log_lines_suppressed": self._peer_log.suppressed,

@@ -17,6 +17,15 @@ client that keeps to its credits can still look over them for a moment. Beyond t
 is refused. Per client, replies held in a reader's send queue are therefore at most
 ``CREDIT_SLACK x credits``.
 
+A peer address (the IP address of the connection, on ipc its local user) is charged too: its
+accounts' outstanding requests together, open and draining, are at most ``address_cap``, so
+new routing ids (new connections) from one address never buy more than that either.
+
+An account's requests are dispatched only once it is *attached* (a reader saw the session's
+data connection: :meth:`Ledger.attach`), and not while the caller says its address is
+blocked (its readers hold too many unsent bytes for it): they wait in the queue, unread, and
+the other accounts take their turns.
+
 Settling an id that has nothing outstanding is not an error: it happens when the session was
 closed (BYE, expiry) before the reader's notice came, or when a reader's notice comes after
 its death already failed the request. :meth:`Ledger.settle` returns False then; the caller
@@ -28,8 +37,10 @@ Thread invariant: used only by the frontend's thread.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TypeVar
 
 import numpy as np
 
@@ -37,12 +48,14 @@ from dataflow.errors import InternalError
 from dataflow.wire.messages import NO_TAG, BatchTag
 
 CREDIT_SLACK = 2
+K = TypeVar("K", bytes, str)
 
 
 class RefusalReason(Enum):
     """Why :meth:`Ledger.admit` refused a request."""
 
     OVER_CREDITS = "over credits"
+    OVER_ADDRESS = "over the address's requests"
     DUPLICATE_ID = "duplicate request id"
 
 
@@ -88,35 +101,74 @@ class _Account:
     key: bytes
     owner: bytes
     credits: int
+    address: str = ""
+    attached: bool = False
     active: set[int] = field(default_factory=set)
     queued: deque[Dispatch] = field(default_factory=deque)
     closed: bool = False
 
 
-class Ledger:
-    """Credit accounts of all sessions, and fair round-robin dispatch over them."""
+def _unlink(index: dict[K, set[bytes]], group: K, key: bytes) -> None:
+    keys = index.get(group)
+    if keys is not None:
+        keys.discard(key)
+        if not keys:
+            del index[group]
 
-    def __init__(self, slack: int = CREDIT_SLACK) -> None:
+
+class Ledger:
+    """Credit accounts of all sessions, and fair round-robin dispatch over them.
+
+    Args:
+        slack: requests outstanding per connection, as a multiple of its credits.
+        address_cap: requests outstanding per peer address (None: no cap).
+    """
+
+    def __init__(self, slack: int = CREDIT_SLACK, address_cap: int | None = None) -> None:
         self._slack = slack
+        self._address_cap = address_cap
         self._accounts: dict[bytes, _Account] = {}
         self._draining: dict[bytes, _Account] = {}
         self._by_owner: dict[bytes, set[bytes]] = {}
+        self._by_address: dict[str, set[bytes]] = {}
         self._turns: deque[_Account] = deque()
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._accounts
 
-    def open(self, key: bytes, credits: int, owner: bytes | None = None) -> None:
-        """Open the account of session ``key`` for connection ``owner`` (``key`` when None),
-        or set its credits if it is open."""
+    def open(self, key: bytes, credits: int, owner: bytes | None = None,
+             address: str = "") -> None:
+        """Open the account of session ``key`` for connection ``owner`` (``key`` when None)
+        of peer ``address``, or set its credits if it is open."""
         acct = self._accounts.get(key)
         if acct is None:
             self._drained(self._draining.pop(key, None))
-            acct = _Account(key, key if owner is None else owner, credits)
+            acct = _Account(key, key if owner is None else owner, credits, address)
             self._accounts[key] = acct
             self._by_owner.setdefault(acct.owner, set()).add(key)
+            self._by_address.setdefault(address, set()).add(key)
         else:
             acct.credits = credits
+
+    def attach(self, key: bytes) -> bool:
+        """Session ``key``'s data connection is attached: its requests may be dispatched.
+
+        Returns:
+            False when ``key`` has no open account (a stale or foreign notice).
+        """
+        acct = self._accounts.get(key)
+        if acct is None:
+            return False
+        if not acct.attached:
+            acct.attached = True
+            if acct.queued:
+                self._turns.append(acct)
+        return True
+
+    def address(self, key: bytes) -> str | None:
+        """The peer address of the open or draining account ``key``, or None."""
+        acct = self._accounts.get(key) or self._draining.get(key)
+        return None if acct is None else acct.address
 
     def close(self, key: bytes) -> int:
         """Close the account of ``key`` (no-op if closed); returns the queued requests dropped.
@@ -140,17 +192,19 @@ class Ledger:
     def _drained(self, acct: _Account | None) -> None:
         if acct is None:
             return
-        keys = self._by_owner.get(acct.owner)
-        if keys is not None:
-            keys.discard(acct.key)
-            if not keys:
-                del self._by_owner[acct.owner]
+        _unlink(self._by_owner, acct.owner, acct.key)
+        _unlink(self._by_address, acct.address, acct.key)
+
+    def _sum(self, keys: set[bytes]) -> int:
+        return sum(len((self._accounts.get(k) or self._draining[k]).active) for k in keys)
 
     def charged(self, key: bytes) -> int:
         """Requests outstanding over every open or draining account of ``key``'s owner."""
-        owner = self._get(key).owner
-        return sum(len((self._accounts.get(k) or self._draining[k]).active)
-                   for k in self._by_owner[owner])
+        return self._sum(self._by_owner[self._get(key).owner])
+
+    def address_charged(self, address: str) -> int:
+        """Requests outstanding over every open or draining account of peer ``address``."""
+        return self._sum(self._by_address.get(address, set()))
 
     def _get(self, key: bytes) -> _Account:
         acct = self._accounts.get(key)
@@ -186,7 +240,14 @@ class Ledger:
             return Refusal(RefusalReason.OVER_CREDITS,
                            f"credit exceeded: {charged} request(s) outstanding on this "
                            f"connection and {acct.credits} credit(s) granted")
-        if not acct.queued:
+        if self._address_cap is not None:
+            by_address = self.address_charged(acct.address)
+            if by_address >= self._address_cap:
+                return Refusal(RefusalReason.OVER_ADDRESS,
+                               f"{by_address} request(s) outstanding from this client's "
+                               f"address, the most one address may have (--max-sessions-per-"
+                               f"address x {self._slack} x --max-credits)")
+        if not acct.queued and acct.attached:
             self._turns.append(acct)
         acct.queued.append(Dispatch(key, req_id, ranges, tag, columns=columns))
         acct.active.add(req_id)
@@ -204,7 +265,7 @@ class Ledger:
         if acct is None or task.req_id not in acct.active:
             self.settle(task.key, task.req_id)
             return False
-        if not acct.queued:
+        if not acct.queued and acct.attached:
             self._turns.append(acct)
         acct.queued.appendleft(replace(task, attempts=task.attempts + 1))
         return True
@@ -229,11 +290,15 @@ class Ledger:
         acct.active.discard(req_id)
         return True
 
-    def next_request(self) -> Dispatch | None:
-        """The next request to dispatch, one per session in turn; None when none is queued."""
-        while self._turns:
+    def next_request(self, blocked: Callable[[str], bool] | None = None) -> Dispatch | None:
+        """The next request to dispatch, one per attached session in turn, skipping sessions
+        whose address ``blocked`` says is blocked; None when none may go."""
+        for _ in range(len(self._turns)):
             acct = self._turns.popleft()
             if acct.closed or not acct.queued:
+                continue
+            if blocked is not None and blocked(acct.address):
+                self._turns.append(acct)
                 continue
             task = acct.queued.popleft()
             if acct.queued:

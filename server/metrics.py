@@ -49,10 +49,13 @@ def _g(name: str, help: str) -> Spec:
 
 REFUSALS = "refusals"
 REFUSED_HELP = ("requests refused (request: REQUESTs, and HELLOs declaring an oversized batch "
-                "or columns not served; session: HELLOs over --max-sessions; auth: CURVE keys)")
+                "or columns not served; session: HELLOs over --max-sessions; address: HELLOs "
+                "over --max-sessions-per-address; auth: CURVE keys)")
 EXPIRED = "sessions_expired"
 EXPIRED_HELP = ("sessions freed (ttl: silent with the connection closed past --client-ttl; "
-                "idle: silent past --session-idle-timeout)")
+                "idle: silent past --session-idle-timeout; unattached: no data connection "
+                "within --session-start-timeout; unused: no REQUEST within "
+                "--session-idle-timeout)")
 METRICS: dict[str, Spec] = {
     "requests": _c("requests", "REQUESTs accepted from clients"),
     "replies": _c("replies", "replies (batches, and read errors) handed to clients"),
@@ -61,15 +64,19 @@ METRICS: dict[str, Spec] = {
     "malformed": _c("malformed_messages", "malformed client messages (answered with an ERROR)"),
     "refused": _c(REFUSALS, REFUSED_HELP, what="request"),
     "sessions_refused": _c(REFUSALS, REFUSED_HELP, what="session"),
+    "address_sessions_refused": _c(REFUSALS, REFUSED_HELP, what="address"),
     "auth_refused": _c(REFUSALS, REFUSED_HELP, what="auth"),
     "connections_cut": _c("connections_cut", "client connections cut (over --max-inbound-bytes "
-                                             "or over the connection cap)"),
+                                             "or --max-inbound-total, or over a connection "
+                                             "cap)"),
     "replies_too_large": _c("replies_too_large", "batches over --max-reply-bytes (answered "
                                                  "with an ERROR)"),
     "dropped_sends": _c("dropped_replies", "replies that could not be delivered (client gone)"),
     "stale_notices": _c("stale_notices", "reader notices for requests already settled"),
     "clients_expired": _c(EXPIRED, EXPIRED_HELP, why="ttl"),
     "sessions_idle_expired": _c(EXPIRED, EXPIRED_HELP, why="idle"),
+    "sessions_unattached_expired": _c(EXPIRED, EXPIRED_HELP, why="unattached"),
+    "sessions_unused_expired": _c(EXPIRED, EXPIRED_HELP, why="unused"),
     "clients_probed": _c("clients_probed", "silent clients whose connection was probed"),
     "tasks_requeued": _c("tasks_requeued", "tasks of dead readers queued again"),
     "worker_restarts": _c("worker_restarts", "reader processes replaced after they died"),
@@ -81,6 +88,8 @@ METRICS: dict[str, Spec] = {
     "in_flight": _g("reader_tasks", "tasks held by the readers"),
     "pending_sends": _g("parked_replies", "frontend replies waiting for a full client queue"),
     "bytes_buffered": _g("parked_bytes", "bytes of the parked replies"),
+    "unsent_bytes": _g("unsent_bytes", "bytes of replies the readers hold not yet written to "
+                                       "clients"),
     "workers": _g("workers", "reader processes"),
 }
 SKIPPED = PREFIX + "skipped_samples"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from dataflow.errors import ServerStartError
 from dataflow.server.ledger import Dispatch
 from dataflow.server.tasks import WorkerSpec
-from dataflow.server.worker import run_worker
+from dataflow.server.worker import DataCaps, run_worker
 
 log = logging.getLogger("dataflow.server.pool")
 
@@ -45,10 +45,13 @@ class WorkerPool:
         n: number of workers.
         capacity: tasks a worker may hold at once.
         data_binds: per slot, where the first worker binds its data socket.
+        caps: bounds on each worker's client data connections.
     """
 
-    def __init__(self, spec: WorkerSpec, n: int, capacity: int, data_binds: list[str]) -> None:
+    def __init__(self, spec: WorkerSpec, n: int, capacity: int, data_binds: list[str],
+                 caps: DataCaps) -> None:
         self._spec = spec
+        self._caps = caps
         self._n = n
         self._binds = list(data_binds)
         self.endpoints: list[str | None] = [None] * n
@@ -81,8 +84,10 @@ class WorkerPool:
         self._serial += 1
         identity = b"w%d" % self._serial
         bind = self.endpoints[slot] or self._binds[slot]
-        proc = (method or self._ctx).Process(target=run_worker, args=(self._spec, identity, bind),
-                                 name=f"dataflow-worker-{self._serial}", daemon=True)
+        proc = (method or self._ctx).Process(target=run_worker,
+                                             args=(self._spec, identity, bind, self._caps),
+                                             name=f"dataflow-worker-{self._serial}",
+                                             daemon=True)
         proc.start()
         self._workers[identity] = Worker(identity, proc, slot)
 

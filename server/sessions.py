@@ -1,6 +1,9 @@
-"""Per-client state of a loader server: sessions and the replies parked for them.
+"""Per-client state of a loader server: sessions, the replies parked for them, and when a
+session is freed.
 
 Credits are not here: :mod:`dataflow.server.ledger` owns them, keyed by the session token.
+:func:`expiry` decides, from a session's times alone, whether it is freed (and why) or its
+connection probed; the frontend does the I/O.
 
 Thread invariant: used only by the frontend's thread.
 """
@@ -11,6 +14,7 @@ import secrets
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from dataflow.wire import MAX_BATCH_SIZE
@@ -45,7 +49,13 @@ class Session:
         last_seen: time of its last message (the caller's clock, seconds).
         max_samples: most samples one of its REQUESTs may name.
         columns: the fields its batches keep (its HELLO's ``columns``), or None: all.
+        address: the peer address of its connection (:func:`~dataflow.server.guard.address_of`).
+        opened: when its first HELLO came.
+        attached: whether a reader saw its data connection.
+        requested: whether it sent a REQUEST that was admitted.
         probed: when the server last probed its connection (it had been silent).
+        stats_sent: trackers (``zmq.MessageTracker``) of the STATS replies sent to it, oldest
+            first (those known written are dropped as STATS come).
         token: session token (32 ASCII hex bytes): the routing id of the client's data
             connections to the readers, and the key of its credit account.
         parked: replies refused by the client's full send queue, oldest first.
@@ -58,7 +68,12 @@ class Session:
     last_seen: float
     max_samples: int = MAX_BATCH_SIZE
     columns: tuple[str, ...] | None = None
+    address: str = ""
+    opened: float = 0.0
+    attached: bool = False
+    requested: bool = False
     probed: float = float("-inf")
+    stats_sent: deque[Any] = field(default_factory=deque)
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     parked: deque[ParkedReply] = field(default_factory=deque)
     parked_bytes: int = 0
@@ -74,12 +89,46 @@ class Session:
         return reply
 
 
+class Expiry(Enum):
+    """What :func:`expiry` decided for a session."""
+
+    IDLE = "idle"  # nothing received for the idle timeout
+    UNATTACHED = "unattached"  # no data connection within the start timeout
+    UNUSED = "unused"  # no REQUEST within the idle timeout of its HELLO
+    PROBE = "probe"  # silent past the ttl: probe its connection (freed if it is gone)
+
+
+def expiry(s: Session, now: float, *, ttl: float, idle: float, start: float) -> Expiry | None:
+    """Whether session ``s`` is freed at ``now`` (and why), its connection is due a probe, or
+    neither (None). Pure.
+
+    Args:
+        s: the session.
+        now: the time, on the clock of ``s``'s times (seconds).
+        ttl: ``--client-ttl``: silence after which the connection is probed.
+        idle: ``--session-idle-timeout``: silence, or time without a REQUEST since the HELLO,
+            after which the session is freed.
+        start: ``--session-start-timeout``: time after the HELLO by which a data connection
+            must be attached.
+    """
+    if now - s.last_seen > idle:
+        return Expiry.IDLE
+    if not s.attached and now - s.opened > start:
+        return Expiry.UNATTACHED
+    if not s.requested and now - s.opened > idle:
+        return Expiry.UNUSED
+    if now - s.last_seen > ttl and now - s.probed > ttl:
+        return Expiry.PROBE
+    return None
+
+
 class Sessions:
-    """All sessions, by routing id and by token."""
+    """All sessions, by routing id and by token, and how many each peer address holds."""
 
     def __init__(self) -> None:
         self._by_identity: dict[bytes, Session] = {}
         self._by_token: dict[bytes, Session] = {}
+        self._per_address: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._by_identity)
@@ -94,19 +143,26 @@ class Sessions:
     def by_token(self, token: bytes) -> Session | None:
         return self._by_token.get(token)
 
+    def of_address(self, address: str) -> int:
+        """Sessions open from peer ``address``."""
+        return self._per_address.get(address, 0)
+
     def open(self, identity: bytes, name: str, credits: int, now: float,
              max_samples: int = MAX_BATCH_SIZE,
-             columns: tuple[str, ...] | None = None) -> Session:
-        """The session of ``identity``: a new one, or the open one with its settings renewed.
+             columns: tuple[str, ...] | None = None, address: str = "") -> Session:
+        """The session of ``identity``: a new one (from peer ``address``), or the open one
+        with its settings renewed.
 
-        A HELLO on a connection that has a session keeps that session (and its token);
-        requests admitted before it keep the columns they were admitted with.
+        A HELLO on a connection that has a session keeps that session (its token, address,
+        and when it was opened); requests admitted before it keep the columns they were
+        admitted with.
         """
         s = self._by_identity.get(identity)
         if s is None:
-            s = Session(identity, name, credits, now)
+            s = Session(identity, name, credits, now, address=address, opened=now)
             self._by_identity[identity] = s
             self._by_token[s.token] = s
+            self._per_address[address] = self._per_address.get(address, 0) + 1
         s.name, s.credits, s.last_seen, s.max_samples = name, credits, now, max_samples
         s.columns = columns
         return s
@@ -116,6 +172,11 @@ class Sessions:
         if self._by_identity.get(s.identity) is s:
             del self._by_identity[s.identity]
             del self._by_token[s.token]
+            left = self._per_address[s.address] - 1
+            if left:
+                self._per_address[s.address] = left
+            else:
+                del self._per_address[s.address]
 
     def parked(self) -> int:
         return sum(len(s.parked) for s in self._by_identity.values())

@@ -16,10 +16,13 @@ Messages:
 
 * frontend <-> worker: :mod:`dataflow.wire.internal`: a TASK (session token, req_id, ranges,
   tag, the session's columns) in; READY once at start, SENT just before a reply is handed to
-  ZeroMQ (the frontend returns the client's credit) and LOST when a reply could not be
-  delivered (the client's data connection was missing for ``UNREACHABLE_S`` seconds, or more
-  than ``MAX_PARKED`` replies were waiting for it) out. Replies wait per client: one client
-  gone away never holds up another's.
+  ZeroMQ (the frontend returns the client's credit), DONE once ZeroMQ let go of a reply's
+  bytes (the frontend counts what readers hold unsent: :mod:`~dataflow.server.unsent`),
+  LOST when a reply could not be delivered (the client's data connection was missing for
+  ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies were waiting for it), and
+  ATTACHED the first time a data connection says HEARTBEAT (the frontend dispatches a
+  session's requests only once one did) out. Replies wait per client: one client gone away
+  never holds up another's.
 * worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED whose
   message starts with the exception's class name (:mod:`dataflow.wire`). A BATCH's
   ``skipped`` counts the samples of the request the readers left out as damaged
@@ -31,6 +34,11 @@ Messages:
   it before sending REQUESTs, so the first reply never finds the connection missing).
   Anything else is answered with an ERROR and otherwise ignored.
 
+The data socket is client-facing: it has the options and the
+:class:`~dataflow.server.guard.InboundGuard` of the frontend's, with the bounds of
+:class:`DataCaps`. When a reply is handed to ZeroMQ its last frame carries a tracker, which
+tells when ZeroMQ let go of the whole reply.
+
 Each worker keeps an LRU of open shard readers. It exits when its parent dies (checked twice a
 second) or on SIGTERM; SIGINT is ignored (the parent decides).
 """
@@ -41,7 +49,7 @@ import logging
 import os
 import signal
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import zmq
@@ -50,19 +58,49 @@ from dataflow import wire
 from dataflow.errors import InternalError, ProtocolError
 from dataflow.security import secure_server
 from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
-from dataflow.server.framing import SendResult, recv_bounded, try_send
-from dataflow.server.guard import GUARD_MS, InboundGuard
+from dataflow.server.framing import (
+    MAX_ERROR_TEXT,
+    recv_bounded,
+    try_send,
+    try_send_tracked,
+)
+from dataflow.server.guard import GUARD_MS, InboundGuard, client_socket_options
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.tasks import ReaderCache, Reply, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
-from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, encode_internal
+from dataflow.wire.internal import (
+    Attached,
+    Done,
+    Lost,
+    Ready,
+    Sent,
+    Task,
+    decode_internal,
+    encode_internal,
+)
 
 PARENT_CHECK_MS = 500
 RETRY_MS = 20
 UNREACHABLE_S = 5.0
 MAX_PARKED = 8
 MAX_DATA_INBOUND = 64 * 1024
+MAX_DATA_INBOUND_TOTAL = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DataCaps:
+    """Bounds on a reader's client data connections (from the server's flags), beyond
+    :class:`~dataflow.server.tasks.WorkerSpec`'s ``max_connections``.
+
+    Attributes:
+        per_address: data connections at once from one peer address.
+        tcp_timeout_s: seconds after which the kernel closes a connection whose peer vanished
+            or stopped reading (:func:`~dataflow.server.guard.client_socket_options`).
+    """
+
+    per_address: int
+    tcp_timeout_s: float
 
 log = logging.getLogger("dataflow.server.worker")
 
@@ -75,20 +113,51 @@ class _Parked:
     req_id: int
     frames: list
     deadline: float
+    nbytes: int
 
 
 class DataSender:
     """Sends replies on the data socket and notices to the frontend. Not thread-safe.
 
+    Every reply reported SENT is held (parked, or handed to ZeroMQ and not yet let go of) until
+    a DONE reports its bytes released.
+
+    Args:
+        data: the data socket.
+        control: the connection to the frontend.
+        max_announced: session tokens remembered as announced ATTACHED (least recently seen
+            forgotten first; one seen again is announced again).
+
     Attributes:
         parked: per client data connection (session token), replies that could not be handed
             to ZeroMQ yet, oldest first; only tokens with parked replies are keys.
+        unsent: per session token, ``(tracker, bytes)`` of the replies handed to ZeroMQ and
+            not yet let go of, oldest first; only tokens with such replies are keys.
     """
 
-    def __init__(self, data: zmq.Socket, control: zmq.Socket) -> None:
+    def __init__(self, data: zmq.Socket, control: zmq.Socket, max_announced: int = 1024) -> None:
         self._data = data
         self._control = control
+        self._max_announced = max_announced
+        self._announced: OrderedDict[bytes, None] = OrderedDict()
         self.parked: dict[bytes, deque[_Parked]] = {}
+        self.unsent: dict[bytes, deque[tuple[zmq.MessageTracker, int]]] = {}
+
+    @property
+    def busy(self) -> bool:
+        """Whether replies are parked or not yet let go of by ZeroMQ."""
+        return bool(self.parked or self.unsent)
+
+    def attached(self, token: bytes) -> None:
+        """A data connection of routing id ``token`` said HEARTBEAT: tell the frontend (once
+        while ``token`` is remembered)."""
+        if token in self._announced:
+            self._announced.move_to_end(token)
+            return
+        self._announced[token] = None
+        if len(self._announced) > self._max_announced:
+            self._announced.popitem(last=False)
+        self._control.send_multipart(encode_internal(Attached(token)))
 
     def send(self, token: bytes, req_id: int, reply: Reply) -> None:
         """Notify the frontend, then hand the reply to ZeroMQ (parked if the client is away)."""
@@ -96,14 +165,20 @@ class DataSender:
         nbytes = sum(memoryview(f).nbytes for f in frames)
         self._control.send_multipart(encode_internal(
             Sent(token, req_id, nbytes, reply.skips, int(reply.too_large), reply.samples)))
-        waiting = self.parked.get(token)
-        if waiting is None and try_send(self._data, token, frames) is SendResult.OK:
+        if token not in self.parked and self._hand(token, frames, nbytes):
             return
         waiting = self.parked.setdefault(token, deque())
-        waiting.append(_Parked(token, req_id, frames, time.monotonic() + UNREACHABLE_S))
+        waiting.append(_Parked(token, req_id, frames, time.monotonic() + UNREACHABLE_S, nbytes))
         while len(waiting) > MAX_PARKED:
             self._lost(waiting.popleft(), f"more than {MAX_PARKED} replies were waiting for "
                                           "the client's data connection")
+
+    def _hand(self, token: bytes, frames: list, nbytes: int) -> bool:
+        tracker = try_send_tracked(self._data, token, frames)
+        if tracker is None:
+            return False
+        self.unsent.setdefault(token, deque()).append((tracker, nbytes))
+        return True
 
     def retry(self) -> None:
         """Retry each client's parked replies in order; give up on those past their deadline."""
@@ -111,7 +186,7 @@ class DataSender:
         for token, waiting in list(self.parked.items()):
             while waiting:
                 p = waiting[0]
-                if try_send(self._data, token, p.frames) is SendResult.OK:
+                if self._hand(token, p.frames, p.nbytes):
                     waiting.popleft()
                 elif now > p.deadline:
                     waiting.popleft()
@@ -122,13 +197,27 @@ class DataSender:
             if not waiting:
                 del self.parked[token]
 
+    def collect(self) -> None:
+        """Report (DONE) the bytes of the replies ZeroMQ let go of since the last call."""
+        for token, handed in list(self.unsent.items()):
+            released = 0
+            while handed and handed[0][0].done:
+                released += handed.popleft()[1]
+            if not handed:
+                del self.unsent[token]
+            if released:
+                self._control.send_multipart(encode_internal(Done(token, released)))
+
     def _lost(self, p: _Parked, why: str) -> None:
         log.warning("reply to request %d dropped: %s", p.req_id, why)
         self._control.send_multipart(encode_internal(Lost(p.token, p.req_id, why)))
+        self._control.send_multipart(encode_internal(Done(p.token, p.nbytes)))
 
 
-def answer_data(sock: zmq.Socket, guard: InboundGuard, peer_log: RateLimitedLog) -> None:
-    """Answer one message from a client's data connection (HEARTBEAT -> HEARTBEAT)."""
+def answer_data(sock: zmq.Socket, guard: InboundGuard, peer_log: RateLimitedLog,
+                sender: DataSender) -> None:
+    """Answer one message from a client's data connection (HEARTBEAT -> HEARTBEAT; the first
+    HEARTBEAT of a connection is announced to the frontend)."""
     inbound = recv_bounded(sock, 2)
     frames = inbound.frames
     peer = frames[0].bytes
@@ -140,21 +229,23 @@ def answer_data(sock: zmq.Socket, guard: InboundGuard, peer_log: RateLimitedLog)
         if not isinstance(msg, wire.Heartbeat):
             raise ProtocolError(f"a data connection accepts only HEARTBEAT messages. Found: "
                                 f"{wire.kind_of(msg).name}")
+        sender.attached(peer)
         reply = wire.encode(wire.Heartbeat())
     except ProtocolError as e:
         peer_log.warning("malformed message on the data socket from %s: %s", peer.hex()[:64],
                          quote(str(e), 400))
-        reply = wire.encode(wire.ErrorMsg(-1, ErrorKind.PROTOCOL, str(e)))
+        reply = wire.encode(wire.ErrorMsg(-1, ErrorKind.PROTOCOL, str(e)[:MAX_ERROR_TEXT]))
     try_send(sock, peer, reply)  # a peer that is gone or not reading loses its answer
 
 
-def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
+def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps) -> None:
     """Entry point of a worker process (the target given to multiprocessing).
 
     Args:
         spec: what every worker needs.
         identity: this worker's routing id at the frontend.
         data_bind: endpoint to bind the data socket to (a concrete one for a replacement).
+        caps: bounds on its client data connections.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker has the server's handler
@@ -174,13 +265,16 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
     data.setsockopt(zmq.ROUTER_HANDOVER, 1)
     data.setsockopt(zmq.SNDHWM, spec.data_sndhwm)
     data.setsockopt(zmq.MAXMSGSIZE, MAX_DATA_INBOUND)
+    client_socket_options(data, caps.tcp_timeout_s)
     secure_server(data, spec.curve)
     gate = start_gatekeeper(ctx, spec.curve)
-    sender = DataSender(data, sock)
+    sender = DataSender(data, sock, max_announced=spec.max_connections)
     peer_log = RateLimitedLog(log)
     guard = InboundGuard(data, MAX_DATA_INBOUND, spec.max_connections,
                          tcp=data_bind.startswith("tcp://"), counters={"connections_cut": 0},
-                         peer_log=peer_log, limit_name="a data connection's limit")
+                         peer_log=peer_log, total_limit=MAX_DATA_INBOUND_TOTAL,
+                         per_address=caps.per_address, limit_name="a data connection's limit",
+                         total_name="a reader's limit over its data connections")
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(data, zmq.POLLIN)
@@ -189,14 +283,16 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str) -> None:
         data.bind(data_bind)
         sock.send_multipart(encode_internal(Ready(data.getsockopt_string(zmq.LAST_ENDPOINT))))
         while True:
-            busy = bool(sender.parked) or len(guard) > 0
+            busy = sender.busy or len(guard) > 0
             events = dict(poller.poll(min(RETRY_MS, GUARD_MS) if busy else PARENT_CHECK_MS))
             guard.check(time.monotonic())
             peer_log.tick()
             if sender.parked:
                 sender.retry()
+            if sender.unsent:
+                sender.collect()
             if data in events:
-                answer_data(data, guard, peer_log)
+                answer_data(data, guard, peer_log, sender)
             if sock not in events:
                 if os.getppid() != spec.parent_pid:
                     log.info("parent %d is gone; exiting", spec.parent_pid)

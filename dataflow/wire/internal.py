@@ -9,6 +9,11 @@ Each message is a tag frame then one frame per field, fixed by the tag's entry i
     SENT  [b"S", token, req_id, nbytes, skips, too_large, samples]  reader -> frontend:
                                            reply handed to ZeroMQ
     LOST  [b"L", token, req_id, why]       reader -> frontend: reply dropped
+    DONE  [b"D", token, nbytes]            reader -> frontend: ``nbytes`` of replies to
+                                           ``token`` left the reader (written by ZeroMQ, or
+                                           dropped)
+    ATTACHED [b"A", token]                 reader -> frontend: a data connection of routing id
+                                           ``token`` said HEARTBEAT
 
 ``token`` is the client's session token (the routing id of its data connections, and the key
 of its session at the frontend); integers are 8 little-endian bytes, in ``[0, 2**63)``;
@@ -89,7 +94,24 @@ class Lost:
     why: str
 
 
-Internal = Task | Ready | Sent | Lost
+@dataclass(frozen=True)
+class Done:
+    """``nbytes`` of the replies to session ``token`` a reader reported SENT are no longer held
+    by it: ZeroMQ wrote them to the client's connection (or dropped them with it), or the
+    reader dropped them (LOST)."""
+
+    token: bytes
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Attached:
+    """A data connection whose routing id is ``token`` said HEARTBEAT to a reader."""
+
+    token: bytes
+
+
+Internal = Task | Ready | Sent | Lost | Done | Attached
 
 
 def _count(data: Any) -> int:
@@ -172,7 +194,8 @@ _CODECS: dict[str, _Codec] = {
     "why": (lambda v: v[:MAX_TEXT].encode("utf-8"), _text),
 }
 
-INTERNAL: dict[bytes, type] = {b"T": Task, b"R": Ready, b"S": Sent, b"L": Lost}
+INTERNAL: dict[bytes, type] = {b"T": Task, b"R": Ready, b"S": Sent, b"L": Lost, b"D": Done,
+                               b"A": Attached}
 _TAG_OF = {cls: tag for tag, cls in INTERNAL.items()}
 
 

@@ -124,14 +124,20 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def zmtp_connect(endpoint: str, timeout: float = 10.0) -> socket.socket:
+def zmtp_connect(endpoint: str, timeout: float = 10.0, *, identity: bytes = b"",
+                 source: str | None = None) -> socket.socket:
     """A raw TCP connection to ``endpoint`` (``tcp://host:port``) past the ZMTP 3.0 NULL
-    handshake as a DEALER: what follows is up to the caller (see :func:`zmtp_frame`)."""
+    handshake as a DEALER with routing id ``identity`` (none: the server picks one), from
+    local address ``source`` (e.g. another loopback address); what follows is up to the
+    caller (see :func:`zmtp_frame`)."""
     host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout)
+    sock = socket.create_connection((host, int(port)), timeout,
+                                    source_address=None if source is None else (source, 0))
     sock.sendall(b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32)
     _recv_exact(sock, 64)
     ready = b"\x05READY\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
+    if identity:
+        ready += b"\x08Identity" + len(identity).to_bytes(4, "big") + identity
     sock.sendall(bytes([0x04, len(ready)]) + ready)
     return sock
 

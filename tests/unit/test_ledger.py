@@ -24,6 +24,7 @@ def test_dispatch_is_round_robin_over_sessions_with_queued_requests() -> None:
     ledger = Ledger()
     for key, n in ((b"a", 3), (b"b", 1), (b"c", 2)):
         ledger.open(key, 8)
+        ledger.attach(key)
         for req_id in range(n):
             assert isinstance(ledger.admit(key, req_id, RANGES), Admitted)
     assert _drain(ledger) == [(b"a", 0), (b"b", 0), (b"c", 0), (b"a", 1), (b"c", 1), (b"a", 2)]
@@ -34,6 +35,7 @@ def test_a_session_that_queues_again_waits_for_its_next_turn() -> None:
     ledger = Ledger()
     for key in (b"a", b"b"):
         ledger.open(key, 8)
+        ledger.attach(key)
     ledger.admit(b"a", 0, RANGES)
     ledger.admit(b"b", 0, RANGES)
     first = ledger.next_request()
@@ -46,6 +48,7 @@ def test_a_session_that_queues_again_waits_for_its_next_turn() -> None:
 def test_refused_at_exactly_twice_the_credits(credits: int) -> None:
     ledger = Ledger()
     ledger.open(b"s", credits)
+    ledger.attach(b"s")
     limit = CREDIT_SLACK * credits
     for req_id in range(limit):
         assert ledger.admit(b"s", req_id, RANGES) == Admitted(req_id + 1)
@@ -60,6 +63,7 @@ def test_refused_at_exactly_twice_the_credits(credits: int) -> None:
 def test_at_credits_tells_when_notices_may_be_waiting() -> None:
     ledger = Ledger()
     ledger.open(b"s", 2)
+    ledger.attach(b"s")
     ledger.admit(b"s", 0, RANGES)
     assert not ledger.at_credits(b"s")
     ledger.admit(b"s", 1, RANGES)
@@ -69,6 +73,7 @@ def test_at_credits_tells_when_notices_may_be_waiting() -> None:
 def test_a_duplicate_outstanding_id_is_refused_and_reusable_once_settled() -> None:
     ledger = Ledger()
     ledger.open(b"s", 4)
+    ledger.attach(b"s")
     ledger.admit(b"s", 7, RANGES)
     refusal = ledger.admit(b"s", 7, RANGES)
     assert isinstance(refusal, Refusal) and refusal.reason is RefusalReason.DUPLICATE_ID
@@ -82,6 +87,7 @@ def test_settle_after_bye_and_new_hello_is_not_charged_to_the_new_session() -> N
     sessions, ledger = Sessions(), Ledger()
     old = sessions.open(b"conn", "rank 0", 2, now=0.0)
     ledger.open(old.token, 2)
+    ledger.attach(old.token)
     ledger.admit(old.token, 0, RANGES)
     ledger.admit(old.token, 1, RANGES)
     assert ledger.next_request() is not None
@@ -90,6 +96,7 @@ def test_settle_after_bye_and_new_hello_is_not_charged_to_the_new_session() -> N
     new = sessions.open(b"conn", "rank 0", 2, now=1.0)
     assert new.token != old.token and sessions.by_token(old.token) is None
     ledger.open(new.token, 2)
+    ledger.attach(new.token)
     ledger.admit(new.token, 0, RANGES)
     assert not ledger.settle(old.token, 0)
     assert ledger.outstanding(new.token) == 1
@@ -99,9 +106,11 @@ def test_settle_after_bye_and_new_hello_is_not_charged_to_the_new_session() -> N
 def test_a_reopened_key_does_not_inherit_its_old_turn_or_requests() -> None:
     ledger = Ledger()
     ledger.open(b"k", 4)
+    ledger.attach(b"k")
     ledger.admit(b"k", 0, RANGES)
     ledger.close(b"k")
     ledger.open(b"k", 4)
+    ledger.attach(b"k")
     assert not ledger.settle(b"k", 0) and ledger.next_request() is None
     ledger.admit(b"k", 1, RANGES)
     assert _drain(ledger) == [(b"k", 1)]
@@ -148,6 +157,7 @@ def test_bye_and_hello_on_one_connection_never_buys_more_requests_at_the_readers
     for round_ in range(5):
         key = b"session-%d" % round_
         ledger.open(key, 1, owner=b"conn")
+        ledger.attach(key)
         admitted = [isinstance(ledger.admit(key, i, RANGES), Admitted) for i in range(2)]
         while ledger.next_request() is not None:  # handed to readers, which never answer
             pass
@@ -155,17 +165,20 @@ def test_bye_and_hello_on_one_connection_never_buys_more_requests_at_the_readers
         ledger.close(key)
     assert ledger.draining() == 1
     ledger.open(b"other", 1, owner=b"other-conn")
+    ledger.attach(b"other")
     assert isinstance(ledger.admit(b"other", 0, RANGES), Admitted)
 
 
 def test_a_draining_account_frees_its_owner_once_its_requests_settle() -> None:
     ledger = Ledger()
     ledger.open(b"old", 1, owner=b"conn")
+    ledger.attach(b"old")
     ledger.admit(b"old", 0, RANGES)
     ledger.admit(b"old", 1, RANGES)
     ledger.next_request()
     assert ledger.close(b"old") == 1  # the queued one is dropped, the dispatched one drains
     ledger.open(b"new", 1, owner=b"conn")
+    ledger.attach(b"new")
     assert ledger.charged(b"new") == 1
     assert not ledger.settle(b"old", 0)
     assert ledger.draining() == 0 and ledger.charged(b"new") == 0
@@ -176,6 +189,7 @@ def test_a_draining_account_frees_its_owner_once_its_requests_settle() -> None:
 def test_a_requeued_task_goes_first_and_counts_its_attempts() -> None:
     ledger = Ledger()
     ledger.open(b"s", 4)
+    ledger.attach(b"s")
     for req_id in range(3):
         ledger.admit(b"s", req_id, RANGES)
     first = ledger.next_request()
@@ -192,6 +206,7 @@ def test_a_request_keeps_the_columns_its_session_had_when_it_was_admitted() -> N
     sessions, ledger = Sessions(), Ledger()
     s = sessions.open(b"conn", "rank 0", 4, now=0.0, columns=("id", "image"))
     ledger.open(s.token, 4, owner=b"conn")
+    ledger.attach(s.token)
     ledger.admit(s.token, 0, RANGES, wire.BatchTag(1, 2, 3), s.columns)
     again = sessions.open(b"conn", "rank 0", 4, now=1.0)  # a second HELLO, without columns
     assert again is s and s.columns is None
@@ -204,3 +219,60 @@ def test_a_request_keeps_the_columns_its_session_had_when_it_was_admitted() -> N
     assert (retried.attempts, retried.tag) == (1, (1, 2, 3))
     second = ledger.next_request()
     assert second is not None and (second.req_id, second.columns) == (1, None)
+
+
+def test_requests_of_an_unattached_session_wait_unread_while_others_are_dispatched() -> None:
+    ledger = Ledger()
+    ledger.open(b"late", 4)
+    ledger.open(b"ready", 4)
+    ledger.attach(b"ready")
+    ledger.admit(b"late", 0, RANGES)
+    ledger.admit(b"ready", 0, RANGES)
+    assert _drain(ledger) == [(b"ready", 0)]
+    assert ledger.queued() == 1 and ledger.outstanding(b"late") == 1
+    assert ledger.attach(b"late") and ledger.attach(b"late")  # idempotent
+    assert _drain(ledger) == [(b"late", 0)]
+    assert not ledger.attach(b"never-opened")
+
+
+def test_a_blocked_address_waits_its_turn_without_holding_up_the_others() -> None:
+    ledger = Ledger()
+    for key, address in ((b"a1", "10.0.0.1"), (b"a2", "10.0.0.1"), (b"b", "10.0.0.2")):
+        ledger.open(key, 4, address=address)
+        ledger.attach(key)
+        ledger.admit(key, 0, RANGES)
+    blocked = {"10.0.0.1"}
+    assert _drain_while(ledger, blocked) == [(b"b", 0)]
+    blocked.clear()
+    assert sorted(_drain_while(ledger, blocked)) == [(b"a1", 0), (b"a2", 0)]
+
+
+def _drain_while(ledger: Ledger, blocked: set[str]) -> list[tuple[bytes, int]]:
+    out = []
+    while (d := ledger.next_request(blocked.__contains__)) is not None:
+        out.append((d.key, d.req_id))
+    return out
+
+
+def test_new_connections_of_one_address_never_buy_more_than_its_cap() -> None:
+    ledger = Ledger(address_cap=3)
+    for conn in range(4):  # fresh routing ids: each its own owner, so its own credits
+        key = b"s%d" % conn
+        ledger.open(key, 2, owner=b"conn-%d" % conn, address="10.0.0.9")
+        ledger.attach(key)
+        outcomes = [ledger.admit(key, i, RANGES) for i in range(2)]
+        while ledger.next_request() is not None:  # at readers that never answer
+            pass
+        ledger.close(key)  # BYE: the requests drain, still charged to the address
+        admitted = sum(isinstance(o, Admitted) for o in outcomes)
+        assert admitted == [2, 1, 0, 0][conn]
+        if admitted < 2:
+            refusal = outcomes[-1]
+            assert isinstance(refusal, Refusal) and refusal.reason is RefusalReason.OVER_ADDRESS
+            assert "--max-sessions-per-address" in refusal.message
+    assert ledger.address_charged("10.0.0.9") == 3
+    ledger.open(b"other", 2, address="10.0.0.10")
+    assert isinstance(ledger.admit(b"other", 0, RANGES), Admitted)
+    assert ledger.address(b"s0") == "10.0.0.9" and ledger.address(b"nobody") is None
+    ledger.settle(b"s0", 0)
+    assert ledger.address_charged("10.0.0.9") == 2

@@ -14,6 +14,21 @@ def test_caps_have_defaults_that_fit_together() -> None:
     assert config.max_sessions == 256 and config.session_idle_timeout == 300.0
     assert config.max_inbound_bytes >= 24 * config.max_request_samples
     assert config.max_connections == 2 * 256 + 64
+    assert config.max_inbound_total >= config.max_inbound_bytes
+    assert (config.address_sessions, config.address_connections) == (32, 2 * 32 + 16)
+    assert config.address_unsent_bytes == config.max_unsent_bytes * 32 // 256
+    assert config.session_start_timeout < config.session_idle_timeout
+    assert config.tcp_timeout_s == 10.0
+
+
+def test_per_address_caps_follow_the_flags() -> None:
+    config = parse_args(["--data", "x", "--max-sessions", "8", "--max-sessions-per-address",
+                         "100", "--max-unsent-bytes", "1000", "--client-ttl", "20",
+                         "--session-start-timeout", "5", "--max-window-samples", "64",
+                         "--max-inbound-total", str(16 << 20)])
+    assert config.address_sessions == 8 and config.address_unsent_bytes == 1000
+    assert config.tcp_timeout_s == 20.0 and config.session_start_timeout == 5.0
+    assert config.max_window_samples == 64 and config.max_inbound_total == 16 << 20
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -22,6 +37,12 @@ def test_caps_have_defaults_that_fit_together() -> None:
     ({"max_sessions": 0}, "`max_sessions` must be in"),
     ({"max_request_samples": 0}, "`max_request_samples` must be in"),
     ({"max_reply_bytes": 0}, "`max_reply_bytes` must be in"),
+    ({"max_inbound_total": 1 << 20}, r"`max_inbound_total` must be in \[`max_inbound_bytes` "
+                                     r"\(8388608\), .*Found: 1048576"),
+    ({"max_sessions_per_address": 0}, "`max_sessions_per_address` must be in .* Found: 0"),
+    ({"session_start_timeout": 0}, "`session_start_timeout` must be > 0 seconds. Found: 0"),
+    ({"max_window_samples": 0}, "`max_window_samples` must be in .* Found: 0"),
+    ({"max_unsent_bytes": 0}, "`max_unsent_bytes` must be in .* Found: 0"),
 ])
 def test_caps_are_validated_with_the_value_found(kwargs, match) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -31,7 +52,9 @@ def test_caps_are_validated_with_the_value_found(kwargs, match) -> None:
 def test_help_documents_every_cap() -> None:
     text = build_parser().format_help()
     for flag in ("--max-sessions", "--session-idle-timeout", "--max-request-samples",
-                 "--max-reply-bytes", "--max-inbound-bytes"):
+                 "--max-reply-bytes", "--max-inbound-bytes", "--max-inbound-total",
+                 "--max-sessions-per-address", "--session-start-timeout",
+                 "--max-window-samples", "--max-unsent-bytes"):
         assert flag in text
 
 

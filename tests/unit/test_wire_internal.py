@@ -9,7 +9,16 @@ import pytest
 
 from dataflow.errors import ProtocolError
 from dataflow.wire import BatchTag
-from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, encode_internal
+from dataflow.wire.internal import (
+    Attached,
+    Done,
+    Lost,
+    Ready,
+    Sent,
+    Task,
+    decode_internal,
+    encode_internal,
+)
 
 
 @pytest.mark.parametrize("msg", [
@@ -18,6 +27,8 @@ from dataflow.wire.internal import Lost, Ready, Sent, Task, decode_internal, enc
     Sent(b"tok", 2, 4096, (), 0, 250),
     Lost(b"tok", 0, "the client's data connection was missing"),
     Ready("tcp://127.0.0.1:5555"),
+    Done(b"ab" * 16, 3 << 30),
+    Attached(b"\x00\xff" * 4),
 ], ids=repr)
 def test_round_trip(msg) -> None:
     assert decode_internal(encode_internal(msg)) == msg
