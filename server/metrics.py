@@ -4,7 +4,7 @@ Everything the server counts already reaches the frontend: its own counters, and
 (bytes, samples and skipped samples of each reply) through their SENT notices
 (:mod:`dataflow.wire.internal`). So no multiprocess mode is needed: the frontend's thread
 builds an immutable :class:`Snapshot` at every housekeeping tick (4 times a second) and hands
-it to a :class:`SnapshotCollector`; the exporter's HTTP threads only read the latest snapshot
+it to a :class:`SnapshotCollector`; the exporter's HTTP thread only reads the latest snapshot
 reference. A scrape never touches the frontend's live state, needs no lock and is at most one
 tick behind; the serving loop pays one ``stats()`` call per tick, nothing per message.
 
