@@ -195,3 +195,22 @@ def test_idle_connections_to_metrics_cost_no_thread_and_leave_scrapes_working(
         finally:
             for s in idle:
                 s.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_hellos_client_text_reaches_the_label_as_printable_ascii(demo_data, servers,
+                                                                   raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], extra_args=["--metrics-port", "0"])
+    evil = raw_client(server.endpoint)
+    name = "\x1b[2J\x1b[31mrank 0\u202egpj.exe\n" + "\u200f" * 200
+    assert isinstance(evil.call(wire.Hello(2, name)), wire.Index)
+
+    def labels() -> list[str]:
+        return [dict(lab)["client"] for metric, lab in scrape(server.ready["metrics_port"])
+                if metric == "dataflow_session_credits"]
+
+    wait_for(lambda: len(labels()) == 1, 10, "the session in /metrics")
+    label = labels()[0]
+    assert label.startswith("\\x1b[2J\\x1b[31mrank 0\\u202egpj.exe\\n\\u200f")
+    assert len(label) <= 64 and all(" " <= ch <= "~" for ch in label)
