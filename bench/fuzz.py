@@ -326,6 +326,9 @@ def format_report(report: TargetReport, cfg: FuzzConfig) -> str:
         for role, (before, peak) in report.rss.items()))
     lines.append(f"server exit code on SIGTERM: {report.exit_code}")
     lines += [f"VIOLATION: {v}" for v in report.tally.violations] or ["violations: none"]
+    if any(v.startswith("server died") for v in report.tally.violations):
+        lines.append("(a server process died: the violations of the other attacks and of the "
+                     "DataLoader around that moment follow from its death)")
     return "\n".join(lines)
 
 
