@@ -1,4 +1,4 @@
-"""Command line: ``python -m dataflow.bench demo|run|sweep|startup`` (console script
+"""Command line: ``python -m dataflow.bench demo|run|sweep|startup|fuzz`` (console script
 ``dataflow-bench``)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from dataflow.bench.config import LOADERS, STEP_MODES, BenchConfig
 from dataflow.bench.data import ensure_demo
+from dataflow.bench.fuzz import ATTACKS, TARGETS, FuzzConfig, run_fuzz
 from dataflow.bench.session import run_config
 from dataflow.bench.startup import StartupConfig, run_startup
 from dataflow.bench.sweep import AXES, run_sweep
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{demo,run,sweep,startup}")
+                           metavar="{demo,run,sweep,startup,fuzz}")
     demo = sub.add_parser(
         "demo", help="the first thing to run: demo data, 2 local servers, dataflow vs torch",
         description="Write demo shards (cached under --out), start local dataflow servers and "
@@ -135,7 +136,52 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--values", type=lambda t: _csv(float, t), default=[0.0, 5.0, 20.0],
                        help="comma-separated values of the axis (default: 0,5,20)")
     _startup_parser(sub)
+    _fuzz_parser(sub)
     return p
+
+
+def _fuzz_parser(sub: argparse._SubParsersAction) -> None:
+    d = FuzzConfig()
+    fz = sub.add_parser(
+        "fuzz", help="fuzz real servers for minutes (both sockets, raw ZMTP, floods)",
+        description="Start a real server (in clear text, then with CURVE keys) and, for "
+        "--minutes, send it structure-aware mutated wire messages on its client socket and "
+        "its readers' data sockets, raw ZMTP (mutated greetings, READYs and commands, partial "
+        "frames, resets) and floods of empty messages from many connections, while a "
+        "DataLoader reads epochs. Fails (exit 1) when a server process dies or restarts, an "
+        "epoch misses or repeats a sample, a reader answers otherwise than predicted, the "
+        "malformed count leaves its predicted range, or a peak RSS grows past the bound.")
+    fz.add_argument("--minutes", type=float, default=d.minutes,
+                    help="attack time shared by the targets (default: %(default)s)")
+    fz.add_argument("--seed", type=int, default=d.seed,
+                    help="seed of each attack's first round; round r uses seed + r "
+                    "(default: %(default)s)")
+    fz.add_argument("--seeds", type=int, default=d.seeds,
+                    help="most rounds (seeds) per attack and target; 0: as many as the "
+                    "time allows (default: %(default)s)")
+    fz.add_argument("--attacks", type=lambda t: tuple(_csv(str, t)), default=d.attacks,
+                    help=f"comma-separated, from {','.join(ATTACKS)} (default: all)")
+    fz.add_argument("--targets", type=lambda t: tuple(_csv(str, t)), default=d.targets,
+                    help=f"comma-separated, from {','.join(TARGETS)} (default: both)")
+    fz.add_argument("--workers", type=int, default=d.workers,
+                    help="reader processes per server (default: %(default)s)")
+    fz.add_argument("--flood-hold", type=float, default=d.flood_hold,
+                    help="most seconds a flood's connections stay open and silent "
+                    "(default: %(default)s)")
+    fz.add_argument("--answer-timeout", type=float, default=d.answer_timeout,
+                    help="seconds a reader or the DataLoader may take for one answer "
+                    "(default: %(default)s)")
+    fz.add_argument("--rss-growth-mib", type=float, default=d.rss_growth_mib,
+                    help="most growth of each server process's peak RSS (default: "
+                    "%(default)s)")
+
+
+def _run_fuzz(args: argparse.Namespace) -> int:
+    cfg = FuzzConfig(minutes=args.minutes, seed=args.seed, seeds=args.seeds,
+                     attacks=args.attacks, targets=args.targets, workers=args.workers,
+                     flood_hold=args.flood_hold, answer_timeout=args.answer_timeout,
+                     rss_growth_mib=args.rss_growth_mib)
+    return 0 if run_fuzz(cfg) else 1
 
 
 def _startup_parser(sub: argparse._SubParsersAction) -> None:
@@ -211,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "startup":
             return _run_startup(args)
+        if args.command == "fuzz":
+            return _run_fuzz(args)
         cfg = config_from_args(args)
         if args.command == "sweep":
             doc = run_sweep(cfg, args.axis, args.values, tag=args.tag or "sweep")

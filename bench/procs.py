@@ -19,6 +19,15 @@ def _status_kib(pid: int, key: str) -> int | None:
     return None
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (exited, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def peak_rss_bytes(pid: int) -> int | None:
     """Peak resident set size (``VmHWM``) of a live process in bytes; None if it is gone."""
     kib = _status_kib(pid, "VmHWM")

@@ -9,30 +9,96 @@ With a policy, every socket of a server<->client link (the frontend's client-fac
 each reader's data ROUTER, each client DEALER) runs CURVE: encrypted and authenticated; a
 ZAP handler (:mod:`dataflow.server.auth`) in each server process that binds admits only the
 allowed keys. Without one, links run ZeroMQ's NULL mechanism (clear text).
+
+Key files are checked as ssh checks its own (:func:`check_secret_mode`,
+:func:`check_not_writable`): a secret key file open to others, or an allowed-keys directory
+(or key in it) that others may write, is refused with the ``chmod`` that fixes it; every key
+must be 40 characters of valid Z85, and a secret key file's public key must be its secret
+key's.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
 import zmq.auth
+from zmq.utils import z85
 
 from dataflow.errors import ConfigError, ServerUnavailable
 
 ZAP_DOMAIN = "dataflow"
 PUBLIC_SUFFIX = ".key"
 SECRET_SUFFIX = ".key_secret"
+KEY_CHARS = 40
+
+
+def check_secret_mode(path: str, what: str, st: os.stat_result) -> None:
+    """Refuse a secret key file that others may read or change (as ssh refuses a private key).
+
+    A file of this process's user must have no group or other permission bit (``0600`` or
+    ``0400``). A file of another user (root on a Kubernetes Secret volume, read through the
+    pod's ``fsGroup``) may be read by its group (``0440``), nothing more. Bits for others are
+    always refused.
+
+    Raises:
+        ConfigError: naming ``what``, the file, its mode and the ``chmod`` that fixes it.
+    """
+    mine = st.st_uid == os.geteuid()
+    if stat.S_IMODE(st.st_mode) & (0o077 if mine else 0o027):
+        fix = "chmod 600" if mine else "chmod 440"
+        raise ConfigError(f"`{what}`: {path} is open to other users (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}); a secret key file must be readable "
+                          f"by its owner only: run `{fix} {path}`")
+
+
+def check_not_writable(path: str, what: str, st: os.stat_result, read_only: bool) -> None:
+    """Refuse a file or directory that group or others may write, unless its file system is
+    mounted read-only (``read_only``: a Kubernetes Secret volume, whose mode bits grant nothing
+    then).
+
+    Raises:
+        ConfigError: naming ``what``, the path, its mode and the ``chmod`` that fixes it.
+    """
+    if stat.S_IMODE(st.st_mode) & 0o022 and not read_only:
+        raise ConfigError(f"`{what}`: {path} is writable by other users (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}); whoever can write there can "
+                          f"change which clients are allowed: run `chmod go-w {path}`")
+
+
+def _on_read_only_mount(path: str) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
+def z85_key(value: bytes | None, path: str, what: str, which: str) -> bytes:
+    """``value`` when it is a CURVE key in Z85 (40 characters of the Z85 alphabet encoding 32
+    bytes).
+
+    Raises:
+        ConfigError: naming ``what``, the file and which key (``public`` or ``secret``).
+    """
+    if value is None or len(value) != KEY_CHARS:
+        found = "none" if value is None else f"{len(value)} characters"
+        raise ConfigError(f"`{what}`: {path} holds no Z85 {which} key ({KEY_CHARS} characters; "
+                          f"found {found})")
+    try:
+        z85.decode(value)
+    except (KeyError, ValueError, struct.error):
+        raise ConfigError(f"`{what}`: {path}: its {which} key is not valid Z85 (characters "
+                          "outside the Z85 alphabet, or a group of 5 over 32 bits)") from None
+    return value
 
 
 def _load(path: str, what: str, *, secret: bool) -> tuple[bytes, bytes | None]:
     """``(public, secret)`` keys of a certificate file (``secret`` None in a public file).
 
     Raises:
-        ConfigError: the file is missing, unreadable, malformed, or lacks a secret key where
-            ``secret`` is required.
+        ConfigError: the file is missing, unreadable, malformed, open to others (a secret key
+            file), or lacks a secret key where ``secret`` is required.
     """
     p = Path(path)
     if not p.is_file():
@@ -41,11 +107,17 @@ def _load(path: str, what: str, *, secret: bool) -> tuple[bytes, bytes | None]:
         public, secret_key = zmq.auth.load_certificate(p)
     except (OSError, ValueError, zmq.ZMQError) as e:
         raise ConfigError(f"`{what}`: {path} is not a ZeroMQ certificate file: {e}") from e
-    if not public or len(public) != 40:
-        raise ConfigError(f"`{what}`: {path} holds no Z85 public key")
-    if secret and (not secret_key or len(secret_key) != 40):
+    public = z85_key(public, path, what, "public")
+    if not secret:
+        return public, secret_key
+    if not secret_key:
         raise ConfigError(f"`{what}`: {path} holds no secret key (give the `{SECRET_SUFFIX}` "
                           "file, not the public one)")
+    check_secret_mode(path, what, p.stat())
+    secret_key = z85_key(secret_key, path, what, "secret")
+    if zmq.curve_public(secret_key) != public:
+        raise ConfigError(f"`{what}`: {path}: its public key is not the one of its secret key "
+                          "(a damaged or hand-edited file: generate a new pair)")
     return public, secret_key
 
 
@@ -101,11 +173,16 @@ class ServerCurve:
         if not d.is_dir():
             raise ConfigError(f"`curve_allowed_keys` must be a directory. "
                               f"Found: {self.allowed_dir!r}")
+        check_not_writable(self.allowed_dir, "curve_allowed_keys", d.stat(),
+                           _on_read_only_mount(self.allowed_dir))
         keys = sorted(d.glob(f"*{PUBLIC_SUFFIX}"))
         if not keys:
             raise ConfigError(f"`curve_allowed_keys`: {self.allowed_dir} holds no "
                               f"`*{PUBLIC_SUFFIX}` public key file; no client could connect")
         for k in keys:
+            if k.is_file():
+                check_not_writable(str(k), "curve_allowed_keys", k.stat(),
+                                   _on_read_only_mount(str(k)))
             _load(str(k), "curve_allowed_keys", secret=False)
 
 

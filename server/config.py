@@ -392,11 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "clients whose public key is allowed get a session or data; keys from "
                     "`python -m dataflow keygen`; both flags or neither")
     sec.add_argument("--curve-secret-key", default=None, metavar="PATH",
-                     help="this server's secret key file (NAME.key_secret); clients need "
-                          "its public NAME.key")
+                     help="this server's secret key file (NAME.key_secret, mode 0600: refused "
+                          "when others may read it); clients need its public NAME.key")
     sec.add_argument("--curve-allowed-keys", default=None, metavar="DIR",
                      help="directory of the client public keys (*.key) accepted, read at "
-                          "start; refusals are logged and counted (STATS auth_refused)")
+                          "start (refused when others may write it); refusals are logged and "
+                          "counted (STATS auth_refused)")
     mon = p.add_argument_group(
         "metrics", "Prometheus metrics (STATS counters, queue depths, sessions' credit use, "
                    "skipped samples per shard) over HTTP at /metrics")

@@ -4,7 +4,7 @@ Everything the server counts already reaches the frontend: its own counters, and
 (bytes, samples and skipped samples of each reply) through their SENT notices
 (:mod:`dataflow.wire.internal`). So no multiprocess mode is needed: the frontend's thread
 builds an immutable :class:`Snapshot` at every housekeeping tick (4 times a second) and hands
-it to a :class:`SnapshotCollector`; the exporter's HTTP threads only read the latest snapshot
+it to a :class:`SnapshotCollector`; the exporter's HTTP thread only reads the latest snapshot
 reference. A scrape never touches the frontend's live state, needs no lock and is at most one
 tick behind; the serving loop pays one ``stats()`` call per tick, nothing per message.
 
@@ -27,6 +27,7 @@ from dataflow.exporter import MetricsExporter
 
 PREFIX = "dataflow_"
 MAX_LABEL = 128
+MAX_CLIENT_LABEL = 64
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,30 @@ PER_SHARD = ("skipped_samples", "skipped_per_shard")
 
 @dataclass(frozen=True)
 class SessionUse:
-    """Credit use of one session: its client's self-description, an opaque session id (a hash
-    of its token, which must stay secret), credits granted and requests outstanding."""
+    """Credit use of one session: its client's self-description (as the HELLO sent it; made a
+    label by :func:`client_label`), an opaque session id (a hash of its token, which must stay
+    secret), credits granted and requests outstanding."""
 
     client: str
     session: str
     credits: int
     outstanding: int
+
+
+def client_label(client: str, limit: int = MAX_CLIENT_LABEL) -> str:
+    """A HELLO's ``client`` text as a label value: printable ASCII only, every other character
+    (control characters, escape sequences, right-to-left overrides, any non-ASCII) written as
+    its Python escape (``\\x1b``, ``\\u202e``), cut to ``limit`` characters. Whatever a peer
+    sends, a dashboard shows what it is, not what it would draw."""
+    out = []
+    size = 0
+    for ch in client:
+        text = ch if " " <= ch <= "~" else ch.encode("unicode_escape").decode("ascii")
+        size += len(text)
+        if size > limit:
+            break
+        out.append(text)
+    return "".join(out)
 
 
 def session_label(token: bytes) -> str:
@@ -160,7 +178,7 @@ def families(snap: Snapshot) -> list[Metric]:
     outstanding = GaugeMetricFamily(SESSION_OUTSTANDING, "requests of a session not settled",
                                     labels=["client", "session"])
     for s in snap.sessions:
-        labels = [s.client[:MAX_LABEL], s.session]
+        labels = [client_label(s.client), s.session]
         credits.add_metric(labels, s.credits)
         outstanding.add_metric(labels, s.outstanding)
     return [*made.values(), skipped, credits, outstanding]

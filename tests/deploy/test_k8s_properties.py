@@ -105,6 +105,25 @@ def test_pods_run_restricted_and_non_root(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mounted_secret_keys_pass_the_servers_permission_check(overlay: str) -> None:
+    """A Secret volume's files belong to root, group fsGroup, and kubelet adds ``0440`` to
+    their mode when fsGroup is set; so a pod of another user reads them through its group,
+    which :func:`dataflow.security.check_secret_mode` accepts for another user's file, and no
+    other user may read them."""
+    for where, pod in all_pods(render(overlay)):
+        sc = pod["spec"]["securityContext"]
+        for v in pod["spec"].get("volumes", []):
+            secret = v.get("secret")
+            if secret is None:
+                continue
+            assert sc["runAsUser"] > 0 and sc.get("fsGroup") is not None, where
+            modes = [secret.get("defaultMode", 0o644),
+                     *(i["mode"] for i in secret.get("items", []) if "mode" in i)]
+            for mode in modes:
+                assert (mode | 0o440) & 0o027 == 0, f"{where}/{v['name']}: mode {mode:04o}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_loaders_write_only_to_empty_dirs(overlay: str) -> None:
     for where, pod, c in _loaders(overlay):
         assert c["securityContext"]["readOnlyRootFilesystem"] is True, where

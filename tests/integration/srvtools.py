@@ -1,9 +1,9 @@
-"""Helpers for integration tests: a raw protocol client, /proc probes, a /metrics scrape."""
+"""Helpers for integration tests: a raw protocol client, /proc probes, a /metrics scrape, raw
+ZMTP (:func:`zmtp_connect`, :func:`zmtp_frame`, from :mod:`dataflow.bench.zmtp`)."""
 
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 import urllib.request
@@ -15,6 +15,8 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from dataflow import wire
+from dataflow.bench.zmtp import zmtp_connect as zmtp_connect
+from dataflow.bench.zmtp import zmtp_frame as zmtp_frame
 
 
 class RawClient:
@@ -112,39 +114,6 @@ def repo_env(extra_path: str) -> dict[str, str]:
     """Environment adding ``extra_path`` to PYTHONPATH (for transform modules)."""
     return {"PYTHONPATH": os.pathsep.join(p for p in (extra_path, os.environ.get("PYTHONPATH"))
                                           if p)}
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("peer closed during the ZMTP handshake")
-        buf += chunk
-    return buf
-
-
-def zmtp_connect(endpoint: str, timeout: float = 10.0, *, identity: bytes = b"",
-                 source: str | None = None) -> socket.socket:
-    """A raw TCP connection to ``endpoint`` (``tcp://host:port``) past the ZMTP 3.0 NULL
-    handshake as a DEALER with routing id ``identity`` (none: the server picks one), from
-    local address ``source`` (e.g. another loopback address); what follows is up to the
-    caller (see :func:`zmtp_frame`)."""
-    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout,
-                                    source_address=None if source is None else (source, 0))
-    sock.sendall(b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" * 32)
-    _recv_exact(sock, 64)
-    ready = b"\x05READY\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
-    if identity:
-        ready += b"\x08Identity" + len(identity).to_bytes(4, "big") + identity
-    sock.sendall(bytes([0x04, len(ready)]) + ready)
-    return sock
-
-
-def zmtp_frame(payload: bytes, *, more: bool) -> bytes:
-    """One ZMTP 3.0 message frame (long form) carrying ``payload``."""
-    return bytes([0x02 | (0x01 if more else 0)]) + len(payload).to_bytes(8, "big") + payload
 
 
 def reset_peak_rss(pid: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +18,7 @@ from srvtools import RawClient, scrape, wait_for
 from dataflow import wire
 from dataflow.client import DataLoader
 from dataflow.errors import MetricsError, ServerUnavailable
+from dataflow.exporter import MAX_CONNECTIONS
 from dataflow.server import launch
 
 
@@ -138,3 +140,77 @@ def test_a_taken_metrics_port_fails_the_start_naming_it(demo_data) -> None:
         with pytest.raises(MetricsError, match=f"cannot serve metrics on 0.0.0.0:{port}"):
             DataLoader("tcp://127.0.0.1:9", batch_size=8, rank=0, world_size=1, timeout=30,
                        metrics=port)
+
+
+def _idle_connections(port: int, n: int) -> list[socket.socket]:
+    made = []
+    try:
+        for _ in range(n):
+            made.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+    except BaseException:
+        for s in made:
+            s.close()
+        raise
+    return made
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.timeout(90)
+def test_idle_connections_to_metrics_cost_no_thread_and_leave_scrapes_working(
+        demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], extra_args=["--metrics-port", "0"])
+    port = server.ready["metrics_port"]
+    assert scrape(port)[("dataflow_workers", ())] == 1
+
+    def count(what: str) -> int:
+        return len(os.listdir(f"/proc/{server.pid}/{what}"))
+
+    threads, fds = count("task"), count("fd")
+    idle = _idle_connections(port, 500)
+    try:
+        assert scrape(port)[("dataflow_workers", ())] == 1
+        # One serving thread whatever the connections (a thread each held 504 before); at
+        # most MAX_CONNECTIONS of them open, the longest idle closed to make room.
+        assert count("task") <= threads + 1, (threads, count("task"))
+        assert count("fd") <= fds + MAX_CONNECTIONS + 2, (fds, count("fd"))
+        assert all(_closed_by_peer(s) for s in idle[:400])
+    finally:
+        for s in idle:
+            s.close()
+
+    with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1, timeout=30,
+                    metrics=0) as dl:
+        threads = threading.active_count()
+        idle = _idle_connections(dl.metrics_port, 500)
+        try:
+            assert scrape(dl.metrics_port)[("dataflow_client_batches_total", (("rank", "0"),))] == 0
+            assert threading.active_count() == threads
+        finally:
+            for s in idle:
+                s.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_hellos_client_text_reaches_the_label_as_printable_ascii(demo_data, servers,
+                                                                   raw_client) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], extra_args=["--metrics-port", "0"])
+    evil = raw_client(server.endpoint)
+    name = "\x1b[2J\x1b[31mrank 0\u202egpj.exe\n" + "\u200f" * 200
+    assert isinstance(evil.call(wire.Hello(2, name)), wire.Index)
+
+    def labels() -> list[str]:
+        return [dict(lab)["client"] for metric, lab in scrape(server.ready["metrics_port"])
+                if metric == "dataflow_session_credits"]
+
+    wait_for(lambda: len(labels()) == 1, 10, "the session in /metrics")
+    label = labels()[0]
+    assert label.startswith("\\x1b[2J\\x1b[31mrank 0\\u202egpj.exe\\n\\u200f")
+    assert len(label) <= 64 and all(" " <= ch <= "~" for ch in label)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import stat
 from pathlib import Path
@@ -14,6 +15,8 @@ from dataflow.errors import ConfigError, ServerUnavailable
 from dataflow.security import (
     ClientCurve,
     ServerCurve,
+    check_not_writable,
+    check_secret_mode,
     client_curve,
     generate_keys,
     handshake_failure,
@@ -119,3 +122,86 @@ def test_handshake_failure_events() -> None:
     assert err is not None and "mechanism mismatch" in str(err)
     assert handshake_failure(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, "tcp://h:1") is None
     assert handshake_failure(zmq.EVENT_DISCONNECTED, 0, "tcp://h:1") is None
+
+
+def _stat(mode: int, uid: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, uid, 0, 0, 0, 0, 0))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o666, 0o640, 0o604, 0o660, 0o610])
+def test_a_secret_key_open_to_others_is_refused_naming_the_fix(pair: tuple[Path, Path],
+                                                                mode: int) -> None:
+    public, secret = pair
+    secret.chmod(mode)
+    with pytest.raises(ConfigError, match=f"{secret}.*mode {mode:04o}.*`chmod 600 {secret}`"):
+        ServerCurve(str(secret), str(public.parent))
+    with pytest.raises(ConfigError, match=f"`curve_key`: {secret}"):
+        ClientCurve(str(secret), str(public))
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_a_secret_key_of_its_owner_only_is_accepted(pair: tuple[Path, Path], mode: int) -> None:
+    public, secret = pair
+    secret.chmod(mode)
+    assert ServerCurve(str(secret), str(public.parent)).public == ClientCurve(
+        str(secret), str(public)).public
+
+
+def test_another_users_secret_key_may_be_read_by_its_group_only() -> None:
+    other = os.geteuid() + 1  # root's file on a Kubernetes Secret volume, read via fsGroup
+    for mode in (0o440, 0o400, 0o640):
+        check_secret_mode("k", "curve_key", _stat(mode, other))
+    for mode in (0o444, 0o460, 0o404, 0o442):
+        with pytest.raises(ConfigError, match="`chmod 440 k`"):
+            check_secret_mode("k", "curve_key", _stat(mode, other))
+    with pytest.raises(ConfigError, match="mode 0440.*`chmod 600 k`"):
+        check_secret_mode("k", "curve_key", _stat(0o440, os.geteuid()))
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757, 0o1777])
+def test_an_allowed_keys_directory_others_may_write_is_refused(pair: tuple[Path, Path],
+                                                                mode: int) -> None:
+    public, secret = pair
+    public.parent.chmod(mode)
+    with pytest.raises(ConfigError, match=f"`curve_allowed_keys`: {public.parent} is writable "
+                                          f".*`chmod go-w {public.parent}`"):
+        ServerCurve(str(secret), str(public.parent))
+    public.parent.chmod(0o755)
+    public.chmod(0o666)
+    with pytest.raises(ConfigError, match=f"{public} is writable.*`chmod go-w {public}`"):
+        ServerCurve(str(secret), str(public.parent))
+    public.chmod(0o644)
+    assert ServerCurve(str(secret), str(public.parent)).public
+
+
+def test_mode_bits_on_a_read_only_mount_grant_no_write() -> None:
+    dir_stat = os.stat_result((stat.S_IFDIR | 0o1777, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+    check_not_writable("/etc/dataflow/allowed", "curve_allowed_keys", dir_stat, read_only=True)
+    with pytest.raises(ConfigError, match="mode 1777"):
+        check_not_writable("/etc/dataflow/allowed", "curve_allowed_keys", dir_stat,
+                           read_only=False)
+
+
+def _replace_key(path: Path, which: str, value: str) -> None:
+    lines = [f'    {which}-key = "{value}"' if line.strip().startswith(f"{which}-key") else line
+             for line in path.read_text().splitlines()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("which,value,why", [
+    ("public", "~" * 40, "not valid Z85"),  # outside the alphabet
+    ("public", "#" * 40, "not valid Z85"),  # 5 characters over 32 bits
+    ("public", "a" * 39, "39 characters"),
+    ("secret", "~" * 40, "its secret key is not valid Z85"),
+    ("secret", "0" * 40, "not the one of its secret key"),  # valid Z85, not this pair
+])
+def test_keys_that_are_not_valid_z85_are_refused_naming_the_file(
+        pair: tuple[Path, Path], which: str, value: str, why: str) -> None:
+    public, secret = pair
+    _replace_key(secret, which, value)
+    with pytest.raises(ConfigError, match=f"{secret}.*{why}"):
+        ClientCurve(str(secret), str(public))
+    if which == "public":
+        _replace_key(public, which, value)
+        with pytest.raises(ConfigError, match=f"`server_key`: {public}.*{why}"):
+            client_curve(str(generate_keys(str(public.parent), "c")[1]), public)

@@ -15,6 +15,7 @@ from dataflow.server.metrics import (
     SessionUse,
     Snapshot,
     SnapshotCollector,
+    client_label,
     families,
     session_label,
 )
@@ -82,6 +83,21 @@ def test_session_label_does_not_reveal_the_token() -> None:
     label = session_label(token)
     assert label == session_label(token) and len(label) == 12
     assert label not in token.decode() and label != session_label(token[::-1])
+
+
+@pytest.mark.parametrize("client,label", [
+    ("rank 3/8 pid 4242", "rank 3/8 pid 4242"),
+    ("\x1b[2J\x1b[31mrank 0", "\\x1b[2J\\x1b[31mrank 0"),  # terminal escapes
+    ("rank 0\u202egpj.exe", "rank 0\\u202egpj.exe"),  # right-to-left override
+    ("a\nb\rc\td\x00\x7f", "a\\nb\\rc\\td\\x00\\x7f"),
+    ("caf\u00e9 \U0001f600 \ud800", "caf\\xe9 \\U0001f600 \\ud800"),  # lone surrogate too
+    ("x" * 300, "x" * 64),
+    ("\u202e" * 100, "\\u202e" * 10),  # cut between escapes, never inside one
+])
+def test_the_client_label_is_printable_ascii_and_short(client: str, label: str) -> None:
+    assert client_label(client) == label
+    got = _samples(Snapshot(sessions=(SessionUse(client, "abc", 1, 0),)))
+    assert ("dataflow_session_credits", (("client", label), ("session", "abc"))) in got
 
 
 def test_metrics_flags_default_off_on_loopback() -> None:
