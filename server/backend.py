@@ -167,10 +167,12 @@ class WorkerHandler:
                 self._backend.send_multipart([worker.identity, *encode_internal(task)],
                                              flags=zmq.NOBLOCK)
             except zmq.ZMQError:
+                # The reader is gone (its connection closed before the pool reaped it): the
+                # task never reached it, so it goes back first in its queue for another
+                # reader or the replacement, counted as an attempt as a reader death is.
                 worker.ready = False
-                self._delivery.fail(task.token, task.req_id, ErrorKind.WORKER_UNAVAILABLE,
-                                    f"worker {worker.identity.decode()} cannot take tasks",
-                                    settles=True)
+                if self._ledger.requeue(nxt):
+                    self._counters["tasks_requeued"] += 1
                 continue
             worker.tasks[(task.token, task.req_id)] = nxt
 

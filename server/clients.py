@@ -33,7 +33,7 @@ from dataflow.index import DatasetIndex
 from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
 from dataflow.server.framing import SendResult, recv_bounded
-from dataflow.server.guard import InboundGuard, address_of
+from dataflow.server.guard import OLD_ZMTP, InboundGuard, address_of, message_fd
 from dataflow.server.ledger import Ledger, Refusal
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.sessions import Expiry, Session, Sessions, expiry
@@ -162,9 +162,13 @@ class ClientHandler:
         inbound = recv_bounded(sock, 1 + MAX_CLIENT_FRAMES)
         frames = inbound.frames
         identity = frames[0].bytes
-        self._guard.delivered(frames[0].get(zmq.SRCFD), inbound.nbytes, inbound.count)
+        fd = message_fd(frames[0])
+        if fd is not None:
+            self._guard.delivered(fd, inbound.nbytes, inbound.count)
         s = self._sessions.get(identity)
         try:
+            if fd is None:
+                raise ProtocolError(OLD_ZMTP)
             if inbound.extra:
                 raise ProtocolError(f"message has more than {MAX_CLIENT_FRAMES} frames")
             if len(frames) < 2:

@@ -72,9 +72,24 @@ def client_socket_options(sock: zmq.Socket, timeout_s: float) -> None:
     sock.setsockopt(zmq.TCP_MAXRT, int(timeout_s * 1000))
 
 
+OLD_ZMTP = ("messages of this peer carry no connection metadata: it speaks ZMTP 1.0 or 2.0, "
+            "and this server accepts ZMTP 3.0 or later only")
+
+
+def message_fd(frame: zmq.Frame) -> int | None:
+    """The descriptor of the connection a received message came on, or None when the message
+    has no metadata: libzmq attaches none to the messages of a ZMTP 1.0 or 2.0 peer (no
+    client of ours speaks those; the guard cuts such a connection by its bytes)."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except zmq.ZMQError:
+        return None
+
+
 def address_of(frame: zmq.Frame) -> str:
     """The peer address of the connection a received message came on: its IP address (tcp),
-    or ``uid:<uid>`` of the local user (ipc)."""
+    or ``uid:<uid>`` of the local user (ipc). Only for a message :func:`message_fd` found
+    metadata on."""
     return normal_address(str(frame.get("Peer-Address")))
 
 

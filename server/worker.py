@@ -64,7 +64,13 @@ from dataflow.server.framing import (
     try_send,
     try_send_tracked,
 )
-from dataflow.server.guard import GUARD_MS, InboundGuard, client_socket_options
+from dataflow.server.guard import (
+    GUARD_MS,
+    OLD_ZMTP,
+    InboundGuard,
+    client_socket_options,
+    message_fd,
+)
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.tasks import ReaderCache, Reply, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
@@ -221,8 +227,12 @@ def answer_data(sock: zmq.Socket, guard: InboundGuard, peer_log: RateLimitedLog,
     inbound = recv_bounded(sock, 2)
     frames = inbound.frames
     peer = frames[0].bytes
-    guard.delivered(frames[0].get(zmq.SRCFD), inbound.nbytes, inbound.count)
+    fd = message_fd(frames[0])
+    if fd is not None:
+        guard.delivered(fd, inbound.nbytes, inbound.count)
     try:
+        if fd is None:
+            raise ProtocolError(OLD_ZMTP)
         if inbound.extra or len(frames) != 2:
             raise ProtocolError("a data connection accepts only HEARTBEAT messages")
         msg = wire.decode(frames[1:])

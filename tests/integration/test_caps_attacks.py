@@ -139,6 +139,38 @@ def test_floods_reset_with_pings_queued_never_abort_a_server(target, demo_data,
         assert stats["malformed"] > 0
 
 
+OLD_GREETINGS = {
+    # ZMTP 1.0: a length-prefixed empty identity, then a message frame "hi".
+    "zmtp1": b"\x01\x00" + b"\x03\x00hi",
+    # ZMTP 2.0: signature, revision 1, socket type DEALER, empty identity, a final frame "hi".
+    "zmtp2": b"\xff" + b"\0" * 8 + b"\x7f\x01\x05" + b"\x00\x00" + b"\x00\x02hi",
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target", ["frontend", "reader"])
+def test_peers_speaking_zmtp_1_or_2_are_refused_not_fatal(target, demo_data, servers) -> None:
+    """libzmq attaches no metadata (file descriptor, peer address) to the messages of a ZMTP
+    1.0 or 2.0 peer: reading them used to raise in the frontend's and the readers' loops."""
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], workers=2)
+    endpoint = server.endpoint if target == "frontend" else server.ready["data_endpoints"][0]
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    for _ in range(3):
+        for greeting in OLD_GREETINGS.values():
+            with socket.create_connection((host, int(port)), 10) as peer:
+                peer.sendall(greeting * 50)
+                time.sleep(0.2)
+    assert all(pid_alive(pid) for pid in _pids(server)), server.stderr_tail(2000)
+    assert _epoch_ids(server.endpoint) == list(range(demo.total))
+    stats = _stats(server.endpoint)
+    assert stats["worker_restarts"] == 0
+    if target == "frontend":
+        assert stats["malformed"] > 0
+    wait_for(lambda: "accepts ZMTP 3.0 or later only" in server.stderr_tail(20_000), 10,
+             "the refusal in the log")
+
+
 @pytest.mark.timeout(60)
 def test_requests_repeating_whole_shards_are_refused_naming_the_ranges(demo_data, servers,
                                                                        raw_client) -> None:
