@@ -58,6 +58,10 @@ class ScanOptions:
 DEFAULT_SCAN = ScanOptions()
 
 
+class _Stopped(Exception):
+    """A shard not opened because another one failed first (never leaves :func:`scan_shards`)."""
+
+
 def _count(url: str, cache_dir: str | None, on_error: str, how: ScanOptions) -> _Shard:
     """Open one shard; its identity is taken first, so a shard rewritten while it is counted
     shows a stale identity (a fingerprint that later mismatches), never a new one."""
@@ -153,19 +157,29 @@ def scan_shards(
     # Local shards are opened in one thread: their opens hold the GIL, so more threads only
     # add hand-overs (1,000 cached tar indexes: 0.44 s in one thread, 0.70 s in eight).
     threads = 1 if all(is_local(u) for u in shards) else min(max_workers, len(shards))
+    failures: list[BaseException] = []
+
+    def count(url: str) -> _Shard:
+        # The first failure ends the scan: no thread opens a further shard.
+        if failures:
+            raise _Stopped
+        try:
+            return _count(url, cache_dir, on_error, how)
+        except BaseException as e:
+            failures.append(e)
+            raise
+
     try:
         with ThreadPoolExecutor(threads) as pool:
-            futures = [pool.submit(_count, u, cache_dir, on_error, how) for u in shards]
+            futures = [pool.submit(count, u) for u in shards]
             try:
                 if bar is not None:
                     for done in as_completed(futures):
                         done.result()
                         bar.update()
                 results = [f.result() for f in futures]
-            except BaseException:
-                for f in futures:  # the first failure ends the scan: open no further shard
-                    f.cancel()
-                raise
+            except _Stopped:
+                raise failures[0] from None
     finally:
         if bar is not None:
             bar.close()
