@@ -58,10 +58,6 @@ class ScanOptions:
 DEFAULT_SCAN = ScanOptions()
 
 
-class _Stopped(Exception):
-    """A shard not opened because another one failed first (never leaves :func:`scan_shards`)."""
-
-
 def _count(url: str, cache_dir: str | None, on_error: str, how: ScanOptions) -> _Shard:
     """Open one shard; its identity is taken first, so a shard rewritten while it is counted
     shows a stale identity (a fingerprint that later mismatches), never a new one."""
@@ -159,10 +155,10 @@ def scan_shards(
     threads = 1 if all(is_local(u) for u in shards) else min(max_workers, len(shards))
     failures: list[BaseException] = []
 
-    def count(url: str) -> _Shard:
+    def count(url: str) -> _Shard | None:
         # The first failure ends the scan: no thread opens a further shard.
         if failures:
-            raise _Stopped
+            return None
         try:
             return _count(url, cache_dir, on_error, how)
         except BaseException as e:
@@ -172,14 +168,12 @@ def scan_shards(
     try:
         with ThreadPoolExecutor(threads) as pool:
             futures = [pool.submit(count, u) for u in shards]
-            try:
-                if bar is not None:
-                    for done in as_completed(futures):
-                        done.result()
-                        bar.update()
-                results = [f.result() for f in futures]
-            except _Stopped:
-                raise failures[0] from None
+            if bar is not None:
+                for done in as_completed(futures):
+                    done.result()
+                    bar.update()
+            # A shard not opened (None) follows a failure, which result() raises first.
+            results = [r for r in (f.result() for f in futures) if r is not None]
     finally:
         if bar is not None:
             bar.close()
