@@ -171,16 +171,17 @@ def _fuzz_parser(sub: argparse._SubParsersAction) -> None:
     fz.add_argument("--answer-timeout", type=float, default=d.answer_timeout,
                     help="seconds a reader or the DataLoader may take for one answer "
                     "(default: %(default)s)")
-    fz.add_argument("--rss-growth-mib", type=float, default=d.rss_growth_mib,
-                    help="most growth of each server process's peak RSS (default: "
-                    "%(default)s)")
+    fz.add_argument("--rss-slack-mib", type=float, default=d.rss_slack_mib,
+                    help="allowance of each server process over the memory bound of its "
+                    "flags (the README's formula), for Python's heap and the allocator "
+                    "(default: %(default)s)")
 
 
 def _run_fuzz(args: argparse.Namespace) -> int:
     cfg = FuzzConfig(minutes=args.minutes, seed=args.seed, seeds=args.seeds,
                      attacks=args.attacks, targets=args.targets, workers=args.workers,
                      flood_hold=args.flood_hold, answer_timeout=args.answer_timeout,
-                     rss_growth_mib=args.rss_growth_mib)
+                     rss_slack_mib=args.rss_slack_mib)
     return 0 if run_fuzz(cfg) else 1
 
 

@@ -12,7 +12,10 @@ after epoch. Then it checks, and any miss is a violation (exit status 1):
 * every message to a reader's data socket got the answer the oracle predicts;
 * STATS ``malformed`` is at least what the oracle predicts for the structure-aware messages,
   and at most that plus the complete messages sent raw;
-* each process's peak RSS grew by at most ``--rss-growth-mib``.
+* the frontend's peak RSS grew by at most the README's bound for the server's flags
+  (:func:`dataflow.server.memory.memory_bound`), the readers' together by at most theirs, each
+  process with ``--rss-slack-mib`` more for Python's heap and the allocator. The server runs
+  with caps tighter than the defaults (:data:`CAPS`), so that bound is a few hundred MiB.
 
 It prints, per target, what was sent (per attack and kind), the DataLoader's epochs, the STATS
 counters (refusals, malformed, cuts, expiries) and the RSS peaks, then PASS or FAIL.
@@ -48,6 +51,8 @@ from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex
 from dataflow.security import ClientCurve, generate_keys, secure_client
 from dataflow.server import ServerHandle, launch
+from dataflow.server.config import parse_args
+from dataflow.server.memory import MemoryBound, memory_bound
 
 ATTACKS = ("router", "data", "zmtp", "flood")
 TARGETS = ("plain", "curve")
@@ -62,6 +67,9 @@ STATS_KEYS = ("malformed", "refused", "sessions_refused", "auth_refused", "conne
               "clients_expired", "sessions_idle_expired", "clients_probed", "dropped_sends",
               "log_lines_suppressed", "worker_restarts", "requests", "replies")
 MiB = 2**20
+CAPS = {"--max-inbound-total": str(8 * MiB), "--max-window-samples": "8192",
+        "--max-reply-bytes": str(MiB), "--max-unsent-bytes": str(16 * MiB)}
+"""Caps tighter than the defaults (the fuzz's batches are a few KB), for a tight memory bound."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,8 @@ class FuzzConfig:
         flood_hold: most seconds a flood keeps its connections open and silent (beyond the
             server's 10 s ZMTP heartbeat timeout by default).
         answer_timeout: seconds a reader, and the DataLoader, may take for one answer.
-        rss_growth_mib: most growth of each server process's peak RSS.
+        rss_slack_mib: allowance of each server process over the memory bound of its flags
+            (Python's heap, the allocator's pools).
     """
 
     minutes: float = 5.0
@@ -90,7 +99,7 @@ class FuzzConfig:
     workers: int = 2
     flood_hold: float = 15.0
     answer_timeout: float = 30.0
-    rss_growth_mib: float = 256.0
+    rss_slack_mib: float = 64.0
 
     def __post_init__(self) -> None:
         if not self.minutes > 0:
@@ -105,10 +114,10 @@ class FuzzConfig:
                                   f"Found: {','.join(got)}")
         if self.workers < 1:
             raise ConfigError(f"`workers` must be >= 1. Found: {self.workers}")
-        if self.flood_hold < 0 or not self.answer_timeout > 0 or not self.rss_growth_mib > 0:
+        if self.flood_hold < 0 or not self.answer_timeout > 0 or not self.rss_slack_mib > 0:
             raise ConfigError("`flood_hold` must be >= 0, `answer_timeout` and "
-                              f"`rss_growth_mib` > 0. Found: {self.flood_hold}, "
-                              f"{self.answer_timeout}, {self.rss_growth_mib}")
+                              f"`rss_slack_mib` > 0. Found: {self.flood_hold}, "
+                              f"{self.answer_timeout}, {self.rss_slack_mib}")
 
 
 @dataclass
@@ -155,9 +164,21 @@ def _ask(endpoint: str, curve: ClientCurve | None, timeout: float) -> tuple[wire
     return index, {k: v for k, v in stats.counters.items() if isinstance(v, int)}
 
 
+def _flags() -> list[str]:
+    """The server flags of every target but its keys."""
+    return ["--max-request-samples", str(MAX_REQUEST_SAMPLES), "--client-ttl",
+            str(CLIENT_TTL_S), *(x for cap in CAPS.items() for x in cap)]
+
+
+def bound_of(cfg: FuzzConfig) -> MemoryBound:
+    """The memory bound of the fuzzed servers' flags (:func:`memory_bound`)."""
+    return memory_bound(parse_args(["--data", "fuzz", "--workers", str(cfg.workers),
+                                    *_flags()]))
+
+
 def _start(name: str, data: list[str], tmp: Path, cfg: FuzzConfig
            ) -> tuple[ServerHandle, ClientCurve | None]:
-    extra = ["--max-request-samples", str(MAX_REQUEST_SAMPLES), "--client-ttl", str(CLIENT_TTL_S)]
+    extra = _flags()
     curve = None
     if name == "curve":
         server_public, server_secret = generate_keys(str(tmp / "server"), "server")
@@ -299,10 +320,17 @@ def _final_checks(endpoint: str, curve: ClientCurve | None, cfg: FuzzConfig,
         tally.violation(f"STATS malformed {stats['malformed']}, predicted {low}..{high}")
     if stats["worker_restarts"]:
         tally.violation(f"{stats['worker_restarts']} reader restart(s)")
-    for role, (before, peak) in report.rss.items():
-        if peak is not None and peak - before > cfg.rss_growth_mib * MiB:
-            tally.violation(f"{role}: peak RSS grew {(peak - before) / MiB:.0f} MiB (bound "
-                            f"{cfg.rss_growth_mib:.0f})")
+    bound, slack = bound_of(cfg), cfg.rss_slack_mib * MiB
+    growth = {role: peak - before for role, (before, peak) in report.rss.items()
+              if peak is not None}
+    readers = sum(g for role, g in growth.items() if role != "frontend")
+    limits = (("frontend", growth.get("frontend", 0), bound.frontend + slack),
+              ("readers", readers, bound.readers + cfg.workers * slack))
+    for role, grew, limit in limits:
+        if grew > limit:
+            tally.violation(f"{role}: peak RSS grew {grew / MiB:.0f} MiB (bound "
+                            f"{limit / MiB:.0f} MiB: the formula of the server's flags and "
+                            f"{cfg.rss_slack_mib:.0f} MiB a process)")
     if report.epochs == 0:
         tally.violation("legit: no epoch completed")
 
@@ -324,6 +352,9 @@ def format_report(report: TargetReport, cfg: FuzzConfig) -> str:
         f"{role} gone" if peak is None
         else f"{role} {peak / MiB:.0f} (+{(peak - before) / MiB:.0f})"
         for role, (before, peak) in report.rss.items()))
+    bound = bound_of(cfg)
+    lines.append(f"  bound of the flags (MiB): frontend +{bound.frontend / MiB:.0f}, readers "
+                 f"together +{bound.readers / MiB:.0f}, {cfg.rss_slack_mib:.0f} more a process")
     lines.append(f"server exit code on SIGTERM: {report.exit_code}")
     lines += [f"VIOLATION: {v}" for v in report.tally.violations] or ["violations: none"]
     if any(v.startswith("server died") for v in report.tally.violations):

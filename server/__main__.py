@@ -22,7 +22,6 @@ from dataflow.scan import ScanOptions, resolve_dataset
 from dataflow.server import health
 from dataflow.server.config import ServerConfig, parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
-from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.server.metrics import ServerMetrics
 from dataflow.server.pool import WorkerPool
 from dataflow.server.tasks import WorkerSpec, indexed_shards
@@ -33,7 +32,6 @@ from dataflow.sources import is_local
 log = logging.getLogger("dataflow.server")
 
 READY_TIMEOUT_S = 120.0
-DATA_HWM_MARGIN = 16
 
 
 class _StopFlag:
@@ -106,7 +104,7 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
                  loaded.seconds, cache)
         if not all(is_local(s) for s in index.shards):
             log.info("remote reads while indexing: %s", session(config.remote).stats())
-        data_sndhwm = CREDIT_SLACK * config.max_credits + DATA_HWM_MARGIN
+        data_sndhwm = config.peer_queue
         pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
                                      config.level, config.max_reply_bytes, index.root,

@@ -16,9 +16,11 @@ from dataflow.readers.tarindex import MISSING_FIELD
 from dataflow.remote import ENV_STORAGE_OPTIONS, RemoteConfig, parse_size, parse_storage_options
 from dataflow.security import ServerCurve, server_curve
 from dataflow.server.dataflags import add_data_flags, read_options
+from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.wire import MAX_BATCH_SIZE
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"
+PEER_QUEUE_MARGIN = 16
 DEFAULT_MAX_CREDITS = 64
 DEFAULT_CLIENT_TTL = 10.0
 DEFAULT_WORKER_QUEUE = 2
@@ -225,6 +227,13 @@ class ServerConfig:
         """Client connections a server process (frontend or reader) keeps at once; more are
         cut as they come. Room for a reconnecting client's old connection to close."""
         return 2 * self.max_sessions + 64
+
+    @property
+    def peer_queue(self) -> int:
+        """Messages a server process queues for one peer (its send high-water mark): the
+        most replies a client may have outstanding (twice its credits) and room for control
+        messages."""
+        return CREDIT_SLACK * self.max_credits + PEER_QUEUE_MARGIN
 
     @property
     def address_sessions(self) -> int:

@@ -116,7 +116,7 @@ class Frontend:
         self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         secure_server(self.router, config.curve)
         self._gate = start_gatekeeper(ctx, config.curve)
-        self.router.setsockopt(zmq.SNDHWM, CREDIT_SLACK * config.max_credits + 16)
+        self.router.setsockopt(zmq.SNDHWM, config.peer_queue)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_inbound_bytes)
         client_socket_options(self.router, config.tcp_timeout_s)
         self._guard = InboundGuard(self.router, config.max_inbound_bytes,
