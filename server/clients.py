@@ -210,18 +210,36 @@ class ClientHandler:
                                  f"a server does not accept {wire.kind_of(msg).name} messages")
 
     def _on_stats(self, s: Session) -> None:
-        """Answer STATS, unless ``MAX_STATS_UNSENT`` STATS replies to ``s`` are not written
-        yet: a reply can be tens of KB (``skipped_per_shard``), and a peer that asks without
-        reading must not make the server queue many. (A client that waits for each reply has
-        at most one unwritten: its tracker is marked by pyzmq's release thread a moment after
-        ZeroMQ let go of it.)"""
-        while s.stats_sent and s.stats_sent[0].done:
-            s.stats_sent.popleft()
-        if len(s.stats_sent) >= MAX_STATS_UNSENT:
+        """Answer STATS, or let it wait while ``MAX_STATS_UNSENT`` STATS replies to ``s`` are
+        not written yet, and refuse one more meanwhile: a reply can be tens of KB
+        (``skipped_per_shard``), and a peer that asks without reading must not make the server
+        queue many. A client that waits for each reply is never refused: a reply it read is
+        known written only once pyzmq's release thread marks its tracker, which can lag behind
+        a busy frontend, so its next STATS may wait (:meth:`answer_waiting`), never fail."""
+        if self._stats_room(s):
+            self._send_stats(s)
+        elif not s.stats_waiting:
+            s.stats_waiting = True
+        else:
             self._counters["refused"] += 1
             self._delivery.error(s.identity, -1, ErrorKind.PROTOCOL,
-                                 f"STATS while {MAX_STATS_UNSENT} STATS replies wait unread")
-            return
+                                 f"STATS while {MAX_STATS_UNSENT} STATS replies wait unread "
+                                 "and another STATS waits")
+
+    def answer_waiting(self) -> None:
+        """Answer the STATS that waited for earlier replies to be written (:meth:`_on_stats`)."""
+        for s in self._sessions:
+            if s.stats_waiting and self._stats_room(s):
+                s.stats_waiting = False
+                self._send_stats(s)
+
+    @staticmethod
+    def _stats_room(s: Session) -> bool:
+        while s.stats_sent and s.stats_sent[0].done:
+            s.stats_sent.popleft()
+        return len(s.stats_sent) < MAX_STATS_UNSENT
+
+    def _send_stats(self, s: Session) -> None:
         tracker = self._delivery.send_tracked(s.identity,
                                               wire.encode(wire.StatsReply(self._stats())))
         if tracker is None:

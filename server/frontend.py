@@ -184,6 +184,7 @@ class Frontend:
             self._guard.check(now)
             if now >= next_housekeeping:
                 self._clients.expire(now)
+                self._clients.answer_waiting()
                 self._workers.reap()
                 self._workers.dispatch()
                 self._peer_log.tick()

@@ -56,6 +56,7 @@ class Session:
         probed: when the server last probed its connection (it had been silent).
         stats_sent: trackers (``zmq.MessageTracker``) of the STATS replies sent to it, oldest
             first (those known written are dropped as STATS come).
+        stats_waiting: a STATS of it waits until fewer of its STATS replies are unwritten.
         token: session token (32 ASCII hex bytes): the routing id of the client's data
             connections to the readers, and the key of its credit account.
         parked: replies refused by the client's full send queue, oldest first.
@@ -74,6 +75,7 @@ class Session:
     requested: bool = False
     probed: float = float("-inf")
     stats_sent: deque[Any] = field(default_factory=deque)
+    stats_waiting: bool = False
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     parked: deque[ParkedReply] = field(default_factory=deque)
     parked_bytes: int = 0

@@ -81,7 +81,7 @@ class RawClient:
         if self.session is None:
             assert isinstance(self.call(wire.Hello(1, "stats probe")), wire.Index)
         reply = self.call(wire.Stats())
-        assert isinstance(reply, wire.StatsReply)
+        assert isinstance(reply, wire.StatsReply), reply
         return dict(reply.counters)
 
     def close(self) -> None:
