@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import torch
 
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
-from dataflow.errors import ConfigError
+from dataflow.errors import ConfigError, FieldError
 from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WINDOW
 from dataflow.security import ClientCurve
 from dataflow.shuffle import shuffle_mode
 from dataflow.wire import Hello
-from dataflow.wire.fields import MAX_BATCH_SIZE, FieldError, column_names
+from dataflow.wire.fields import MAX_BATCH_SIZE, column_names
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dataflow.errors import ProtocolError
+from dataflow.errors import FieldError, ProtocolError
 from dataflow.wire.arrays import ArraysBody, array_specs, check_batch, ragged_fields
 from dataflow.wire.fields import (
     INT64_MAX,
@@ -36,7 +36,6 @@ from dataflow.wire.fields import (
     MAX_TEXT,
     MAX_WORKERS,
     BodyCodec,
-    FieldError,
     FieldSpec,
     check_sizes,
     choice,
@@ -229,7 +228,7 @@ def _field(kind: Kind, f: FieldSpec, value: Any) -> Any:
         return f.check(value)
     except FieldError as e:
         raise ProtocolError(f"{kind.name} header field `{f.name}`: {e}. Found: {value!r}"
-                            [:400]) from None
+                            [:400]) from e
 
 
 def _parse(header: Any) -> tuple[MessageSpec, Message, dict[str, Any]]:

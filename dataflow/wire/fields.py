@@ -1,8 +1,8 @@
 """Limits of the wire protocol, validators of header fields, and the parts of a kind's spec.
 
 A validator takes a value parsed from the JSON header and returns the Python value of the
-field, or raises :class:`FieldError` with the reason (the codec adds the kind, the field's name
-and the value found).
+field, or raises :class:`~dataflow.errors.FieldError` with the reason (the codec adds the kind,
+the field's name and the value found).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dataflow.errors import ProtocolError
+from dataflow.errors import FieldError, ProtocolError
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_MESSAGE_BYTES = 2 * 1024**3
@@ -33,10 +33,6 @@ MAX_COLUMNS_BYTES = 32 * 1024
 INT64_MAX = 2**63 - 1
 
 Validator = Callable[[Any], Any]
-
-
-class FieldError(Exception):
-    """Why a header field's value is invalid (turned into a ProtocolError naming the field)."""
 
 
 def is_int(v: Any) -> bool:

@@ -119,11 +119,11 @@ def test_failure_reaches_a_waiting_consumer_and_stays() -> None:
 def test_foreign_exceptions_are_wrapped_and_a_dead_thread_is_noticed() -> None:
     h, _ = _handoff()
     h.fail(KeyError("x"))
-    with pytest.raises(DataflowError, match="KeyError") as info:
+    with pytest.raises(InternalError, match="KeyError") as info:
         h.take(0, 0.01, _alive)
     assert isinstance(info.value.__cause__, KeyError)
     quiet, _ = _handoff()
-    with pytest.raises(DataflowError, match="I/O thread has stopped"):
+    with pytest.raises(InternalError, match="I/O thread has stopped"):
         quiet.take(0, 0.01, lambda: False)
     assert quiet.commands() == []
     quiet.command(Stop())
