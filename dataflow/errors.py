@@ -10,10 +10,16 @@ caller of the public API: :class:`FieldError` (turned into a :class:`ProtocolErr
 and :class:`OutdatedIndex` (a cached index is rebuilt) and :class:`ReplyTooLarge` (an ERROR
 reply a client raises as :class:`RemoteError`).
 
-This module imports nothing, so every module may import it.
+This module imports nothing at run time (the wire's ``ErrorKind``, the type of
+:attr:`RemoteError.kind`, only for type checkers), so every module may import it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dataflow.wire.messages import ErrorKind
 
 
 class DataflowError(Exception):
@@ -189,10 +195,13 @@ class RemoteError(DataflowError):
 
     Attributes:
         endpoint: the server that reported it.
-        kind: the server-side exception class name.
+        kind: what failed, the ERROR message's :class:`~dataflow.wire.ErrorKind` (a str
+            enum: ``kind == "ReadFailed"`` holds); for ``READ_FAILED`` the message starts with
+            the server-side exception class name.
+        remote_message: the server's message.
     """
 
-    def __init__(self, endpoint: str, kind: str, message: str) -> None:
+    def __init__(self, endpoint: str, kind: ErrorKind, message: str) -> None:
         super().__init__(f"{endpoint}: {kind}: {message}")
         self.endpoint = endpoint
         self.kind = kind

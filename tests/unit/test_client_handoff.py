@@ -16,7 +16,7 @@ from dataflow.errors import (
 )
 from dataflow.plan import Batches
 from dataflow.transform import global_batch_index
-from dataflow.wire import NO_TAG, BatchTag
+from dataflow.wire import NO_TAG, BatchTag, ErrorKind
 
 NONE = Batches.of([])
 
@@ -156,10 +156,10 @@ def test_a_failed_batch_raises_in_its_place_and_a_dropped_generation_drops_it() 
     h, _ = _handoff(capacity=3)
     h.start(StartEpoch(1, NONE, 0))
     h.deliver(1, 0, "a")
-    h.deliver(1, 1, Failed(RemoteError("tcp://x:1", "ReadFailed", "boom")))
+    h.deliver(1, 1, Failed(RemoteError("tcp://x:1", ErrorKind.READ_FAILED, "boom")))
     h.start(StartEpoch(2, NONE, 0))  # the loop went elsewhere: nothing is raised
     h.deliver(2, 0, "b")
-    error = RemoteError("tcp://x:1", "ReadFailed", "bad shard")
+    error = RemoteError("tcp://x:1", ErrorKind.READ_FAILED, "bad shard")
     h.deliver(2, 1, Failed(error))
     h.deliver(2, 2, "c")
     assert h.take(2, 0.01, _alive) == (0, "b") and not h.failed
