@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from dataflow.bench.steps import Step
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError, SchemaError
 
 Batch = Mapping[str, object]
@@ -178,8 +179,7 @@ def measure(
     Raises:
         ConfigError: the iterable ended before ``warmup + steps`` batches.
     """
-    if warmup < 1 or steps < 1:
-        raise ConfigError(f"warmup and steps must be >= 1. Found: {warmup}, {steps}")
+    warmup, steps = check_int("warmup", warmup, 1), check_int("steps", steps, 1)
     gpu = step.mode == "gpu"
     total = warmup + steps
     clocks = _Clocks(total)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError, DataflowError, IndexCacheError, OutdatedIndex
 from dataflow.index import DatasetIndex
 from dataflow.readers.cache import default_cache_dir, identity, write_atomic
@@ -171,8 +172,7 @@ def load_index(
             :func:`dataflow.scan.build_index` (a cache hit opens no shard, so raises none of
             the shard errors).
     """
-    if max_workers < 1:
-        raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
+    max_workers = check_int("max_workers", max_workers, 1)
     start = time.monotonic()
     path = cache_path(cache_dir or default_cache_dir(), shards, on_error, how)
     saved: str | None = path

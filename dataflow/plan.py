@@ -46,12 +46,12 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError
 from dataflow.shuffle import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SHUFFLE_WINDOW,
     DEFAULT_WINDOW,
-    check_int,
     epoch_order,
     shard_sizes_array,
 )
@@ -164,10 +164,7 @@ def consumed(start: int, *, world_size: int, batch_size: int, batches_yielded: i
 
 
 def _check_rank(rank: int, world_size: int) -> None:
-    check_int("world_size", world_size, 1)
-    valid = isinstance(rank, (int, np.integer)) and not isinstance(rank, bool)
-    if not valid or not 0 <= rank < world_size:
-        raise ConfigError(f"`rank` must be in [0, {world_size}). Found: {rank!r}")
+    check_int("rank", rank, 0, check_int("world_size", world_size, 1) - 1)
 
 
 def _table(order: np.ndarray, start: int, ends: np.ndarray, size: EpochSize, *,

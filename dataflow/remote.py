@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec import AbstractFileSystem
 
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError, RangeUnsupported, RemoteFailure
 from dataflow.remoteerrors import describe, is_connect_failure, is_throttle
 from dataflow.throttle import AdaptiveLimit, Backoff, Gate
@@ -122,13 +123,9 @@ class RemoteConfig:
         if not isinstance(opts, dict):
             raise ConfigError(f"`storage_options` must be a JSON object. Found: "
                               f"{self.storage_options!r}")
-        if self.cache_bytes < 1 << 20:
-            raise ConfigError(f"`cache_bytes` must be at least 1 MiB. Found: {self.cache_bytes}")
-        if not 1 <= self.max_concurrency <= 1024:
-            raise ConfigError(f"`max_concurrency` must be in [1, 1024]. "
-                              f"Found: {self.max_concurrency}")
-        if self.max_retries < 0:
-            raise ConfigError(f"`max_retries` must be at least 0. Found: {self.max_retries}")
+        for name, lo, hi in (("cache_bytes", 1 << 20, None), ("max_concurrency", 1, 1024),
+                             ("max_retries", 0, None)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), lo, hi))
 
     @classmethod
     def of(cls, options: Mapping[str, Any], **kwargs: Any) -> RemoteConfig:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dataflow.checks import as_int, int_rule
 from dataflow.errors import FieldError, ProtocolError
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -35,17 +36,13 @@ INT64_MAX = 2**63 - 1
 Validator = Callable[[Any], Any]
 
 
-def is_int(v: Any) -> bool:
-    """Whether ``v`` is a JSON integer (``bool`` is not)."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def integer(lo: int, hi: int) -> Validator:
-    """An integer in ``[lo, hi]``."""
+    """An integer in ``[lo, hi]`` (:func:`dataflow.checks.as_int`: a JSON ``true`` is not)."""
     def check(v: Any) -> int:
-        if not is_int(v) or not lo <= v <= hi:
-            raise FieldError(f"must be an integer in [{lo}, {hi}]")
-        return int(v)
+        n = as_int(v)
+        if n is None or not lo <= n <= hi:
+            raise FieldError(f"must be {int_rule(lo, hi)}")
+        return n
     return check
 
 
@@ -103,8 +100,8 @@ def counters(v: Any) -> dict[str, int | list[int]]:
     if not isinstance(v, dict) or len(v) > MAX_COUNTERS:
         raise FieldError(f"must be an object of at most {MAX_COUNTERS} entries")
     for k, c in v.items():
-        ok = is_int(c) or (isinstance(c, list) and len(c) <= MAX_COUNTER_LIST
-                           and all(is_int(x) for x in c))
+        ok = as_int(c) is not None or (isinstance(c, list) and len(c) <= MAX_COUNTER_LIST
+                                       and all(as_int(x) is not None for x in c))
         if not ok or len(k) > MAX_NAME:
             raise FieldError(f"counter {k[:MAX_NAME]!r} must be an integer or a list of at most "
                              f"{MAX_COUNTER_LIST} integers")

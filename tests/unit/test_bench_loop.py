@@ -151,7 +151,7 @@ def test_short_loader_raises_with_counts():
 
 
 def test_warmup_and_steps_validated():
-    with pytest.raises(ConfigError, match="warmup and steps"):
+    with pytest.raises(ConfigError, match="`warmup` must be an integer >= 1"):
         measure(fake_loader([0.0]), step=SleepStep(0.0), to_device=identity, warmup=0, steps=1)
 
 
