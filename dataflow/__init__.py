@@ -31,10 +31,7 @@ from dataflow.plan import (
     consumed,
     epoch_order,
     epoch_size,
-    global_plan,
-    plan,
     rank_batches,
-    split_batches,
 )
 
 __all__ = [
@@ -67,8 +64,5 @@ __all__ = [
     "consumed",
     "epoch_order",
     "epoch_size",
-    "global_plan",
-    "plan",
     "rank_batches",
-    "split_batches",
 ]

@@ -146,15 +146,3 @@ def concat(batches: Sequence[Mapping[str, Column]]) -> Batch:
         else:
             out[name] = np.concatenate(fixed)
     return out
-
-
-def slice_batch(batch: Mapping[str, Column], start: int, stop: int) -> Batch:
-    """Rows ``[start, stop)`` of ``batch`` (views, no copy of the values)."""
-    out: Batch = {}
-    for name, col in batch.items():
-        if isinstance(col, Ragged):
-            offs = col.offsets[start : stop + 1]
-            out[name] = Ragged(col.values[offs[0] : offs[-1]], offs - offs[0], col.kind)
-        else:
-            out[name] = col[start:stop]
-    return out
