@@ -219,7 +219,7 @@ class Batches(Sequence[list[Range]]):
         if isinstance(index, slice):
             first, stop, step = index.indices(len(self))
             if step != 1:
-                raise ValueError(f"Batches slices must be contiguous. Found step {step}")
+                raise ConfigError(f"Batches slices must be contiguous. Found step {step}")
             return Batches(self.table, self.bounds[first : max(stop, first) + 1])
         i = range(len(self))[index]
         rows = self.table[self.bounds[i] : self.bounds[i + 1]].tolist()

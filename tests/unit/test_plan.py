@@ -276,7 +276,7 @@ def test_batches_sequence() -> None:
     assert len(batches[9:]) == 0
     with pytest.raises(IndexError):
         batches[9]
-    with pytest.raises(ValueError, match="contiguous"):
+    with pytest.raises(ConfigError, match="contiguous"):
         batches[::2]
 
 
