@@ -63,8 +63,8 @@ def read_state(state: Mapping[str, Any], *, total: int, fingerprint: str,
         if theirs != ours or isinstance(theirs, bool) != isinstance(ours, bool):
             raise StateMismatchError(f"state_dict `{name}` is {theirs!r} but this loader "
                                      f"has {ours!r}")
-    epoch, consumed = (check_int(f"state_dict['{name}']", state[name], 0,
-                                 error=StateMismatchError) for name in ("epoch", "consumed"))
+    epoch, consumed = (check_int(name, state[name], 0, error=StateMismatchError,
+                                 of="the state_dict") for name in ("epoch", "consumed"))
     if consumed > total:
         raise StateMismatchError(f"state_dict `consumed` must be <= {total}. Found: {consumed}")
     return epoch, consumed

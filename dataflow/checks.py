@@ -33,7 +33,7 @@ def int_rule(lo: int, hi: int | None = None) -> str:
 
 
 def check_int(name: str, value: object, lo: int = 0, hi: int | None = None, *,
-              error: type[DataflowError] = ConfigError) -> int:
+              error: type[DataflowError] = ConfigError, of: str = "") -> int:
     """``value`` as an ``int``, checked to be an integer in ``[lo, hi]``.
 
     Args:
@@ -42,11 +42,14 @@ def check_int(name: str, value: object, lo: int = 0, hi: int | None = None, *,
         lo: the least value allowed.
         hi: the greatest value allowed (None: no upper bound).
         error: the class raised.
+        of: what holds ``name``, when the message must say it (``"the state_dict"``).
 
     Raises:
-        error: "`name` must be an integer >= lo. Found: value" (or "in [lo, hi]").
+        error: "`name` must be an integer >= lo. Found: value" (or "in [lo, hi]"; with
+            ``of``: "`name` of the state_dict must be ...").
     """
     n = as_int(value)
     if n is None or n < lo or (hi is not None and n > hi):
-        raise error(f"`{name}` must be {int_rule(lo, hi)}. Found: {value!r}")
+        owner = f" of {of}" if of else ""
+        raise error(f"`{name}`{owner} must be {int_rule(lo, hi)}. Found: {value!r}")
     return n

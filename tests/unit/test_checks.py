@@ -38,8 +38,9 @@ def test_bools_floats_and_the_rest_are_not_integers(value: object) -> None:
 def test_the_message_names_the_range_and_the_value_found() -> None:
     with pytest.raises(ConfigError, match=r"^`n` must be an integer in \[1, 4\]\. Found: 5$"):
         check_int("n", 5, 1, 4)
-    with pytest.raises(StateMismatchError, match=r"^`x` must be an integer >= 2\. Found: 1$"):
-        check_int("x", 1, 2, error=StateMismatchError)
+    with pytest.raises(StateMismatchError,
+                       match=r"^`x` of the state_dict must be an integer >= 2\. Found: 1$"):
+        check_int("x", 1, 2, error=StateMismatchError, of="the state_dict")
 
 
 @pytest.mark.parametrize("check", [
