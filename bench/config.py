@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError
 
 LOADERS = ("dataflow", "torch", "streaming", "litdata", "ray")
 STEP_MODES = ("auto", "gpu", "sleep", "cpu")
-
-
-def _positive(name: str, value: int | float) -> None:
-    if value <= 0:
-        raise ConfigError(f"`{name}` must be greater than 0. Found: {value}")
 
 
 @dataclass(frozen=True)
@@ -69,11 +65,11 @@ class BenchConfig:
             raise ConfigError(f"`loaders` must be among {LOADERS}. Found: {unknown[0]!r}")
         if len(set(self.loaders)) != len(self.loaders):
             raise ConfigError(f"`loaders` must not repeat a loader. Found: {self.loaders}")
-        for name in ("batch_size", "workers", "servers", "steps", "repeats", "prefetch",
-                     "inflight", "timeout_s"):
-            _positive(name, getattr(self, name))
-        if self.warmup < 1:
-            raise ConfigError(f"`warmup` must be at least 1. Found: {self.warmup}")
+        for name in ("batch_size", "workers", "servers", "warmup", "steps", "repeats",
+                     "prefetch", "inflight"):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
+        if not self.timeout_s > 0:
+            raise ConfigError(f"`timeout_s` must be greater than 0. Found: {self.timeout_s}")
         if self.step not in STEP_MODES:
             raise ConfigError(f"`step` must be one of {STEP_MODES}. Found: {self.step!r}")
         if self.step_ms < 0:

@@ -46,6 +46,7 @@ from dataflow.bench.fuzzattacks import (
     zmtp_round,
 )
 from dataflow.bench.procs import alive, peak_rss_bytes
+from dataflow.checks import check_int
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex
@@ -104,16 +105,13 @@ class FuzzConfig:
     def __post_init__(self) -> None:
         if not self.minutes > 0:
             raise ConfigError(f"`minutes` must be > 0. Found: {self.minutes}")
-        if self.seeds < 0 or self.seed < 0:
-            raise ConfigError(f"`seed` and `seeds` must be >= 0. Found: {self.seed}, "
-                              f"{self.seeds}")
+        for name, lo in (("seed", 0), ("seeds", 0), ("workers", 1)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), lo))
         for name, got, known in (("attacks", self.attacks, ATTACKS),
                                  ("targets", self.targets, TARGETS)):
             if not got or not set(got) <= set(known):
                 raise ConfigError(f"`{name}` must be some of {','.join(known)}. "
                                   f"Found: {','.join(got)}")
-        if self.workers < 1:
-            raise ConfigError(f"`workers` must be >= 1. Found: {self.workers}")
         if self.flood_hold < 0 or not self.answer_timeout > 0 or not self.rss_slack_mib > 0:
             raise ConfigError("`flood_hold` must be >= 0, `answer_timeout` and "
                               f"`rss_slack_mib` > 0. Found: {self.flood_hold}, "

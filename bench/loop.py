@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from dataflow.bench.steps import Step
-from dataflow.errors import DataflowError
+from dataflow.checks import check_int
+from dataflow.errors import ConfigError, SchemaError
 
 Batch = Mapping[str, object]
 ToDevice = Callable[[Batch], Batch]
@@ -78,14 +79,14 @@ def batch_size_of(batch: Batch) -> int:
     """Samples in a batch: the leading dimension of its ``id`` field, else of its first field.
 
     Raises:
-        DataflowError: the batch has no field with a length.
+        SchemaError: the batch has no field with a length.
     """
     if "id" in batch and hasattr(batch["id"], "__len__"):
         return len(batch["id"])
     for value in batch.values():
         if hasattr(value, "__len__"):
             return len(value)
-    raise DataflowError(f"batch has no field with a length; fields: {sorted(batch)}")
+    raise SchemaError(f"batch has no field with a length; fields: {sorted(batch)}")
 
 
 def _ids_of(batch: Batch) -> np.ndarray | None:
@@ -116,7 +117,7 @@ def gpu_split(
     started = np.asarray(started_ms, dtype=np.float64)
     ended = np.asarray(ended_ms, dtype=np.float64)
     if warmup < 1 or not len(issued) == len(started) == len(ended) > warmup:
-        raise DataflowError(
+        raise ConfigError(
             f"gpu timeline needs equal-length event lists longer than warmup={warmup}. "
             f"Found: {len(issued)}, {len(started)}, {len(ended)}"
         )
@@ -176,10 +177,9 @@ def measure(
         The :class:`Measurement` of the measured steps.
 
     Raises:
-        DataflowError: the iterable ended before ``warmup + steps`` batches.
+        ConfigError: the iterable ended before ``warmup + steps`` batches.
     """
-    if warmup < 1 or steps < 1:
-        raise DataflowError(f"warmup and steps must be >= 1. Found: {warmup}, {steps}")
+    warmup, steps = check_int("warmup", warmup, 1), check_int("steps", steps, 1)
     gpu = step.mode == "gpu"
     total = warmup + steps
     clocks = _Clocks(total)
@@ -203,7 +203,7 @@ def measure(
         try:
             batch = next(it)
         except StopIteration:
-            raise DataflowError(
+            raise ConfigError(
                 f"the loader ended after {i} batches; the bench needs {total} "
                 f"(warmup {warmup} + steps {steps})"
             ) from None

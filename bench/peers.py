@@ -31,7 +31,7 @@ from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.loaders import Batch, LoaderRun, ReiterableRun
 from dataflow.bench.procs import descendants, non_loopback_listeners
-from dataflow.errors import DataflowError
+from dataflow.errors import SchemaError, ServerStartError
 from dataflow.readers import open_shard
 
 _DONE_MARKER = "bench-converted.json"
@@ -113,7 +113,7 @@ def _mds_columns(data: BenchData) -> dict[str, str]:
         elif spec.ragged is None:
             columns[spec.name] = f"ndarray:{spec.dtype}:{','.join(map(str, spec.shape))}"
         else:
-            raise DataflowError(f"field {spec.name!r} ({spec}) has no MDS encoding here")
+            raise SchemaError(f"field {spec.name!r} ({spec}) has no MDS encoding here")
     return columns
 
 
@@ -231,7 +231,7 @@ class RayRun:
         exposed = non_loopback_listeners(self.pids())
         if exposed:
             self.close()
-            raise DataflowError(
+            raise ServerStartError(
                 f"Ray processes {exposed} listen on non-loopback interfaces although Ray was "
                 "started with _node_ip_address=127.0.0.1; the bench runs on loopback only"
             )

@@ -67,13 +67,13 @@ class StartupConfig:
     out_dir: str = "bench-out"
 
     def __post_init__(self) -> None:
+        from dataflow.checks import check_int
         from dataflow.errors import ConfigError
 
         if not self.shard_counts or min(self.shard_counts) < 1:
             raise ConfigError(f"`shard_counts` must be positive. Found: {self.shard_counts}")
         for name in ("samples_per_shard", "batch_size", "workers", "repeats"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"`{name}` must be at least 1. Found: {getattr(self, name)}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
         if not self.timeout_s > 0:
             raise ConfigError(f"`timeout_s` must be > 0. Found: {self.timeout_s}")
 

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 import torch
 
+from dataflow.checks import check_int
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
-from dataflow.errors import ConfigError
+from dataflow.errors import ConfigError, FieldError
 from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WINDOW
 from dataflow.security import ClientCurve
 from dataflow.shuffle import shuffle_mode
 from dataflow.wire import Hello
-from dataflow.wire.fields import MAX_BATCH_SIZE, FieldError, column_names
+from dataflow.wire.fields import MAX_BATCH_SIZE, column_names
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -40,11 +41,6 @@ def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
                               f"{os.environ.get('RANK')!r}, WORLD_SIZE="
                               f"{os.environ.get('WORLD_SIZE')!r}") from e
     return (env_rank if rank is None else rank, env_world if world_size is None else world_size)
-
-
-def _int(name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"`{name}` must be an integer >= {minimum}. Found: {value!r}")
 
 
 def _columns(value: object) -> tuple[str, ...] | None:
@@ -107,19 +103,14 @@ class LoaderConfig:
                               f"Found: {self.resolve_interval!r}")
         if not isinstance(self.read_ahead, bool):
             raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
-        _int("batch_size", self.batch_size, 1)
-        if self.batch_size > MAX_BATCH_SIZE:
-            raise ConfigError(f"`batch_size` must be <= {MAX_BATCH_SIZE}. Found: {self.batch_size}")
-        _int("world_size", self.world_size, 1)
-        _int("rank", self.rank, 0)
+        for name, lo, hi in (("batch_size", 1, MAX_BATCH_SIZE), ("world_size", 1, None),
+                             ("rank", 0, None), ("seed", 0, None), ("prefetch", 1, None),
+                             ("shuffle_window", 1, None), ("block_size", 1, None),
+                             ("window", 1, None)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), lo, hi))
         if self.rank >= self.world_size:
             raise ConfigError(f"`rank` must be < world_size ({self.world_size}). "
                               f"Found: {self.rank}")
-        _int("seed", self.seed, 0)
-        _int("prefetch", self.prefetch, 1)
-        _int("shuffle_window", self.shuffle_window, 1)
-        _int("block_size", self.block_size, 1)
-        _int("window", self.window, 1)
         if not self.timeout > 0:
             raise ConfigError(f"`timeout` must be > 0 seconds. Found: {self.timeout!r}")
         if self.request_timeout is not None and (

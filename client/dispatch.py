@@ -171,7 +171,7 @@ class Dispatch:
         slot = self._scheduler.on_reply(server, msg.req_id, now)
         if slot is not None:
             self._hand_over(slot.gen, slot.index,
-                            Failed(RemoteError(self._endpoints[server], str(msg.kind),
+                            Failed(RemoteError(self._endpoints[server], msg.kind,
                                                msg.message)))
 
     def late(self, late: Late, *, request_timeout: float) -> None:
@@ -205,7 +205,7 @@ class Dispatch:
         if msg.kind is ErrorKind.SERVER_STOPPING and joined:
             self._lose(server, now, f"stopping ({msg.message})", hello=False)
         elif msg.kind is ErrorKind.SERVER_STOPPING:
-            self._join_failed(server, now, RemoteError(self._endpoints[server], str(msg.kind),
+            self._join_failed(server, now, RemoteError(self._endpoints[server], msg.kind,
                                                        msg.message))
         elif msg.kind is ErrorKind.UNKNOWN_CLIENT:
             if joined:
@@ -215,7 +215,7 @@ class Dispatch:
             log.debug("%s: %s after its join was given up (ignored): %s",
                       self._endpoints[server], msg.kind, msg.message)
         else:
-            raise RemoteError(self._endpoints[server], str(msg.kind), msg.message)
+            raise RemoteError(self._endpoints[server], msg.kind, msg.message)
 
     def _lose(self, server: int, now: float, why: str, *, hello: bool) -> None:
         log.warning("%s: lost: %s; its batches go to the other servers",

@@ -168,14 +168,14 @@ class Handoff(Generic[T]):
             the I/O thread's failure, if it reported one; the error of a :class:`Failed`
                 batch, when it is the next (it is the failure from then on, and the I/O
                 thread is told to stop: it says BYE to the servers);
-            DataflowError: the I/O thread ended without reporting one.
+            InternalError: the I/O thread ended without reporting one.
         """
         wake = False
         with self._lock:
             while not self._batches:
                 self._raise_failure()
                 if not alive():
-                    raise DataflowError("the DataLoader's I/O thread has stopped")
+                    raise InternalError("the DataLoader's I/O thread has stopped")
                 self._ready.wait(timeout)
             self._raise_failure()
             if gen != self._gen:
@@ -208,7 +208,7 @@ class Handoff(Generic[T]):
             while self._first is None:
                 self._raise_failure()
                 if not alive():
-                    raise DataflowError("the DataLoader's I/O thread has stopped")
+                    raise InternalError("the DataLoader's I/O thread has stopped")
                 self._ready.wait(timeout)
             return self._first
 
@@ -287,7 +287,7 @@ class Handoff(Generic[T]):
     def fail(self, error: BaseException) -> None:
         """Report a failure; every later consumer call raises it (the first one is kept)."""
         if not isinstance(error, DataflowError):
-            wrapped = DataflowError(f"client I/O thread failed: {type(error).__name__}: {error}")
+            wrapped = InternalError(f"client I/O thread failed: {type(error).__name__}: {error}")
             wrapped.__cause__ = error
             error = wrapped
         with self._lock:

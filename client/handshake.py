@@ -79,7 +79,7 @@ class Join:
         if isinstance(msg, wire.Heartbeat):
             return []
         if isinstance(msg, wire.ErrorMsg):
-            raise RemoteError(self.endpoint, str(msg.kind), msg.message)
+            raise RemoteError(self.endpoint, msg.kind, msg.message)
         if not isinstance(msg, wire.Index):
             raise ProtocolError(f"{self.endpoint}: expected INDEX, got {wire.kind_of(msg).name}")
         if self.index is not None:
@@ -109,7 +109,7 @@ class Join:
             ProtocolError: anything but the awaited HEARTBEAT.
         """
         if isinstance(msg, wire.ErrorMsg):
-            raise RemoteError(self.endpoint, str(msg.kind), msg.message)
+            raise RemoteError(self.endpoint, msg.kind, msg.message)
         if not isinstance(msg, wire.Heartbeat) or reader not in self.waiting:
             raise ProtocolError(f"{self.endpoint}: expected HEARTBEAT on reader connection "
                                 f"{reader}, got {wire.kind_of(msg).name}")

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import functools
-import operator
 import os
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from time import perf_counter
 from types import TracebackType
-from typing import Any, SupportsIndex
+from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry
 
 from dataflow.batch import Schema
+from dataflow.checks import check_int
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
@@ -31,7 +31,6 @@ from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.passes import Ahead, PassIterator, Run, after, plan_pass
 from dataflow.client.state import PLAN_FIELDS, make_state, read_state
 from dataflow.errors import (
-    ConfigError,
     InternalError,
     LoaderClosedError,
     StaleIteratorError,
@@ -331,11 +330,7 @@ class DataLoader:
         Raises:
             ConfigError: ``epoch`` is not an integer >= 0 (numpy/torch integers are accepted).
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, SupportsIndex):
-            raise ConfigError(f"`epoch` must be an integer >= 0. Found: {epoch!r}")
-        value = operator.index(epoch)
-        if value < 0:
-            raise ConfigError(f"`epoch` must be an integer >= 0. Found: {value}")
+        value = check_int("epoch", epoch, 0)
         run = self._pass
         held = self._live is not None and self._live() is not None
         unread = run if run is not None and run.gen == self._gen and held else None

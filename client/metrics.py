@@ -31,6 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from dataflow.checks import as_int
 from dataflow.client.buffers import Ready
 from dataflow.errors import ConfigError, MetricsError
 from dataflow.exporter import MetricsExporter, check_metrics_address
@@ -135,9 +136,9 @@ class LoaderMetrics:
                  stats: Callable[[], dict[str, int]]) -> None:
         if isinstance(target, CollectorRegistry):
             registry, port = target, None
-        elif isinstance(target, int) and not isinstance(target, bool):
-            check_metrics_address(target, EXPORT_BIND, "metrics")
-            registry, port = CollectorRegistry(), target
+        elif as_int(target) is not None:
+            registry = CollectorRegistry()
+            port = check_metrics_address(target, EXPORT_BIND, port_name="metrics")
         else:
             raise ConfigError("`metrics` must be a port number or a prometheus_client "
                               f"CollectorRegistry. Found: {target!r}")

@@ -17,10 +17,10 @@ same), so any rank's state may be saved.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
-from typing import Any, SupportsIndex
+from typing import Any
 
+from dataflow.checks import check_int
 from dataflow.errors import DatasetMismatchError, StateMismatchError
 
 VERSION = 2
@@ -35,21 +35,6 @@ def make_state(*, epoch: int, consumed: int, total: int, fingerprint: str,
     return {"version": VERSION, "epoch": epoch, "consumed": consumed, "total": total,
             "fingerprint": fingerprint, **{k: plan[k] for k in PLAN_FIELDS},
             "world_size": world_size}
-
-
-def as_index(name: str, value: object) -> int:
-    """``value`` as a non-negative int (numpy and torch integers accepted, bools refused).
-
-    Raises:
-        StateMismatchError: naming ``name``.
-    """
-    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
-        raise StateMismatchError(f"state_dict `{name}` must be an integer >= 0. "
-                                 f"Found: {value!r}")
-    n = operator.index(value)
-    if n < 0:
-        raise StateMismatchError(f"state_dict `{name}` must be an integer >= 0. Found: {n}")
-    return n
 
 
 def read_state(state: Mapping[str, Any], *, total: int, fingerprint: str,
@@ -78,8 +63,8 @@ def read_state(state: Mapping[str, Any], *, total: int, fingerprint: str,
         if theirs != ours or isinstance(theirs, bool) != isinstance(ours, bool):
             raise StateMismatchError(f"state_dict `{name}` is {theirs!r} but this loader "
                                      f"has {ours!r}")
-    epoch = as_index("epoch", state["epoch"])
-    consumed = as_index("consumed", state["consumed"])
+    epoch, consumed = (check_int(name, state[name], 0, error=StateMismatchError,
+                                 of="the state_dict") for name in ("epoch", "consumed"))
     if consumed > total:
         raise StateMismatchError(f"state_dict `consumed` must be <= {total}. Found: {consumed}")
     return epoch, consumed

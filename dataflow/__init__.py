@@ -13,6 +13,7 @@ from dataflow.errors import (
     ProtocolError,
     RemoteError,
     RequestTimeout,
+    SchemaError,
     SchemaMismatchError,
     ServerStartError,
     ServerUnavailable,
@@ -30,10 +31,7 @@ from dataflow.plan import (
     consumed,
     epoch_order,
     epoch_size,
-    global_plan,
-    plan,
     rank_batches,
-    split_batches,
 )
 
 __all__ = [
@@ -53,6 +51,7 @@ __all__ = [
     "RemoteError",
     "RequestTimeout",
     "Schema",
+    "SchemaError",
     "SchemaMismatchError",
     "ServerStartError",
     "ServerUnavailable",
@@ -65,8 +64,5 @@ __all__ = [
     "consumed",
     "epoch_order",
     "epoch_size",
-    "global_plan",
-    "plan",
     "rank_batches",
-    "split_batches",
 ]

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 from dataflow.arrowtypes import INNER, VAR, is_text, normalize_type, primitive
 from dataflow.batch import Column, FieldSpec, Ragged
 from dataflow.columns import ReadOptions
-from dataflow.errors import DataflowError
+from dataflow.errors import SchemaError
 
 
 def _zero(t: pa.DataType, fill: str | None) -> pa.Array:
@@ -32,15 +32,15 @@ def fill_nulls(name: str, arr: pa.Array, fill: str | None) -> pa.Array:
     """``arr`` with its null slots holding ``fill`` (text cast to the type) or zero/empty.
 
     Raises:
-        DataflowError: ``fill`` cannot be cast to the field's type.
+        SchemaError: ``fill`` cannot be cast to the field's type.
     """
     if not arr.null_count:
         return arr
     try:
         filler = _zero(arr.type, fill)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise DataflowError(f"--fill-value {name}={fill}: not a value of type {arr.type}: "
-                            f"{e}") from e
+        raise SchemaError(f"--fill-value {name}={fill}: not a value of type {arr.type}: "
+                          f"{e}") from e
     rows = np.arange(len(arr), dtype=np.int64)
     rows[np.asarray(arr.is_null())] = len(arr)
     return pa.concat_arrays([arr, filler]).take(pa.array(rows))
@@ -60,13 +60,13 @@ def _codes(name: str, arr: pa.DictionaryArray, opts: ReadOptions) -> pa.Array:
     """The codes of ``arr``'s values among the dataset's categories (int32; nulls stay)."""
     cats = opts.categories_of(name)
     if cats is None:
-        raise DataflowError(f"field {name!r}: --dictionary codes needs the dataset's categories "
-                            "(found when the index is built)")
+        raise SchemaError(f"field {name!r}: --dictionary codes needs the dataset's categories "
+                          "(found when the index is built)")
     values = arr.dictionary_decode()
     codes = pc.index_in(values, value_set=pa.array(cats, type=values.type)).cast(pa.int32())
     if codes.null_count != values.null_count:
-        raise DataflowError(f"field {name!r}: a value is not among the categories found when "
-                            "the index was built (shard rewritten?)")
+        raise SchemaError(f"field {name!r}: a value is not among the categories found when "
+                          "the index was built (shard rewritten?)")
     return codes
 
 
@@ -134,8 +134,8 @@ def leaf_columns(specs: list[FieldSpec], arr: pa.Array, opts: ReadOptions) -> li
         if len(flat) != n * int(np.prod(spec.shape)) or any(
                 len(o) > 1 and not (np.diff(o) == (d if d is not None else o[1] - o[0])).all()
                 for o, d in zip(offsets, dims, strict=True)):
-            raise DataflowError(f"field {spec.name!r}: lists do not all have the shape "
-                                f"{list(spec.shape)} its type declares")
+            raise SchemaError(f"field {spec.name!r}: lists do not all have the shape "
+                              f"{list(spec.shape)} its type declares")
         return [flat.reshape((n, *spec.shape))]
     out: list[Column] = []
     composed = offsets[0]
@@ -176,8 +176,8 @@ def _values(name: str, arr: pa.Array, opts: ReadOptions) -> np.ndarray:
     if arr.null_count:
         fill = opts.fill_of(name)
         if fill is None:
-            raise DataflowError(f"field {name!r}: {arr.null_count} null item(s) inside its "
-                                f"lists; give --fill-value {name}=VALUE or --drop-columns {name}")
+            raise SchemaError(f"field {name!r}: {arr.null_count} null item(s) inside its "
+                              f"lists; give --fill-value {name}=VALUE or --drop-columns {name}")
         arr = fill_nulls(name, arr, fill)
     return arr.to_numpy(zero_copy_only=False)
 

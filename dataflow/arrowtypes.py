@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from dataflow.batch import FieldSpec
 from dataflow.columns import ReadOptions
-from dataflow.errors import DataflowError
+from dataflow.errors import SchemaError
 
 EXT_NAME = b"ARROW:extension:name"
 EXT_META = b"ARROW:extension:metadata"
@@ -65,17 +65,17 @@ def _stored_shape(name: str, field_meta: dict[bytes, bytes],
     type) when present.
 
     Raises:
-        DataflowError: the metadata is not a JSON list of ints matching the stored size.
+        SchemaError: the metadata is not a JSON list of ints matching the stored size.
     """
     if SHAPE_KEY not in field_meta:
         return shape
     try:
         stored = tuple(int(d) for d in json.loads(field_meta[SHAPE_KEY]))
     except (ValueError, TypeError) as e:
-        raise DataflowError(f"field {name!r}: bad {SHAPE_KEY!r} metadata: {e}") from e
+        raise SchemaError(f"field {name!r}: bad {SHAPE_KEY!r} metadata: {e}") from e
     if math.prod(stored) != math.prod(shape):
-        raise DataflowError(f"field {name!r}: {SHAPE_KEY!r} metadata {list(stored)} does not "
-                            f"match the stored size {math.prod(shape)}")
+        raise SchemaError(f"field {name!r}: {SHAPE_KEY!r} metadata {list(stored)} does not "
+                          f"match the stored size {math.prod(shape)}")
     return stored
 
 
@@ -89,8 +89,8 @@ def normalize_type(name: str, t: pa.DataType, opts: ReadOptions) -> tuple[pa.Dat
         t = t.value_type if opts.dictionary == "values" else pa.int32()
     if pa.types.is_decimal(t):
         if opts.decimal == "refuse":
-            raise DataflowError(f"field {name!r}: decimal type {t} is not served as is; give "
-                                f"--decimal float64 or --decimal str, or --drop-columns {name}")
+            raise SchemaError(f"field {name!r}: decimal type {t} is not served as is; give "
+                              f"--decimal float64 or --decimal str, or --drop-columns {name}")
         meta["decimal"] = str(t)
         t = pa.float64() if opts.decimal == "float64" else pa.string()
     if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_time(t):
@@ -132,7 +132,7 @@ def _levels(name: str, t: pa.DataType, opts: ReadOptions) -> tuple[list, np.dtyp
         return [*levels, VAR], np.dtype("uint8"), text
     how = (f"drop it with --drop-columns {name}" if not pa.types.is_null(t)
            else f"every value is null; drop it with --drop-columns {name}")
-    raise DataflowError(f"field {name!r}: unsupported Arrow type {t}; {how}")
+    raise SchemaError(f"field {name!r}: unsupported Arrow type {t}; {how}")
 
 
 def leaf_specs(name: str, t: pa.DataType, field_meta: dict[bytes, bytes],
@@ -140,7 +140,7 @@ def leaf_specs(name: str, t: pa.DataType, field_meta: dict[bytes, bytes],
     """The fields a leaf of type ``t`` is served as (the first one named ``name``).
 
     Raises:
-        DataflowError: the type cannot be served, naming the field and a way out.
+        SchemaError: the type cannot be served, naming the field and a way out.
     """
     return list(_cached_specs(name, t, tuple(sorted(field_meta.items())), opts))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataflow.errors import DataflowError
+from dataflow.errors import ConfigError, SchemaError
 
 RAGGED_KINDS = ("bytes", "str", "list")
 
@@ -39,9 +39,9 @@ class Ragged:
 
     def __post_init__(self) -> None:
         if self.kind not in RAGGED_KINDS:
-            raise DataflowError(f"ragged kind must be one of {RAGGED_KINDS}. Found: {self.kind!r}")
+            raise ConfigError(f"ragged kind must be one of {RAGGED_KINDS}. Found: {self.kind!r}")
         if self.values.ndim != 1 or self.offsets.ndim != 1 or len(self.offsets) < 1:
-            raise DataflowError("ragged values and offsets must be 1-D, offsets non-empty")
+            raise ConfigError("ragged values and offsets must be 1-D, offsets non-empty")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -126,7 +126,7 @@ def batch_nbytes(batch: Mapping[str, Column]) -> int:
 def concat(batches: Sequence[Mapping[str, Column]]) -> Batch:
     """Concatenate batches with the same fields into one (copies unless there is one)."""
     if not batches:
-        raise DataflowError("concat needs at least one batch")
+        raise ConfigError("concat needs at least one batch")
     if len(batches) == 1:
         return dict(batches[0])
     out: Batch = {}
@@ -135,8 +135,8 @@ def concat(batches: Sequence[Mapping[str, Column]]) -> Batch:
         ragged = [c for c in cols if isinstance(c, Ragged)]
         fixed = [c for c in cols if not isinstance(c, Ragged)]
         if ragged and fixed:
-            raise DataflowError(f"concat: field {name!r} is ragged in {len(ragged)} batches and "
-                                f"fixed-size in {len(fixed)}")
+            raise SchemaError(f"concat: field {name!r} is ragged in {len(ragged)} batches and "
+                              f"fixed-size in {len(fixed)}")
         if ragged:
             starts = np.cumsum([0] + [len(c.values) for c in ragged[:-1]], dtype=np.int64)
             shifted = [c.offsets[1:] + s for c, s in zip(ragged, starts, strict=True)]
@@ -145,16 +145,4 @@ def concat(batches: Sequence[Mapping[str, Column]]) -> Batch:
                                ragged[0].kind)
         else:
             out[name] = np.concatenate(fixed)
-    return out
-
-
-def slice_batch(batch: Mapping[str, Column], start: int, stop: int) -> Batch:
-    """Rows ``[start, stop)`` of ``batch`` (views, no copy of the values)."""
-    out: Batch = {}
-    for name, col in batch.items():
-        if isinstance(col, Ragged):
-            offs = col.offsets[start : stop + 1]
-            out[name] = Ragged(col.values[offs[0] : offs[-1]], offs - offs[0], col.kind)
-        else:
-            out[name] = col[start:stop]
     return out

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dataflow.batch import Batch, FieldSpec, Ragged, Schema
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError, SchemaError
 
 NULLS = ("mask", "fill")
 DICTIONARY = ("values", "codes")
@@ -162,8 +162,8 @@ def with_extras(schema: Schema, options: ReadOptions) -> Schema:
     names = [f.name for f in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
-        raise DataflowError(f"field {dup!r}: a mask or hive partition field has the name of a "
-                            "column; drop one with --drop-columns")
+        raise SchemaError(f"field {dup!r}: a mask or hive partition field has the name of a "
+                          "column; drop one with --drop-columns")
     return tuple(out)
 
 
@@ -172,19 +172,19 @@ def hive_levels(shards: Sequence[str], root: str) -> tuple[tuple[str, str], ...]
     with ``"int64"`` where every value parses as an integer, else ``"str"``.
 
     Raises:
-        DataflowError: shards disagree on the keys (naming two of them).
+        SchemaError: shards disagree on the keys (naming two of them).
     """
     keys = [tuple(k for k, _ in hive_values(s, root)) for s in shards]
     if not keys or not keys[0]:
         if any(keys):
             first = next(i for i, k in enumerate(keys) if k)
-            raise DataflowError(f"hive partitions: {shards[first]} is under {list(keys[first])} "
-                                f"but {shards[0]} is under none")
+            raise SchemaError(f"hive partitions: {shards[first]} is under {list(keys[first])} "
+                              f"but {shards[0]} is under none")
         return ()
     for s, k in zip(shards, keys, strict=True):
         if k != keys[0]:
-            raise DataflowError(f"hive partitions: {s} is under {list(k)} but {shards[0]} is "
-                                f"under {list(keys[0])}")
+            raise SchemaError(f"hive partitions: {s} is under {list(k)} but {shards[0]} is "
+                              f"under {list(keys[0])}")
     out = []
     for j, key in enumerate(keys[0]):
         values = [hive_values(s, root)[j][1] for s in shards]
@@ -216,8 +216,8 @@ def hive_columns(shard: str, options: ReadOptions, n: int) -> Batch:
         if not options.wanted(key):
             continue
         if key not in values:
-            raise DataflowError(f"{shard}: not under a {key}=... directory, unlike the other "
-                                "shards")
+            raise SchemaError(f"{shard}: not under a {key}=... directory, unlike the other "
+                              "shards")
         if dtype == "int64":
             out[key] = np.full(n, int(values[key]), dtype=np.int64)
         else:
@@ -243,7 +243,7 @@ def serving_options(options: ReadOptions, nulls: Mapping[str, int],
         categories: per dictionary field, every value its shards' dictionaries hold.
 
     Raises:
-        DataflowError: a field holds nulls the options cannot serve, naming it, its count and
+        SchemaError: a field holds nulls the options cannot serve, naming it, its count and
             the ways out.
     """
     masked = []
@@ -252,12 +252,12 @@ def serving_options(options: ReadOptions, nulls: Mapping[str, int],
             continue
         if name.endswith(ITEMS_SUFFIX):
             base = name.removesuffix(ITEMS_SUFFIX)
-            raise DataflowError(f"field {base!r}: {count} null item(s) inside its lists; give "
-                                f"--fill-value {base}=VALUE or --drop-columns {base}")
+            raise SchemaError(f"field {base!r}: {count} null item(s) inside its lists; give "
+                              f"--fill-value {base}=VALUE or --drop-columns {base}")
         if options.nulls == "fill":
-            raise DataflowError(f"field {name!r}: {count} null value(s) and no fill value; give "
-                                f"--fill-value {name}=VALUE, --nulls mask or --drop-columns "
-                                f"{name}")
+            raise SchemaError(f"field {name!r}: {count} null value(s) and no fill value; give "
+                              f"--fill-value {name}=VALUE, --nulls mask or --drop-columns "
+                              f"{name}")
         masked.append(name)
     cats = tuple((k, tuple(sorted(set(v)))) for k, v in sorted((categories or {}).items()))
     return replace(options, masked=tuple(masked), categories=cats)

@@ -29,7 +29,7 @@ from dataflow.columns import (
     pandas_index_columns,
     with_extras,
 )
-from dataflow.errors import DataflowError
+from dataflow.errors import SchemaError
 
 DEFAULT = ReadOptions()
 HF_META = b"huggingface"
@@ -118,7 +118,7 @@ def check_selection(schema: pa.Schema, opts: ReadOptions, shard: str) -> None:
     """Every name in ``columns``/``drop``/``fill`` must match a leaf of ``schema``.
 
     Raises:
-        DataflowError: naming the flag, the name, the shard and its fields.
+        SchemaError: naming the flag, the name, the shard and its fields.
     """
     every = [leaf[0] for leaf in _leaves(schema, ReadOptions(index_columns=True))]
     every += [key for key, _ in opts.hive]
@@ -126,8 +126,8 @@ def check_selection(schema: pa.Schema, opts: ReadOptions, shard: str) -> None:
                         ("--fill-value", [k for k, _ in opts.fill])):
         for n in names:
             if not any(s == n or s.startswith(n + ".") for s in every):
-                raise DataflowError(f"{flag} {n!r}: no such field in {shard}; its fields are "
-                                    f"{every}")
+                raise SchemaError(f"{flag} {n!r}: no such field in {shard}; its fields are "
+                                  f"{every}")
 
 
 def wanted_columns(schema: pa.Schema, opts: ReadOptions) -> list[str]:
@@ -141,7 +141,7 @@ def base_schema(schema: pa.Schema, opts: ReadOptions = DEFAULT) -> Schema:
     """The fields the selected leaves of ``schema`` convert to (no masks, no hive fields).
 
     Raises:
-        DataflowError: a type cannot be served, or two fields get the same name.
+        SchemaError: a type cannot be served, or two fields get the same name.
     """
     out: list[FieldSpec] = []
     labels = _class_names(schema)
@@ -154,9 +154,9 @@ def base_schema(schema: pa.Schema, opts: ReadOptions = DEFAULT) -> Schema:
     names = [f.name for f in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
-        raise DataflowError(f"field {dup!r}: two columns are served under this name (a "
-                            "struct child and a column named with a dot?); drop one with "
-                            "--drop-columns")
+        raise SchemaError(f"field {dup!r}: two columns are served under this name (a "
+                          "struct child and a column named with a dot?); drop one with "
+                          "--drop-columns")
     return tuple(out)
 
 
@@ -201,7 +201,7 @@ def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema | None = None,
     for ``table``'s schema under ``opts``, less hive fields (the reader adds those).
 
     Raises:
-        DataflowError: a field holds nulls that ``opts`` neither masks nor fills.
+        SchemaError: a field holds nulls that ``opts`` neither masks nor fills.
     """
     specs = {s.name: s for s in (schema if schema is not None
                                  else with_extras(base_schema(table.schema, opts), opts))}
@@ -213,8 +213,8 @@ def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema | None = None,
             if name in opts.masked:
                 out[name + VALID_SUFFIX] = np.asarray(arr.is_valid(), dtype=bool)
             elif fill is None:
-                raise DataflowError(f"field {name!r}: {arr.null_count} null value(s), not "
-                                    "counted when the index was built (shard rewritten?)")
+                raise SchemaError(f"field {name!r}: {arr.null_count} null value(s), not "
+                                  "counted when the index was built (shard rewritten?)")
             arr = fill_nulls(name, arr, fill)
         elif name in opts.masked:
             out[name + VALID_SUFFIX] = np.ones(len(arr), dtype=bool)

@@ -1,10 +1,25 @@
-"""The project's one error hierarchy.
+"""The project's one error hierarchy: every exception class dataflow raises lives here.
 
 Every message names the shard, endpoint or field involved, so a user can act on it
 without a debugger.
+
+A few classes are signals between dataflow's own modules, always caught before they reach a
+caller of the public API: :class:`FieldError` (turned into a :class:`ProtocolError` or a
+:class:`ConfigError` naming the field), :class:`RemoteFailure` and :class:`RangeUnsupported`
+(into a :class:`ShardReadError` or :class:`SpecError` naming the URL), :class:`IndexCacheError`
+and :class:`OutdatedIndex` (a cached index is rebuilt) and :class:`ReplyTooLarge` (an ERROR
+reply a client raises as :class:`RemoteError`).
+
+This module imports nothing at run time (the wire's ``ErrorKind``, the type of
+:attr:`RemoteError.kind`, only for type checkers), so every module may import it.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dataflow.wire.messages import ErrorKind
 
 
 class DataflowError(Exception):
@@ -48,7 +63,15 @@ class ShardChangedError(ShardReadError):
     short): nothing of it is served, since its samples no longer match the index."""
 
 
-class SchemaMismatchError(DataflowError):
+class SchemaError(DataflowError):
+    """Data cannot be served as the options ask: a type with no served form, nulls with
+    neither a fill value nor a mask, lists off the shape their type declares, two fields
+    served under one name, a column asked for that no field has, shards under different hive
+    partitions. The message names the field and the flag that fixes it; a reader raises it as
+    the cause of a :class:`ShardReadError` naming the shard."""
+
+
+class SchemaMismatchError(SchemaError):
     """Two shards of one dataset disagree on their schema."""
 
     def __init__(self, shard_a: str, shard_b: str, field: str, detail: str) -> None:
@@ -60,8 +83,51 @@ class SchemaMismatchError(DataflowError):
         self.field = field
 
 
+class IndexCacheError(DataflowError):
+    """A cached index (a tar shard's member index, the dataset index cache) is unreadable,
+    truncated, modified after it was saved, or of other shards or options: it is rebuilt,
+    never used. Internal: the message names the file and says why."""
+
+
+class OutdatedIndex(IndexCacheError):
+    """A cached index of another format version: rebuilt quietly (no harm done)."""
+
+
+class RemoteFailure(DataflowError):
+    """A remote request failed for good (after the remote layer's retries).
+
+    Internal: raised as a :class:`ShardReadError` or :class:`SpecError` naming the URL.
+
+    Attributes:
+        url: what was asked for.
+        reason: the one-line description (endpoint, bucket, likely fix), without the URL.
+    """
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(f"{url}: {message}")
+        self.url = url
+        self.reason = message
+
+
+class RangeUnsupported(DataflowError):
+    """An HTTP server answered a ranged GET with the whole file (it ignores ``Range``).
+
+    Internal: the remote reader then fetches the whole file once into its cache."""
+
+
 class ProtocolError(DataflowError):
     """A wire message is malformed, truncated, oversized or of another protocol version."""
+
+
+class FieldError(DataflowError):
+    """Why a value is invalid for a wire field, without the field's name. Internal: the
+    codec raises it as a :class:`ProtocolError` naming the message kind, the field and the
+    value; a client's configuration as a :class:`ConfigError` naming the argument."""
+
+
+class ReplyTooLarge(DataflowError):
+    """A batch exceeds the server's ``--max-reply-bytes``. Internal to the server: the
+    client gets an ERROR of kind ``ReadFailed`` ("ReplyTooLarge: ...")."""
 
 
 class ServerStartError(DataflowError):
@@ -129,10 +195,13 @@ class RemoteError(DataflowError):
 
     Attributes:
         endpoint: the server that reported it.
-        kind: the server-side exception class name.
+        kind: what failed, the ERROR message's :class:`~dataflow.wire.ErrorKind` (a str
+            enum: ``kind == "ReadFailed"`` holds); for ``READ_FAILED`` the message starts with
+            the server-side exception class name.
+        remote_message: the server's message.
     """
 
-    def __init__(self, endpoint: str, kind: str, message: str) -> None:
+    def __init__(self, endpoint: str, kind: ErrorKind, message: str) -> None:
         super().__init__(f"{endpoint}: {kind}: {message}")
         self.endpoint = endpoint
         self.kind = kind

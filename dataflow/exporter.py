@@ -27,6 +27,7 @@ from types import TracebackType
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError, MetricsError
 
 MAX_PORT = 65535
@@ -40,19 +41,20 @@ PATHS = (b"/metrics", b"/")
 log = logging.getLogger(__name__)
 
 
-def check_metrics_address(port: int, bind: str, what: str) -> None:
-    """Validate a metrics port (0: an ephemeral one) and bind address.
+def check_metrics_address(port: object, bind: str, *, port_name: str = "metrics_port",
+                          bind_name: str = "metrics_bind") -> int:
+    """Validate a metrics port (0: an ephemeral one) and bind address; returns the port.
 
     Raises:
-        ConfigError: naming ``what`` (the flag or option).
+        ConfigError: naming ``port_name`` or ``bind_name`` (the argument given).
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
-        raise ConfigError(f"`{what}` port must be an integer in [0, {MAX_PORT}]. Found: {port!r}")
+    checked = check_int(port_name, port, 0, MAX_PORT)
     try:
         ipaddress.ip_address(bind)
     except ValueError:
-        raise ConfigError(f"`{what}` bind address must be an IPv4 or IPv6 address. "
+        raise ConfigError(f"`{bind_name}` must be an IPv4 or IPv6 address. "
                           f"Found: {bind!r}") from None
+    return checked
 
 
 def response(status: HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8",

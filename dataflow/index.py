@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dataflow.batch import FieldSpec, Schema
+from dataflow.checks import check_int
 from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError, SchemaMismatchError
 
@@ -60,10 +61,10 @@ class DatasetIndex:
                     f"`{name}` must have one entry per shard ({len(self.shards)}). "
                     f"Found: {len(items)}"
                 )
-        for name, counts in (("sizes", self.sizes), ("skipped", self.skipped)):
-            bad = [s for s in counts if not isinstance(s, int) or isinstance(s, bool) or s < 0]
-            if bad:
-                raise ConfigError(f"`{name}` must be non-negative ints. Found: {bad[0]!r}")
+        for name in ("sizes", "skipped"):
+            counts = tuple(check_int(f"{name}[{i}]", s, 0)
+                           for i, s in enumerate(getattr(self, name)))
+            object.__setattr__(self, name, counts)
         if self.skipped and len(self.skipped) != len(self.shards):
             raise ConfigError(f"`skipped` must have one entry per shard ({len(self.shards)}) "
                               f"or none. Found: {len(self.skipped)}")

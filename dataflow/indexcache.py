@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.checks import check_int
+from dataflow.errors import ConfigError, DataflowError, IndexCacheError, OutdatedIndex
 from dataflow.index import DatasetIndex
 from dataflow.readers.cache import default_cache_dir, identity, write_atomic
 from dataflow.remote import RemoteConfig
@@ -82,25 +83,26 @@ def read_cache(path: str, shards: Sequence[str], on_error: str) -> Scanned:
 
     Raises:
         FileNotFoundError: no cache file.
-        ValueError: the file is of another version, damaged, or of other shards (the message
-            says which); its shards' identities are not checked here.
+        IndexCacheError: the file is damaged or of other shards (the message says which;
+            :class:`~dataflow.errors.OutdatedIndex`: of another version); its shards'
+            identities are not checked here.
     """
     with open(path, "rb") as f:
         raw = f.read()
     digest, _, body = raw.partition(b"\n")
     if hashlib.sha256(body).hexdigest().encode() != digest:
-        raise ValueError("content does not match its digest (damaged or modified)")
+        raise IndexCacheError("content does not match its digest (damaged or modified)")
     try:
         obj = json.loads(body)
         version, mode = obj["version"], obj["on_error"]
         scanned = Scanned(DatasetIndex.from_json(obj["index"]), int(obj["skipped"]),
                           int(obj["damaged"]))
     except (ValueError, KeyError, TypeError, ConfigError) as e:
-        raise ValueError(f"unreadable: {type(e).__name__}: {e}") from e
+        raise IndexCacheError(f"unreadable: {type(e).__name__}: {e}") from e
     if version != CACHE_VERSION:
-        raise ValueError(f"cache version {version!r}, not {CACHE_VERSION}")
+        raise OutdatedIndex(f"cache version {version!r}, not {CACHE_VERSION}")
     if mode != on_error or list(scanned.index.shards) != list(shards):
-        raise ValueError("it indexes other shards or another --on-error policy")
+        raise IndexCacheError("it indexes other shards or another --on-error policy")
     return scanned
 
 
@@ -136,7 +138,7 @@ def _cached(path: str, shards: Sequence[str], on_error: str, max_workers: int,
     except FileNotFoundError:
         log.info("index cache miss: no cache file %s", path)
         return None
-    except (OSError, ValueError) as e:
+    except (OSError, IndexCacheError) as e:
         log.warning("index cache %s rejected, rebuilding: %s", path, e)
         return None
     changed = changed_shards(scanned.index, max_workers, remote)
@@ -170,8 +172,7 @@ def load_index(
             :func:`dataflow.scan.build_index` (a cache hit opens no shard, so raises none of
             the shard errors).
     """
-    if max_workers < 1:
-        raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
+    max_workers = check_int("max_workers", max_workers, 1)
     start = time.monotonic()
     path = cache_path(cache_dir or default_cache_dir(), shards, on_error, how)
     saved: str | None = path

@@ -46,12 +46,12 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError
 from dataflow.shuffle import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SHUFFLE_WINDOW,
     DEFAULT_WINDOW,
-    check_int,
     epoch_order,
     shard_sizes_array,
 )
@@ -66,10 +66,7 @@ __all__ = [
     "consumed",
     "epoch_order",
     "epoch_size",
-    "global_plan",
-    "plan",
     "rank_batches",
-    "split_batches",
 ]
 
 
@@ -164,10 +161,7 @@ def consumed(start: int, *, world_size: int, batch_size: int, batches_yielded: i
 
 
 def _check_rank(rank: int, world_size: int) -> None:
-    check_int("world_size", world_size, 1)
-    valid = isinstance(rank, (int, np.integer)) and not isinstance(rank, bool)
-    if not valid or not 0 <= rank < world_size:
-        raise ConfigError(f"`rank` must be in [0, {world_size}). Found: {rank!r}")
+    check_int("rank", rank, 0, check_int("world_size", world_size, 1) - 1)
 
 
 def _table(order: np.ndarray, start: int, ends: np.ndarray, size: EpochSize, *,
@@ -225,7 +219,7 @@ class Batches(Sequence[list[Range]]):
         if isinstance(index, slice):
             first, stop, step = index.indices(len(self))
             if step != 1:
-                raise ValueError(f"Batches slices must be contiguous. Found step {step}")
+                raise ConfigError(f"Batches slices must be contiguous. Found step {step}")
             return Batches(self.table, self.bounds[first : max(stop, first) + 1])
         i = range(len(self))[index]
         rows = self.table[self.bounds[i] : self.bounds[i + 1]].tolist()
@@ -313,78 +307,3 @@ def rank_batches(
                                block_size=block_size, window=window)
     return Batches(*_table(order, start, ends, size, world_size=world_size, rank=rank,
                            batch_size=batch_size))
-
-
-def global_plan(
-    shard_sizes: Sequence[int] | np.ndarray,
-    *,
-    world_size: int,
-    epoch: int,
-    seed: int,
-    batch_size: int,
-    drop_last: bool = False,
-    start: int = 0,
-    shuffle: str | bool = "sample",
-    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    window: int = DEFAULT_WINDOW,
-) -> list[Batches]:
-    """Every rank's batches: ``result[rank]`` equals ``rank_batches(..., rank=rank)``."""
-    check_int("world_size", world_size, 1)
-    order, ends, size = _order(shard_sizes, world_size=world_size, epoch=epoch, seed=seed,
-                               batch_size=batch_size, drop_last=drop_last, start=start,
-                               shuffle=shuffle, shuffle_window=shuffle_window,
-                               block_size=block_size, window=window)
-    return [Batches(*_table(order, start, ends, size, world_size=world_size, rank=rank,
-                            batch_size=batch_size)) for rank in range(world_size)]
-
-
-def plan(
-    shard_sizes: Sequence[int] | np.ndarray,
-    *,
-    world_size: int,
-    rank: int,
-    epoch: int,
-    seed: int,
-    batch_size: int,
-    drop_last: bool = False,
-    start: int = 0,
-    shuffle: str | bool = "sample",
-    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    window: int = DEFAULT_WINDOW,
-) -> list[Range]:
-    """:func:`rank_batches` flattened: ``split_batches(plan(...), batch_size)`` gives them back.
-
-    Returns:
-        Ranges whose lengths add up to ``epoch_size(..., start=start).samples_per_rank``.
-    """
-    batches = rank_batches(shard_sizes, world_size=world_size, rank=rank, epoch=epoch,
-                           seed=seed, batch_size=batch_size, drop_last=drop_last, start=start,
-                           shuffle=shuffle, shuffle_window=shuffle_window,
-                           block_size=block_size, window=window)
-    return [r for batch in batches for r in batch]
-
-
-def split_batches(ranges: Sequence[Range], batch_size: int) -> list[list[Range]]:
-    """Cut a rank's ranges into consecutive batches of ``batch_size`` samples.
-
-    Every batch holds exactly ``batch_size`` samples except possibly the last.
-    """
-    check_int("batch_size", batch_size, 1)
-    batches: list[list[Range]] = []
-    current: list[Range] = []
-    room = batch_size
-    for r in ranges:
-        start = r.start
-        while start < r.stop:
-            stop = min(r.stop, start + room)
-            current.append(Range(r.shard, start, stop))
-            room -= stop - start
-            start = stop
-            if room == 0:
-                batches.append(current)
-                current, room = [], batch_size
-    if current:
-        batches.append(current)
-    return batches

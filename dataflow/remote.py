@@ -34,7 +34,8 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec import AbstractFileSystem
 
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.checks import check_int
+from dataflow.errors import ConfigError, RangeUnsupported, RemoteFailure
 from dataflow.remoteerrors import describe, is_connect_failure, is_throttle
 from dataflow.throttle import AdaptiveLimit, Backoff, Gate
 
@@ -49,10 +50,6 @@ ENV_STORAGE_OPTIONS = "DATAFLOW_STORAGE_OPTIONS"
 """Environment variable holding storage options as a JSON object (read at entry points)."""
 _S3 = ("s3", "s3a")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
-class RangeUnsupported(DataflowError):
-    """An HTTP server answered a ranged GET with the whole file (it ignores ``Range``)."""
-
-
 def parse_size(text: str) -> int:
     """Bytes from ``"1000"``, ``"512M"``, ``"8G"``, ``"1.5GiB"`` (binary units).
 
@@ -126,13 +123,9 @@ class RemoteConfig:
         if not isinstance(opts, dict):
             raise ConfigError(f"`storage_options` must be a JSON object. Found: "
                               f"{self.storage_options!r}")
-        if self.cache_bytes < 1 << 20:
-            raise ConfigError(f"`cache_bytes` must be at least 1 MiB. Found: {self.cache_bytes}")
-        if not 1 <= self.max_concurrency <= 1024:
-            raise ConfigError(f"`max_concurrency` must be in [1, 1024]. "
-                              f"Found: {self.max_concurrency}")
-        if self.max_retries < 0:
-            raise ConfigError(f"`max_retries` must be at least 0. Found: {self.max_retries}")
+        for name, lo, hi in (("cache_bytes", 1 << 20, None), ("max_concurrency", 1, 1024),
+                             ("max_retries", 0, None)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), lo, hi))
 
     @classmethod
     def of(cls, options: Mapping[str, Any], **kwargs: Any) -> RemoteConfig:
@@ -196,8 +189,6 @@ class Remote:
                     out = fn()
                 self.gate.succeeded()
                 return out
-            except RangeUnsupported:
-                raise
             except Exception as e:  # noqa: BLE001 - classified, then retried or raised
                 throttled = is_throttle(e)
                 limit = self.backoff.max_retries if throttled else CONNECT_RETRIES
@@ -237,15 +228,6 @@ class Remote:
         limit = self.gate.limit
         return {"retries": self.gate.retries, "backoff_s": round(self.gate.waited_s, 3),
                 "throttles": limit.throttles, "limit": limit.limit}
-
-
-class RemoteFailure(DataflowError):
-    """A remote request failed for good; ``url`` is what was asked for."""
-
-    def __init__(self, url: str, message: str) -> None:
-        super().__init__(f"{url}: {message}")
-        self.url = url
-        self.reason = message
 
 
 @functools.lru_cache(maxsize=8)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from dataflow.batch import Schema
+from dataflow.checks import check_int
 from dataflow.columns import ReadOptions, serving_options, with_extras, with_hive
 from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex, check_schemas
@@ -145,8 +146,7 @@ def scan_shards(
         ShardReadError, SchemaMismatchError, ConfigError: see :func:`build_index`.
     """
     check_on_error(on_error)
-    if max_workers < 1:
-        raise ConfigError(f"`max_workers` must be at least 1. Found: {max_workers}")
+    max_workers = check_int("max_workers", max_workers, 1)
     if not shards:
         raise ConfigError("`shards` must not be empty")
     bar = _progress(len(shards), progress)

@@ -33,19 +33,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError
 
 DEFAULT_BLOCK_SIZE = 64
 DEFAULT_WINDOW = 8
 DEFAULT_SHUFFLE_WINDOW = 1 << 18
 MODES = ("sample", "block", "none")
-
-
-def check_int(name: str, value: object, minimum: int) -> None:
-    """Raise :class:`ConfigError` naming ``name`` unless ``value`` is an integer >= minimum."""
-    valid = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if not valid or value < minimum:  # type: ignore[operator]
-        raise ConfigError(f"`{name}` must be an integer >= {minimum}. Found: {value!r}")
 
 
 def shuffle_mode(shuffle: str | bool) -> str:

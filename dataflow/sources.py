@@ -24,8 +24,8 @@ from typing import IO
 
 from braceexpand import braceexpand
 
-from dataflow.errors import ConfigError, SpecError
-from dataflow.remote import Remote, RemoteConfig, RemoteFailure, session
+from dataflow.errors import ConfigError, RemoteFailure, SpecError
+from dataflow.remote import Remote, RemoteConfig, session
 
 SHARD_EXTENSIONS = (".arrow", ".feather", ".ipc", ".parquet", ".tar", ".tar.gz", ".tgz")
 INDEX_SUFFIX = ".dfidx"

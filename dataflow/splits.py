@@ -16,8 +16,8 @@ from functools import partial
 
 import fsspec
 
-from dataflow.errors import ConfigError, SpecError
-from dataflow.remote import RemoteConfig, RemoteFailure, session
+from dataflow.errors import ConfigError, RemoteFailure, SpecError
+from dataflow.remote import RemoteConfig, session
 from dataflow.sources import is_local, local_path, resolve
 
 DICT_FILE = "dataset_dict.json"

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from dataflow.columns import is_under
-from dataflow.errors import DataflowError
+from dataflow.errors import SchemaError
 
 T = TypeVar("T")
 
@@ -38,12 +38,12 @@ def select(batch: Mapping[str, T], columns: Sequence[str]) -> dict[str, T]:
         columns: field names or parent names, at least one.
 
     Raises:
-        DataflowError: a name of ``columns`` matches no field of ``batch`` (naming it and the
+        SchemaError: a name of ``columns`` matches no field of ``batch`` (naming it and the
             batch's fields).
     """
     missing = unmatched(columns, batch)
     if missing:
-        raise DataflowError(f"column(s) {missing} asked for match no field of the batch; it "
-                            f"holds {list(batch)}")
+        raise SchemaError(f"column(s) {missing} asked for match no field of the batch; it "
+                          f"holds {list(batch)}")
     return {name: col for name, col in batch.items()
             if any(is_under(name, c) for c in columns)}

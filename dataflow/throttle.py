@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from dataflow.checks import check_int
 from dataflow.errors import ConfigError
 
 
@@ -40,8 +41,7 @@ class Backoff:
     def __post_init__(self) -> None:
         if not 0 < self.base_s <= self.cap_s:
             raise ConfigError(f"`base_s` must be in (0, cap_s={self.cap_s}]. Found: {self.base_s}")
-        if self.max_retries < 0:
-            raise ConfigError(f"`max_retries` must be at least 0. Found: {self.max_retries}")
+        object.__setattr__(self, "max_retries", check_int("max_retries", self.max_retries, 0))
 
     def delay(self, retry: int, draw: float) -> float:
         """Seconds to wait before retry number ``retry`` (0 for the first).
@@ -70,8 +70,7 @@ class AdaptiveLimit:
 
     def __init__(self, max_limit: int, *, cooldown_s: float = 1.0,
                  increase_every_s: float = 1.0, now: float = 0.0) -> None:
-        if max_limit < 1:
-            raise ConfigError(f"`max_limit` must be at least 1. Found: {max_limit}")
+        max_limit = check_int("max_limit", max_limit, 1)
         if cooldown_s < 0 or increase_every_s <= 0:
             raise ConfigError(f"`cooldown_s` ({cooldown_s}) must be >= 0 and "
                               f"`increase_every_s` ({increase_every_s}) > 0")

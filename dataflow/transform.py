@@ -30,18 +30,13 @@ from typing import Any
 import numpy as np
 
 from dataflow.batch import Batch, Column, Ragged
-from dataflow.errors import ConfigError
+from dataflow.checks import check_int
 
 __all__ = ["Batch", "Column", "Ragged", "TransformContext", "batch_seed", "global_batch_index",
            "takes_context"]
 
 SEED_MAX = 2**63 - 1
 _WORD = 0xFFFFFFFF
-
-
-def _check(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= SEED_MAX:
-        raise ConfigError(f"`{name}` must be an integer in [0, {SEED_MAX}]. Found: {value!r}")
 
 
 def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
@@ -57,9 +52,9 @@ def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
     Raises:
         ConfigError: an argument is not an integer in ``[0, 2**63)``.
     """
-    for name, value in (("seed", seed), ("epoch", epoch), ("batch_index", batch_index)):
-        _check(name, value)
-    words = [w for v in (seed, epoch, batch_index) for w in (v & _WORD, v >> 32)]
+    values = [check_int(name, value, 0, SEED_MAX) for name, value in
+              (("seed", seed), ("epoch", epoch), ("batch_index", batch_index))]
+    words = [w for v in values for w in (v & _WORD, v >> 32)]
     lo, hi = np.random.SeedSequence(words).generate_state(2, np.uint32).tolist()
     return (lo | hi << 32) & SEED_MAX
 
@@ -85,7 +80,7 @@ class TransformContext:
 
     def __post_init__(self) -> None:
         for name in ("seed", "epoch", "batch_index"):
-            _check(name, getattr(self, name))
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 0, SEED_MAX))
 
     def rng(self) -> np.random.Generator:
         """A fresh generator seeded with :attr:`seed` (same draws for the same batch)."""

@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dataflow.checks import check_int
 from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError
 from dataflow.exporter import check_metrics_address
@@ -47,6 +48,15 @@ ON_ERROR = ("raise", "skip")
 DEFAULT_METRICS_BIND = "127.0.0.1"
 DEFAULT_INDEX_WORKERS = 8
 PROGRESS_MODES = ("auto", "on", "off")
+INT_FIELDS = (
+    ("workers", 1, MAX_WORKERS), ("max_credits", 1, 4096), ("worker_queue", 1, 64),
+    ("max_sessions", 1, MAX_SESSIONS), ("max_sessions_per_address", 1, MAX_SESSIONS),
+    ("max_request_samples", 1, MAX_BATCH_SIZE), ("max_window_samples", 1, MAX_BATCH_SIZE),
+    ("max_reply_bytes", 1, MAX_REPLY_BYTES), ("max_inbound_bytes", 1, MAX_REPLY_BYTES),
+    ("max_inbound_total", 1, MAX_INBOUND_TOTAL), ("max_unsent_bytes", 1, MAX_UNSENT_BYTES),
+    ("index_workers", 1, 256),
+)
+"""The integer fields of :class:`ServerConfig` and their ranges ``(name, lo, hi)``."""
 
 
 def default_workers() -> int:
@@ -147,8 +157,8 @@ class ServerConfig:
             raise ConfigError(f"`data` must be one or more non-empty specs. Found: {self.data!r}")
         if not self.bind.startswith(("tcp://", "ipc://")):
             raise ConfigError(f"`bind` must be a tcp:// or ipc:// endpoint. Found: {self.bind!r}")
-        if not 1 <= self.workers <= MAX_WORKERS:
-            raise ConfigError(f"`workers` must be in [1, {MAX_WORKERS}]. Found: {self.workers}")
+        for name, lo, hi in INT_FIELDS:
+            object.__setattr__(self, name, check_int(name, getattr(self, name), lo, hi))
         if self.transform is not None:
             module, _, func = self.transform.partition(":")
             if not module or not func:
@@ -159,26 +169,13 @@ class ServerConfig:
                               f"Found: {self.transform_path!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"`log_level` must be one of {LOG_LEVELS}. Found: {self.log_level!r}")
-        if not 1 <= self.max_credits <= 4096:
-            raise ConfigError(f"`max_credits` must be in [1, 4096]. Found: {self.max_credits}")
         if not self.client_ttl > 0:
             raise ConfigError(f"`client_ttl` must be > 0 seconds. Found: {self.client_ttl}")
-        if not 1 <= self.worker_queue <= 64:
-            raise ConfigError(f"`worker_queue` must be in [1, 64]. Found: {self.worker_queue}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"`on_error` must be one of {ON_ERROR}. Found: {self.on_error!r}")
-        if not 1 <= self.max_sessions <= MAX_SESSIONS:
-            raise ConfigError(f"`max_sessions` must be in [1, {MAX_SESSIONS}]. "
-                              f"Found: {self.max_sessions}")
         if not self.session_idle_timeout > self.client_ttl:
             raise ConfigError("`session_idle_timeout` must be greater than `client_ttl` "
                               f"({self.client_ttl} s). Found: {self.session_idle_timeout}")
-        if not 1 <= self.max_request_samples <= MAX_BATCH_SIZE:
-            raise ConfigError(f"`max_request_samples` must be in [1, {MAX_BATCH_SIZE}]. "
-                              f"Found: {self.max_request_samples}")
-        if not 1 <= self.max_reply_bytes <= MAX_REPLY_BYTES:
-            raise ConfigError(f"`max_reply_bytes` must be in [1, {MAX_REPLY_BYTES}]. "
-                              f"Found: {self.max_reply_bytes}")
         least = self.max_request_samples * RANGE_BYTES + HEADER_ROOM
         if not least <= self.max_inbound_bytes <= MAX_REPLY_BYTES:
             raise ConfigError(f"`max_inbound_bytes` must be in [{least}, {MAX_REPLY_BYTES}] "
@@ -188,22 +185,12 @@ class ServerConfig:
             raise ConfigError(f"`max_inbound_total` must be in [`max_inbound_bytes` "
                               f"({self.max_inbound_bytes}), {MAX_INBOUND_TOTAL}]. "
                               f"Found: {self.max_inbound_total}")
-        if not 1 <= self.max_sessions_per_address <= MAX_SESSIONS:
-            raise ConfigError(f"`max_sessions_per_address` must be in [1, {MAX_SESSIONS}]. "
-                              f"Found: {self.max_sessions_per_address}")
         if not self.session_start_timeout > 0:
             raise ConfigError("`session_start_timeout` must be > 0 seconds. "
                               f"Found: {self.session_start_timeout}")
-        if not 1 <= self.max_window_samples <= MAX_BATCH_SIZE:
-            raise ConfigError(f"`max_window_samples` must be in [1, {MAX_BATCH_SIZE}]. "
-                              f"Found: {self.max_window_samples}")
-        if not 1 <= self.max_unsent_bytes <= MAX_UNSENT_BYTES:
-            raise ConfigError(f"`max_unsent_bytes` must be in [1, {MAX_UNSENT_BYTES}]. "
-                              f"Found: {self.max_unsent_bytes}")
         if self.metrics_port is not None:
-            check_metrics_address(self.metrics_port, self.metrics_bind, "metrics")
-        if not 1 <= self.index_workers <= 256:
-            raise ConfigError(f"`index_workers` must be in [1, 256]. Found: {self.index_workers}")
+            object.__setattr__(self, "metrics_port",
+                               check_metrics_address(self.metrics_port, self.metrics_bind))
         if self.progress not in PROGRESS_MODES:
             raise ConfigError(f"`progress` must be one of {PROGRESS_MODES}. "
                               f"Found: {self.progress!r}")

@@ -16,7 +16,7 @@ import numpy as np
 from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.columns import ReadOptions
-from dataflow.errors import InternalError
+from dataflow.errors import InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar import DEFAULT_OPTIONS
@@ -169,10 +169,6 @@ class Reply:
     skips: tuple[tuple[int, int], ...] = ()
     too_large: bool = False
     samples: int = 0
-
-
-class ReplyTooLarge(Exception):
-    """A batch exceeds ``--max-reply-bytes``."""
 
 
 def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> TransformContext:

@@ -16,8 +16,8 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import IO, NamedTuple
 
-from dataflow.errors import ShardReadError
-from dataflow.remote import RemoteConfig, RemoteFailure, session
+from dataflow.errors import RemoteFailure, ShardReadError
+from dataflow.remote import RemoteConfig, session
 from dataflow.sources import is_local, local_path
 
 _COPY_CHUNK = 8 << 20

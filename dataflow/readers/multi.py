@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from dataflow.batch import Batch, concat
-from dataflow.errors import DataflowError
+from dataflow.errors import ConfigError, DataflowError, InternalError
 from dataflow.readers.base import ShardReader
 
 MAX_NAMED_RANGES = 4
@@ -42,14 +42,15 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
         ranges: int64 of shape ``(n, 3)``, ``n > 0``: ``(shard, start, stop)`` per row.
 
     Raises:
-        DataflowError: ``ranges`` is empty or not of shape ``(n, 3)``; errors of the readers
-            pass through, and any other exception a reader raises is wrapped in one naming
-            the shard and its ranges.
+        ConfigError: ``ranges`` is empty or not of shape ``(n, 3)``.
+        InternalError: a reader raised anything but a ``DataflowError`` (a bug: a reader
+            raises damage as ``ShardReadError``), naming the shard and its ranges; the
+            readers' own errors pass through.
     """
     ranges = np.asarray(ranges, dtype=np.int64)
     if ranges.ndim != 2 or ranges.shape[1] != 3 or len(ranges) == 0:
-        raise DataflowError(f"ranges must be a non-empty (n, 3) array. Found: shape "
-                            f"{ranges.shape}")
+        raise ConfigError(f"ranges must be a non-empty (n, 3) array. Found: shape "
+                          f"{ranges.shape}")
     shards = ranges[:, 0]
     cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(ranges)]
     parts = []
@@ -61,6 +62,6 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
         except DataflowError:
             raise
         except Exception as e:
-            raise DataflowError(f"{reader.url}: reading {describe_ranges(starts, stops)} "
+            raise InternalError(f"{reader.url}: reading {describe_ranges(starts, stops)} "
                                 f"failed: {type(e).__name__}: {e}") from e
     return concat(parts)

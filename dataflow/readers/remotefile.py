@@ -27,10 +27,10 @@ from typing import IO
 
 import numpy as np
 
-from dataflow.errors import ShardReadError
+from dataflow.errors import RangeUnsupported, RemoteFailure, ShardReadError
 from dataflow.readers.cache import info_identity
 from dataflow.readers.lru import DiskLru
-from dataflow.remote import RangeUnsupported, Remote, RemoteConfig, RemoteFailure, session
+from dataflow.remote import Remote, RemoteConfig, session
 
 log = logging.getLogger(__name__)
 

@@ -44,14 +44,20 @@ from typing import cast
 import numpy as np
 
 from dataflow.batch import Batch, FieldSpec, Ragged
-from dataflow.errors import ConfigError, ShardChangedError, ShardReadError
+from dataflow.errors import (
+    ConfigError,
+    IndexCacheError,
+    OutdatedIndex,
+    ShardChangedError,
+    ShardReadError,
+)
 from dataflow.readers.base import ShardReader, range_rows
 from dataflow.readers.cache import cache_name, local_copy, write_atomic
 from dataflow.readers.guard import FileGuard, changed
 from dataflow.readers.remotefile import RemoteBlob
 from dataflow.readers.tarbuild import build_index
 from dataflow.readers.tarindex import MISSING_FIELD, TarIndex, gather_fixed, split_name
-from dataflow.readers.tarindexfile import OutdatedIndex, load_tar_index, save_tar_index
+from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
 from dataflow.readers.tarwalk import BLOCK as TAR_BLOCK
 from dataflow.readers.tarwalk import member_name
 from dataflow.remote import RemoteConfig
@@ -272,7 +278,7 @@ class TarReader(ShardReader):
             except OutdatedIndex as e:
                 log.info("cached tar index outdated, rebuilding: %s", e)
                 continue
-            except ValueError as e:
+            except IndexCacheError as e:
                 log.warning("cached tar index rejected, rebuilding: %s", e)
                 continue
             if index.identity != ident:

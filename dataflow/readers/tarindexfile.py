@@ -29,6 +29,7 @@ from typing import IO
 import numpy as np
 
 from dataflow.batch import schema_from_json, schema_to_json
+from dataflow.errors import IndexCacheError, OutdatedIndex
 from dataflow.readers.base import SkipRecord
 from dataflow.readers.tarindex import TarIndex
 
@@ -37,10 +38,6 @@ MAGIC = b"DFTARIX\n"
 _HEADER = struct.Struct("<8sIIQQ32s")
 _INT64 = np.dtype("<i8")
 _ZIP_MAGIC = b"PK\x03\x04"
-
-
-class OutdatedIndex(ValueError):
-    """A cached index written by another version of this module (rebuilt, no harm done)."""
 
 
 def _meta(index: TarIndex) -> bytes:
@@ -74,8 +71,8 @@ def load_tar_index(path: str, url: str) -> TarIndex:
         FileNotFoundError: there is no index at ``path``.
         OutdatedIndex: the index is of another :data:`INDEX_VERSION` (or the older ``.npz``
             form).
-        ValueError: the file is truncated, unreadable, or its content does not match its
-            digest; the message names the index file and the shard.
+        IndexCacheError: the file is truncated, unreadable, or its content does not match
+            its digest; the message names the index file and the shard.
     """
     where = f"tar index {path} of shard {url}"
     try:
@@ -84,24 +81,24 @@ def load_tar_index(path: str, url: str) -> TarIndex:
     except FileNotFoundError:
         raise
     except OSError as e:
-        raise ValueError(f"{where}: unreadable: {e}") from e
+        raise IndexCacheError(f"{where}: unreadable: {e}") from e
     if data.startswith(_ZIP_MAGIC):
         raise OutdatedIndex(f"{where}: the older .npz form")
     if len(data) < _HEADER.size:
-        raise ValueError(f"{where}: truncated ({len(data)} bytes, shorter than its header)")
+        raise IndexCacheError(f"{where}: truncated ({len(data)} bytes, shorter than its header)")
     magic, version, meta_len, n, nf, digest = _HEADER.unpack_from(data)
     if magic != MAGIC:
-        raise ValueError(f"{where}: not a tar index (magic {magic!r})")
+        raise IndexCacheError(f"{where}: not a tar index (magic {magic!r})")
     if version != INDEX_VERSION:
         raise OutdatedIndex(f"{where}: index version {version}, not {INDEX_VERSION}")
     want = _HEADER.size + meta_len + 8 * (3 * n * nf + n)
     if len(data) != want or meta_len % 8:
-        raise ValueError(f"{where}: truncated or overlong ({len(data)} bytes, its header "
-                         f"says {want})")
+        raise IndexCacheError(f"{where}: truncated or overlong ({len(data)} bytes, its "
+                              f"header says {want})")
     body = memoryview(data)[_HEADER.size:]
     if hashlib.sha256(body).digest() != digest:
-        raise ValueError(f"{where}: content does not match its digest (modified after it "
-                         "was saved)")
+        raise IndexCacheError(f"{where}: content does not match its digest (modified after "
+                              "it was saved)")
     try:
         meta = json.loads(bytes(body[:meta_len]).rstrip(b"\0"))
         arrays = np.frombuffer(data, _INT64, offset=_HEADER.size + meta_len)
@@ -115,4 +112,4 @@ def load_tar_index(path: str, url: str) -> TarIndex:
             identity=str(meta["identity"]),
         )
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{where}: unreadable metadata: {type(e).__name__}: {e}") from e
+        raise IndexCacheError(f"{where}: unreadable metadata: {type(e).__name__}: {e}") from e

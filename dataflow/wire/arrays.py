@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from dataflow.batch import RAGGED_KINDS, Batch, Ragged, batch_len
-from dataflow.errors import ProtocolError
+from dataflow.errors import FieldError, ProtocolError
 from dataflow.wire.fields import (
     INT64_MAX,
     MAX_ARRAYS,
@@ -17,7 +17,6 @@ from dataflow.wire.fields import (
     MAX_NAME,
     MAX_NDIM,
     BodyCodec,
-    FieldError,
     frame_sizes,
 )
 from dataflow.wire.layout import BatchLayout, chunk_sizes

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from dataflow.errors import ProtocolError
+from dataflow.checks import as_int
+from dataflow.errors import FieldError, ProtocolError
 from dataflow.wire.arrays import ArraysBody, array_specs, check_batch, ragged_fields
 from dataflow.wire.fields import (
     INT64_MAX,
@@ -36,7 +37,6 @@ from dataflow.wire.fields import (
     MAX_TEXT,
     MAX_WORKERS,
     BodyCodec,
-    FieldError,
     FieldSpec,
     check_sizes,
     choice,
@@ -44,7 +44,6 @@ from dataflow.wire.fields import (
     counters,
     frame_sizes,
     integer,
-    is_int,
     string_list,
     text,
 )
@@ -131,7 +130,7 @@ _REQ_ID = FieldSpec("req_id", integer(0, INT64_MAX))
 def batch_tag(v: Any) -> BatchTag:
     """A REQUEST's ``tag``: ``[seed, epoch, batch]``, integers in ``[0, 2**63)``."""
     if not isinstance(v, list) or len(v) != 3 or not all(
-            is_int(x) and 0 <= x <= INT64_MAX for x in v):
+            as_int(x) is not None and 0 <= x <= INT64_MAX for x in v):
         raise FieldError(f"must be [seed, epoch, batch], integers in [0, {INT64_MAX}]")
     return BatchTag(*v)
 
@@ -229,7 +228,7 @@ def _field(kind: Kind, f: FieldSpec, value: Any) -> Any:
         return f.check(value)
     except FieldError as e:
         raise ProtocolError(f"{kind.name} header field `{f.name}`: {e}. Found: {value!r}"
-                            [:400]) from None
+                            [:400]) from e
 
 
 def _parse(header: Any) -> tuple[MessageSpec, Message, dict[str, Any]]:
@@ -250,7 +249,7 @@ def _parse(header: Any) -> tuple[MessageSpec, Message, dict[str, Any]]:
         raise ProtocolError(f"header field `version` (the protocol version) must be {VERSION}. "
                             f"Found: {h.get('version')!r}"[:400])
     raw_kind = h.get("kind")
-    if not isinstance(raw_kind, int) or isinstance(raw_kind, bool) or raw_kind not in SPECS:
+    if as_int(raw_kind) is None or raw_kind not in SPECS:
         raise ProtocolError(f"header field `kind` must be one of {[int(k) for k in Kind]}. "
                             f"Found: {raw_kind!r}"[:400])
     kind = Kind(raw_kind)

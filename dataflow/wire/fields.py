@@ -1,8 +1,8 @@
 """Limits of the wire protocol, validators of header fields, and the parts of a kind's spec.
 
 A validator takes a value parsed from the JSON header and returns the Python value of the
-field, or raises :class:`FieldError` with the reason (the codec adds the kind, the field's name
-and the value found).
+field, or raises :class:`~dataflow.errors.FieldError` with the reason (the codec adds the kind,
+the field's name and the value found).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dataflow.errors import ProtocolError
+from dataflow.checks import as_int, int_rule
+from dataflow.errors import FieldError, ProtocolError
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_MESSAGE_BYTES = 2 * 1024**3
@@ -35,21 +36,13 @@ INT64_MAX = 2**63 - 1
 Validator = Callable[[Any], Any]
 
 
-class FieldError(Exception):
-    """Why a header field's value is invalid (turned into a ProtocolError naming the field)."""
-
-
-def is_int(v: Any) -> bool:
-    """Whether ``v`` is a JSON integer (``bool`` is not)."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def integer(lo: int, hi: int) -> Validator:
-    """An integer in ``[lo, hi]``."""
+    """An integer in ``[lo, hi]`` (:func:`dataflow.checks.as_int`: a JSON ``true`` is not)."""
     def check(v: Any) -> int:
-        if not is_int(v) or not lo <= v <= hi:
-            raise FieldError(f"must be an integer in [{lo}, {hi}]")
-        return int(v)
+        n = as_int(v)
+        if n is None or not lo <= n <= hi:
+            raise FieldError(f"must be {int_rule(lo, hi)}")
+        return n
     return check
 
 
@@ -107,8 +100,8 @@ def counters(v: Any) -> dict[str, int | list[int]]:
     if not isinstance(v, dict) or len(v) > MAX_COUNTERS:
         raise FieldError(f"must be an object of at most {MAX_COUNTERS} entries")
     for k, c in v.items():
-        ok = is_int(c) or (isinstance(c, list) and len(c) <= MAX_COUNTER_LIST
-                           and all(is_int(x) for x in c))
+        ok = as_int(c) is not None or (isinstance(c, list) and len(c) <= MAX_COUNTER_LIST
+                                       and all(as_int(x) is not None for x in c))
         if not ok or len(k) > MAX_NAME:
             raise FieldError(f"counter {k[:MAX_NAME]!r} must be an integer or a list of at most "
                              f"{MAX_COUNTER_LIST} integers")

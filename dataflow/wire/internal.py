@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from dataflow.errors import ProtocolError
-from dataflow.wire.fields import INT64_MAX, MAX_NAME, MAX_TEXT, FieldError, column_names
+from dataflow.errors import FieldError, ProtocolError
+from dataflow.wire.fields import INT64_MAX, MAX_NAME, MAX_TEXT, column_names
 from dataflow.wire.messages import NO_TAG, BatchTag, as_ranges
 
 
@@ -116,10 +116,10 @@ Internal = Task | Ready | Sent | Lost | Done | Attached
 
 def _count(data: Any) -> int:
     if memoryview(data).nbytes != 8:
-        raise ValueError("must be 8 bytes")
+        raise FieldError("must be 8 bytes")
     value = int.from_bytes(bytes(data), "little")
     if value > INT64_MAX:
-        raise ValueError(f"must be in [0, {INT64_MAX}]")
+        raise FieldError(f"must be in [0, {INT64_MAX}]")
     return value
 
 
@@ -130,29 +130,29 @@ def _count_bytes(value: int) -> bytes:
 def _token(data: Any) -> bytes:
     raw = bytes(data)
     if not 0 < len(raw) <= MAX_NAME:
-        raise ValueError(f"must be 1 to {MAX_NAME} bytes")
+        raise FieldError(f"must be 1 to {MAX_NAME} bytes")
     return raw
 
 
 def _text(data: Any) -> str:
     raw = bytes(data)
     if len(raw) > MAX_TEXT:
-        raise ValueError(f"must be at most {MAX_TEXT} bytes")
+        raise FieldError(f"must be at most {MAX_TEXT} bytes")
     return raw.decode("utf-8")
 
 
 def _ranges(data: Any) -> np.ndarray:
     if memoryview(data).nbytes % 24:
-        raise ValueError("must be whole int64 triples")
+        raise FieldError("must be whole int64 triples")
     return as_ranges(np.frombuffer(data, dtype="<i8").reshape(-1, 3))
 
 
 def _tag(data: Any) -> BatchTag:
     if memoryview(data).nbytes != 24:
-        raise ValueError("must be 3 int64")
+        raise FieldError("must be 3 int64")
     values = np.frombuffer(data, dtype="<i8").tolist()
     if min(values) < 0:
-        raise ValueError("must be non-negative")
+        raise FieldError("must be non-negative")
     return BatchTag(*values)
 
 
@@ -164,18 +164,15 @@ def _columns(data: Any) -> tuple[str, ...] | None:
     raw = bytes(data)
     if not raw:
         return None
-    try:
-        return column_names(json.loads(raw.decode("utf-8")))
-    except FieldError as e:
-        raise ValueError(str(e)) from e
+    return column_names(json.loads(raw.decode("utf-8")))
 
 
 def _skips(data: Any) -> tuple[tuple[int, int], ...]:
     if memoryview(data).nbytes % 16:
-        raise ValueError("must be whole int64 pairs")
+        raise FieldError("must be whole int64 pairs")
     pairs = np.frombuffer(data, dtype="<i8").reshape(-1, 2)
     if (pairs < 0).any():
-        raise ValueError("must be non-negative (shard, samples) pairs")
+        raise FieldError("must be non-negative (shard, samples) pairs")
     return tuple((int(a), int(b)) for a, b in pairs.tolist())
 
 
@@ -225,6 +222,6 @@ def decode_internal(frames: Sequence[Any]) -> Internal:
     for name, data in zip(names, frames[1:], strict=True):
         try:
             values[name] = _CODECS[name][1](data)
-        except (ValueError, ProtocolError) as e:
+        except (FieldError, ValueError, ProtocolError) as e:  # ValueError: not UTF-8 or JSON
             raise ProtocolError(f"internal {cls.__name__} field `{name}`: {e}"[:400]) from e
     return cls(**values)

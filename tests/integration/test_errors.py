@@ -15,6 +15,7 @@ from srvtools import pid_alive, repo_env
 from dataflow.client import DataLoader
 from dataflow.errors import RemoteError, ServerUnavailable
 from dataflow.server import launch
+from dataflow.wire import ErrorKind
 
 TRANSFORM = '''
 def fail_on_big_id(batch):
@@ -36,7 +37,7 @@ def test_transform_error_reaches_client(demo_data, servers, tmp_path) -> None:
         with pytest.raises(RemoteError, match="transform refuses ids >= 100") as info:
             for batch in dl:
                 got.extend(batch["id"].tolist())
-    assert info.value.kind == "ReadFailed" and info.value.endpoint == server.endpoint
+    assert info.value.kind is ErrorKind.READ_FAILED and info.value.endpoint == server.endpoint
     # Named: the transform, the batch (epoch, global index, shard ranges), the cause.
     # Batch 12 of the unshuffled order holds ids 96-103, the first over 99.
     assert re.match(r"TransformError: transform 'my_transform:fail_on_big_id' on batch 12 of "

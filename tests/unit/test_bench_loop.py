@@ -16,7 +16,7 @@ import torch
 from dataflow.bench.loop import batch_size_of, gpu_split, measure
 from dataflow.bench.steps import CpuStep, SleepStep, make_step, resolve_mode
 from dataflow.bench.transfer import identity
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError, SchemaError
 
 BATCH = 8
 
@@ -145,13 +145,13 @@ def test_progress_and_window_callbacks():
 
 
 def test_short_loader_raises_with_counts():
-    with pytest.raises(DataflowError, match="ended after 3 batches; the bench needs 5"):
+    with pytest.raises(ConfigError, match="ended after 3 batches; the bench needs 5"):
         measure(fake_loader([0.0] * 3), step=SleepStep(0.0), to_device=identity, warmup=1,
                 steps=4)
 
 
 def test_warmup_and_steps_validated():
-    with pytest.raises(DataflowError, match="warmup and steps"):
+    with pytest.raises(ConfigError, match="`warmup` must be an integer >= 1"):
         measure(fake_loader([0.0]), step=SleepStep(0.0), to_device=identity, warmup=0, steps=1)
 
 
@@ -169,16 +169,16 @@ def test_gpu_split_on_a_known_timeline():
 
 
 def test_gpu_split_rejects_bad_timelines():
-    with pytest.raises(DataflowError, match="longer than warmup"):
+    with pytest.raises(ConfigError, match="longer than warmup"):
         gpu_split([0.0], [0.0], [1.0], warmup=1)
-    with pytest.raises(DataflowError, match="equal-length"):
+    with pytest.raises(ConfigError, match="equal-length"):
         gpu_split([0.0, 1.0], [0.0], [1.0, 2.0], warmup=1)
 
 
 def test_batch_size_of():
     assert batch_size_of({"id": torch.zeros(5)}) == 5
     assert batch_size_of({"text": ["a", "b"]}) == 2
-    with pytest.raises(DataflowError, match="no field with a length"):
+    with pytest.raises(SchemaError, match="no field with a length"):
         batch_size_of({"n": 3})
 
 

@@ -39,7 +39,7 @@ def test_summary_and_rows() -> None:
 
 
 def test_config_is_validated() -> None:
-    with pytest.raises(ConfigError, match="`repeats` must be at least 1. Found: 0"):
+    with pytest.raises(ConfigError, match="`repeats` must be an integer >= 1. Found: 0"):
         StartupConfig(repeats=0)
     with pytest.raises(ConfigError, match="`shard_counts` must be positive"):
         StartupConfig(shard_counts=())

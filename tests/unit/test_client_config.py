@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,8 @@ def _cfg(**kw) -> LoaderConfig:
 
 @pytest.mark.parametrize("kw, field", [
     (dict(batch_size=0), "batch_size"),
+    (dict(batch_size=True), "batch_size"),
+    (dict(batch_size=4.0), "batch_size"),
     (dict(batch_size=(1 << 24) + 1), "batch_size"),
     (dict(rank=2, world_size=2), "rank"),
     (dict(world_size=0), "world_size"),
@@ -28,6 +31,7 @@ def _cfg(**kw) -> LoaderConfig:
     (dict(grace="10"), "grace"),
     (dict(grace=True), "grace"),
     (dict(seed=-1), "seed"),
+    (dict(seed=np.bool_(True)), "seed"),
     (dict(shuffle="random"), "shuffle"),
     (dict(shuffle_window=0), "shuffle_window"),
     (dict(servers=("tcp://a:1",)), "servers"),
@@ -72,6 +76,13 @@ def test_batch_size_and_columns_are_said_in_the_hello() -> None:
     assert cfg.columns == ("id", "image.bytes")
     assert cfg.hello("rank 1/2") == wire.Hello(3, "rank 1/2", batch_size=7,
                                                columns=("id", "image.bytes"))
+
+
+def test_numpy_and_torch_integers_are_kept_as_ints() -> None:
+    """Integers of any kind are accepted and stored as ``int``: the HELLO is JSON."""
+    cfg = _cfg(batch_size=np.int64(7), prefetch=torch.tensor(3), seed=np.uint32(5))
+    assert [type(v) for v in (cfg.batch_size, cfg.prefetch, cfg.seed)] == [int] * 3
+    assert wire.decode(wire.encode(cfg.hello("r"))) == wire.Hello(3, "r", batch_size=7)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")

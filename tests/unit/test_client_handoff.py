@@ -16,7 +16,7 @@ from dataflow.errors import (
 )
 from dataflow.plan import Batches
 from dataflow.transform import global_batch_index
-from dataflow.wire import NO_TAG, BatchTag
+from dataflow.wire import NO_TAG, BatchTag, ErrorKind
 
 NONE = Batches.of([])
 
@@ -119,11 +119,11 @@ def test_failure_reaches_a_waiting_consumer_and_stays() -> None:
 def test_foreign_exceptions_are_wrapped_and_a_dead_thread_is_noticed() -> None:
     h, _ = _handoff()
     h.fail(KeyError("x"))
-    with pytest.raises(DataflowError, match="KeyError") as info:
+    with pytest.raises(InternalError, match="KeyError") as info:
         h.take(0, 0.01, _alive)
     assert isinstance(info.value.__cause__, KeyError)
     quiet, _ = _handoff()
-    with pytest.raises(DataflowError, match="I/O thread has stopped"):
+    with pytest.raises(InternalError, match="I/O thread has stopped"):
         quiet.take(0, 0.01, lambda: False)
     assert quiet.commands() == []
     quiet.command(Stop())
@@ -156,10 +156,10 @@ def test_a_failed_batch_raises_in_its_place_and_a_dropped_generation_drops_it() 
     h, _ = _handoff(capacity=3)
     h.start(StartEpoch(1, NONE, 0))
     h.deliver(1, 0, "a")
-    h.deliver(1, 1, Failed(RemoteError("tcp://x:1", "ReadFailed", "boom")))
+    h.deliver(1, 1, Failed(RemoteError("tcp://x:1", ErrorKind.READ_FAILED, "boom")))
     h.start(StartEpoch(2, NONE, 0))  # the loop went elsewhere: nothing is raised
     h.deliver(2, 0, "b")
-    error = RemoteError("tcp://x:1", "ReadFailed", "bad shard")
+    error = RemoteError("tcp://x:1", ErrorKind.READ_FAILED, "bad shard")
     h.deliver(2, 1, Failed(error))
     h.deliver(2, 2, "c")
     assert h.take(2, 0.01, _alive) == (0, "b") and not h.failed

@@ -50,8 +50,9 @@ def test_a_probe_or_the_same_session_s_index_again_is_benign() -> None:
 
 def test_errors_and_unexpected_messages() -> None:
     join = Join("tcp://a:1")
-    with pytest.raises(RemoteError, match="tcp://a:1: ServerBusy: full"):
+    with pytest.raises(RemoteError, match="tcp://a:1: ServerBusy: full") as info:
         join.on_control(wire.ErrorMsg(-1, wire.ErrorKind.SERVER_BUSY, "full"))
+    assert info.value.kind is wire.ErrorKind.SERVER_BUSY and info.value.remote_message == "full"
     with pytest.raises(ProtocolError, match="tcp://a:1: expected INDEX, got STATS_REPLY"):
         join.on_control(wire.StatsReply({}))
     with pytest.raises(ProtocolError, match="no reader data endpoints"):

@@ -76,7 +76,7 @@ def test_a_registry_takes_one_loader_at_a_time() -> None:
 @pytest.mark.parametrize("target, match", [
     ("9100", "a port number or a prometheus_client CollectorRegistry"),
     (True, "a port number or"),
-    (-1, "port must be an integer in"),
+    (-1, "`metrics` must be an integer in"),
     (65536, "Found: 65536"),
 ])
 def test_a_bad_target_is_a_config_error(target, match) -> None:

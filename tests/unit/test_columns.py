@@ -13,7 +13,6 @@ from dataflow.batch import (
     concat,
     schema_from_json,
     schema_to_json,
-    slice_batch,
 )
 from dataflow.columns import (
     ReadOptions,
@@ -23,7 +22,7 @@ from dataflow.columns import (
     serving_options,
 )
 from dataflow.convert import check_selection, from_arrow, schema_of_arrow
-from dataflow.errors import ConfigError, DataflowError
+from dataflow.errors import ConfigError, SchemaError
 
 
 def _table(n: int = 10) -> pa.Table:
@@ -68,9 +67,11 @@ def test_from_arrow_slices_match_rows(start: int, stop: int) -> None:
     assert batch["flag"].tolist() == [i % 2 == 0 for i in range(start, stop)]
 
 
-def test_concat_and_slice_are_inverse() -> None:
-    whole = from_arrow(_table())
-    parts = [slice_batch(whole, 0, 3), slice_batch(whole, 3, 3), slice_batch(whole, 3, 10)]
+def test_concat_of_parts_is_the_whole() -> None:
+    table = _table()
+    whole = from_arrow(table)
+    parts = [from_arrow(table.slice(0, 3)), from_arrow(table.slice(3, 0)),
+             from_arrow(table.slice(3, 7))]
     joined = concat(parts)
     for name, col in whole.items():
         if isinstance(col, Ragged):
@@ -81,9 +82,9 @@ def test_concat_and_slice_are_inverse() -> None:
 
 
 def test_nulls_and_unsupported_types_name_the_field() -> None:
-    with pytest.raises(DataflowError, match="'x'.*null"):
+    with pytest.raises(SchemaError, match="'x'.*null"):
         from_arrow(pa.table({"x": pa.array([1, None])}))
-    with pytest.raises(DataflowError, match="'m'.*unsupported.*--drop-columns m"):
+    with pytest.raises(SchemaError, match="'m'.*unsupported.*--drop-columns m"):
         from_arrow(pa.table({"m": pa.array([[(1, 2)]], type=pa.map_(pa.int8(), pa.int8()))}))
 
 
@@ -96,7 +97,7 @@ def test_column_selection_by_name_or_parent_and_pandas_index_left_out() -> None:
     assert list(from_arrow(table, None, only)) == ["image.bytes"]
     asked = ReadOptions(columns=("id", "__index_level_0__"))
     assert from_arrow(table, None, asked)["__index_level_0__"].tolist() == [7]
-    with pytest.raises(DataflowError, match="--drop-columns 'nope'.*no such field in s.arrow"):
+    with pytest.raises(SchemaError, match="--drop-columns 'nope'.*no such field in s.arrow"):
         check_selection(table.schema, ReadOptions(drop=("nope",)), "s.arrow")
     check_selection(table.schema, only, "s.arrow")
 
@@ -121,18 +122,18 @@ def test_hive_levels_and_columns() -> None:
     opts = ReadOptions(hive=hive_levels(shards, "/d/"), hive_root="/d/")
     cols = hive_columns(shards[1], opts, 3)
     assert cols["year"].tolist() == [2025] * 3 and [cols["lang"][i] for i in range(3)] == ["de"] * 3
-    with pytest.raises(DataflowError, match="hive partitions: /d/x.parquet is under"):
+    with pytest.raises(SchemaError, match="hive partitions: /d/x.parquet is under"):
         hive_levels([shards[0], "/d/x.parquet"], "/d/")
     assert hive_levels(["/d/a.parquet"], "/d/") == ()
 
 
 def test_serving_options_mask_or_refuse_nulls() -> None:
     nulls = {"a": 2, "b": 0, "c": 1, "t[]": 1}
-    with pytest.raises(DataflowError, match="'t': 1 null item.*--fill-value t=VALUE"):
+    with pytest.raises(SchemaError, match="'t': 1 null item.*--fill-value t=VALUE"):
         serving_options(ReadOptions(), nulls)
     opts = serving_options(ReadOptions(fill=(("c", "0"), ("t", "0"))), nulls)
     assert opts.masked == ("a",)
-    with pytest.raises(DataflowError, match="'a': 2 null value.*--fill-value a=VALUE"):
+    with pytest.raises(SchemaError, match="'a': 2 null value.*--fill-value a=VALUE"):
         serving_options(ReadOptions(nulls="fill", fill=(("t", "0"),)), nulls)
 
 

@@ -242,7 +242,7 @@ def test_index_validates_its_fields() -> None:
     with pytest.raises(ConfigError, match="`skipped` must have one entry per shard"):
         DatasetIndex(("a", "b"), (1, 1), (), ("i", "j"), skipped=(1,))
     for bad in (-1, 1.0, True):
-        with pytest.raises(ConfigError, match="`skipped` must be non-negative ints"):
+        with pytest.raises(ConfigError, match=r"`skipped\[0\]` must be an integer >= 0"):
             DatasetIndex(("a",), (1,), (), ("i",), skipped=(bad,))
     with pytest.raises(ConfigError, match="skipped"):
         DatasetIndex.from_json('{"shards": ["a"], "sizes": [1], "schema": [], '

@@ -175,5 +175,5 @@ def test_first_unreadable_shard_ends_the_scan(tmp_path, progress: bool) -> None:
 
 
 def test_max_workers_is_validated(shards, tmp_path) -> None:
-    with pytest.raises(ConfigError, match=r"`max_workers` must be at least 1. Found: 0"):
+    with pytest.raises(ConfigError, match=r"`max_workers` must be an integer >= 1. Found: 0"):
         _load(shards, str(tmp_path / "cache"), max_workers=0)

@@ -13,7 +13,7 @@ import pytest
 
 from dataflow.batch import Ragged, concat
 from dataflow.demo import DemoSpec, make_demo
-from dataflow.errors import DataflowError, ShardReadError
+from dataflow.errors import ConfigError, InternalError, ShardReadError
 from dataflow.readers import ShardReader, open_shard, read_ranges
 from dataflow.readers.multi import describe_ranges
 from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
@@ -136,14 +136,15 @@ def test_read_ranges_validates_its_input(tmp_path) -> None:
     demo = _demo(tmp_path, "arrow-file")
     with open_shard(demo.paths[0]) as r:
         for bad in (np.zeros((0, 3), np.int64), np.zeros((2, 2), np.int64)):
-            with pytest.raises(DataflowError, match=r"non-empty \(n, 3\)"):
+            with pytest.raises(ConfigError, match=r"non-empty \(n, 3\)"):
                 read_ranges(lambda _: r, bad)
         with pytest.raises(ShardReadError, match=r"range \[0, 100000\)"):
             read_ranges(lambda _: r, np.array([[0, 0, 100_000]]))
 
 
 def test_unexpected_errors_name_the_shard_and_ranges(tmp_path) -> None:
-    """A cached tar index damaged so that reading fails with a TypeError (not a DataflowError)."""
+    """A cached tar index damaged so that reading fails with a TypeError (not a DataflowError):
+    a bug of the reader, raised as one naming the shard, not as damage of it."""
     path = str(tmp_path / "s.tar")
     with tarfile.open(path, "w") as t:
         for i in range(6):
@@ -160,7 +161,7 @@ def test_unexpected_errors_name_the_shard_and_ranges(tmp_path) -> None:
         save_tar_index(damaged, f)
     with open_shard(path) as r:
         assert not r.index_built
-        with pytest.raises(DataflowError) as e:
+        with pytest.raises(InternalError) as e:
             read_ranges(lambda _: r, np.array([[0, 1, 2], [0, 4, 5]]))
     assert not isinstance(e.value, ShardReadError)
     assert str(e.value).startswith(f"{path}: reading samples [1, 2), [4, 5) failed: TypeError")

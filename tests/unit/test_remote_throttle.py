@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from dataflow.errors import ConfigError
-from dataflow.remote import CONNECT_RETRIES, Remote, RemoteConfig, RemoteFailure
+from dataflow.errors import ConfigError, RemoteFailure
+from dataflow.remote import CONNECT_RETRIES, Remote, RemoteConfig
 from dataflow.throttle import AdaptiveLimit, Backoff, Gate
 
 

@@ -34,15 +34,18 @@ def test_per_address_caps_follow_the_flags() -> None:
 @pytest.mark.parametrize("kwargs, match", [
     ({"max_request_samples": 1 << 20, "max_inbound_bytes": 1 << 20}, "`max_inbound_bytes`"),
     ({"client_ttl": 10, "session_idle_timeout": 5}, "`session_idle_timeout` must be greater"),
-    ({"max_sessions": 0}, "`max_sessions` must be in"),
-    ({"max_request_samples": 0}, "`max_request_samples` must be in"),
-    ({"max_reply_bytes": 0}, "`max_reply_bytes` must be in"),
+    ({"max_sessions": 0}, "`max_sessions` must be an integer in"),
+    ({"max_request_samples": 0}, "`max_request_samples` must be an integer in"),
+    ({"max_reply_bytes": 0}, "`max_reply_bytes` must be an integer in"),
     ({"max_inbound_total": 1 << 20}, r"`max_inbound_total` must be in \[`max_inbound_bytes` "
                                      r"\(8388608\), .*Found: 1048576"),
-    ({"max_sessions_per_address": 0}, "`max_sessions_per_address` must be in .* Found: 0"),
+    ({"max_sessions_per_address": 0}, "`max_sessions_per_address` must be an integer in .* "
+                                       "Found: 0"),
     ({"session_start_timeout": 0}, "`session_start_timeout` must be > 0 seconds. Found: 0"),
-    ({"max_window_samples": 0}, "`max_window_samples` must be in .* Found: 0"),
-    ({"max_unsent_bytes": 0}, "`max_unsent_bytes` must be in .* Found: 0"),
+    ({"max_window_samples": 0}, "`max_window_samples` must be an integer in .* Found: 0"),
+    ({"max_unsent_bytes": 0}, "`max_unsent_bytes` must be an integer in .* Found: 0"),
+    ({"workers": True}, r"`workers` must be an integer in \[1, 256\]. Found: True"),
+    ({"max_credits": 8.0}, r"`max_credits` must be an integer in \[1, 4096\]. Found: 8.0"),
 ])
 def test_caps_are_validated_with_the_value_found(kwargs, match) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -85,7 +88,8 @@ def test_startup_flags() -> None:
     assert (config.index_workers, config.progress) == (8, "auto")
     config = parse_args(["--data", "x", "--index-workers", "32", "--progress", "off"])
     assert (config.index_workers, config.progress) == (32, "off")
-    with pytest.raises(ConfigError, match=r"`index_workers` must be in \[1, 256\]. Found: 0"):
+    with pytest.raises(ConfigError,
+                       match=r"`index_workers` must be an integer in \[1, 256\]. Found: 0"):
         ServerConfig(("x",), index_workers=0)
     with pytest.raises(ConfigError, match=r"`progress` must be one of .* Found: 'yes'"):
         ServerConfig(("x",), progress="yes")

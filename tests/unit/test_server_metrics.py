@@ -110,9 +110,10 @@ def test_metrics_flags_default_off_on_loopback() -> None:
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"metrics_port": -1}, "port must be an integer in"),
+    ({"metrics_port": -1}, "`metrics_port` must be an integer in"),
     ({"metrics_port": 70000}, "Found: 70000"),
-    ({"metrics_port": 9100, "metrics_bind": "localhost"}, "must be an IPv4 or IPv6 address"),
+    ({"metrics_port": 9100, "metrics_bind": "localhost"},
+     "`metrics_bind` must be an IPv4 or IPv6 address"),
 ])
 def test_metrics_flags_are_validated(kwargs, match) -> None:
     with pytest.raises(ConfigError, match=match):

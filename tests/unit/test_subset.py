@@ -7,7 +7,7 @@ import pytest
 
 from dataflow.batch import Ragged
 from dataflow.columns import ReadOptions, is_under
-from dataflow.errors import DataflowError
+from dataflow.errors import SchemaError
 from dataflow.subset import select, unmatched
 
 N = 3
@@ -72,7 +72,7 @@ def test_select_keeps_the_named_fields_with_what_goes_with_them(batch: dict, col
 ])
 def test_unknown_names_are_an_error_naming_them(columns: list[str], missing: list[str]) -> None:
     assert unmatched(columns, SERVER_BATCH) == missing
-    with pytest.raises(DataflowError, match="column") as info:
+    with pytest.raises(SchemaError, match="column") as info:
         select(SERVER_BATCH, columns)
     assert str(missing) in str(info.value) and "'image.bytes'" in str(info.value)
 

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from dataflow.demo import DemoSpec, make_demo
+from dataflow.errors import IndexCacheError, OutdatedIndex
 from dataflow.readers import open_shard
 from dataflow.readers.base import SkipRecord
 from dataflow.readers.tarindex import TarIndex
-from dataflow.readers.tarindexfile import OutdatedIndex, load_tar_index, save_tar_index
+from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
 
 SPEC = DemoSpec(fmt="tar", shards=1, samples_per_shard=40, image_shape=(2, 3))
 
@@ -67,7 +68,7 @@ def test_truncated_file_names_the_shard(indexed, keep: int) -> None:
         data = f.read()
     with open(path, "wb") as f:
         f.write(data[:keep])
-    with pytest.raises(ValueError, match=r"truncated") as e:
+    with pytest.raises(IndexCacheError, match=r"truncated") as e:
         load_tar_index(path, "the-shard.tar")
     assert "the-shard.tar" in str(e.value) and path in str(e.value)
 
@@ -80,7 +81,7 @@ def test_flipped_byte_fails_the_digest(indexed, where: int) -> None:
     data[where] ^= 0x40
     with open(path, "wb") as f:
         f.write(bytes(data))
-    with pytest.raises(ValueError, match=r"does not match its digest") as e:
+    with pytest.raises(IndexCacheError, match=r"does not match its digest") as e:
         load_tar_index(path, "the-shard.tar")
     assert "the-shard.tar" in str(e.value)
 
@@ -91,7 +92,7 @@ def test_foreign_and_outdated_files(indexed) -> None:
         data = f.read()
     with open(path, "wb") as f:
         f.write(b"NOTANIDX" + data[8:])
-    with pytest.raises(ValueError, match=r"not a tar index"):
+    with pytest.raises(IndexCacheError, match=r"not a tar index"):
         load_tar_index(path, "s.tar")
     with open(path, "wb") as f:
         f.write(data[:8] + (2).to_bytes(4, "little") + data[12:])

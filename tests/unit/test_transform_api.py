@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dataflow.errors import ConfigError
-from dataflow.plan import global_plan
+from dataflow.plan import rank_batches
 from dataflow.transform import (
     TransformContext,
     batch_seed,
@@ -53,15 +53,16 @@ def test_context_rng_and_description() -> None:
 @pytest.mark.parametrize("start", [0, 8, 24])
 def test_global_batch_index_names_the_position_in_the_epoch_order(world, start) -> None:
     sizes, batch = [13, 7, 20], 4
-    ranks = global_plan(sizes, world_size=world, epoch=1, seed=3, batch_size=batch,
-                        drop_last=True, start=start)
-    one = global_plan(sizes, world_size=1, epoch=1, seed=3, batch_size=batch, drop_last=True)
-    for rank, batches in enumerate(ranks):
+    one = rank_batches(sizes, world_size=1, rank=0, epoch=1, seed=3, batch_size=batch,
+                       drop_last=True)
+    for rank in range(world):
+        batches = rank_batches(sizes, world_size=world, rank=rank, epoch=1, seed=3,
+                               batch_size=batch, drop_last=True, start=start)
         for j in range(len(batches)):
             g = global_batch_index(start=start, batch_size=batch, world_size=world, rank=rank,
                                    index=j)
             # The same samples as batch g of a single rank reading the whole epoch.
-            assert batches[j] == one[0][g]
+            assert batches[j] == one[g]
 
 
 def _one(batch):

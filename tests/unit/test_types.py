@@ -13,7 +13,7 @@ import pytest
 from dataflow.batch import FieldSpec
 from dataflow.columns import ReadOptions
 from dataflow.convert import base_schema, census, from_arrow, schema_of_arrow
-from dataflow.errors import DataflowError
+from dataflow.errors import SchemaError
 
 
 def _convert(table: pa.Table, opts: ReadOptions | None = None) -> dict:
@@ -77,7 +77,7 @@ def test_hf_array2d_metadata_gives_a_fixed_shape_and_checks_it() -> None:
     assert _convert(good)["arr"].shape == (2, 2, 3)
     bad = pa.Table.from_arrays([pa.array([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]],
                                          type=field.type)], schema=pa.schema([field]))
-    with pytest.raises(DataflowError, match="'arr'.*shape"):
+    with pytest.raises(SchemaError, match="'arr'.*shape"):
         _convert(bad)
 
 
@@ -104,7 +104,7 @@ def test_dictionary_values_or_codes_among_the_dataset_categories() -> None:
     assert batch["c.valid"].tolist() == [True, True, False, True]
     opts = ReadOptions(dictionary="codes", masked=("c",))
     assert census(table, opts).categories == {"c": {"a", "b"}}
-    with pytest.raises(DataflowError, match="'c'.*categories"):
+    with pytest.raises(SchemaError, match="'c'.*categories"):
         _convert(table, opts)
     # Another shard's dictionary knew "z" too: codes follow the dataset's sorted categories.
     opts = ReadOptions(dictionary="codes", categories=(("c", ("a", "b", "z")),),
@@ -112,14 +112,14 @@ def test_dictionary_values_or_codes_among_the_dataset_categories() -> None:
     assert _convert(table, opts)["c"].tolist() == [1, 0, -1, 1]
     assert json.loads(schema_of_arrow(table.schema, opts)[0].meta_dict["categories"]) == [
         "a", "b", "z"]
-    with pytest.raises(DataflowError, match="'c'.*not among the categories"):
+    with pytest.raises(SchemaError, match="'c'.*not among the categories"):
         _convert(table, ReadOptions(dictionary="codes", categories=(("c", ("a",)),),
                                     fill=(("c", "-1"),)))
 
 
 def test_decimal_refused_with_a_way_out_or_served_as_chosen() -> None:
     table = pa.table({"price": pa.array([decimal.Decimal("1.25")])})
-    with pytest.raises(DataflowError, match="'price'.*--decimal float64.*--drop-columns price"):
+    with pytest.raises(SchemaError, match="'price'.*--decimal float64.*--drop-columns price"):
         schema_of_arrow(table.schema)
     assert _convert(table, ReadOptions(decimal="float64"))["price"].tolist() == [1.25]
     assert _convert(table, ReadOptions(decimal="str"))["price"][0] == "1.25"
@@ -142,16 +142,16 @@ def test_fill_values_and_null_items() -> None:
     batch = _convert(table, opts)
     assert batch["label"].tolist() == [1, -1, 3] and "label.valid" not in batch
     assert [batch["tags"][i].tolist() for i in range(3)] == [[1, 0], [], [2]]
-    with pytest.raises(DataflowError, match="'tags'.*null item"):
+    with pytest.raises(SchemaError, match="'tags'.*null item"):
         _convert(table, ReadOptions(fill=(("label", "-1"),), masked=("tags",)))
-    with pytest.raises(DataflowError, match="--fill-value label=abc"):
+    with pytest.raises(SchemaError, match="--fill-value label=abc"):
         _convert(table, ReadOptions(fill=(("label", "abc"), ("tags", "0"))))
 
 
 def test_unmasked_unfilled_nulls_and_null_type_are_refused_naming_the_field() -> None:
-    with pytest.raises(DataflowError, match="'x'.*null value"):
+    with pytest.raises(SchemaError, match="'x'.*null value"):
         from_arrow(pa.table({"x": pa.array([1, None])}))
-    with pytest.raises(DataflowError, match="'empty'.*every value is null.*--drop-columns"):
+    with pytest.raises(SchemaError, match="'empty'.*every value is null.*--drop-columns"):
         schema_of_arrow(pa.table({"empty": pa.array([None, None])}).schema)
 
 
