@@ -75,8 +75,8 @@ def test_killed_server_gives_server_unavailable(demo_data, servers) -> None:
         with pytest.raises(ServerUnavailable, match=server.endpoint.replace(".", r"\.")):
             for _ in it:
                 pass
-        assert time.monotonic() - start < 10
-    deadline = time.monotonic() + 5
+        assert time.monotonic() - start < 30  # bounded by `timeout` (3 s), on a loaded machine
+    deadline = time.monotonic() + 20  # readers look for their parent twice a second
     while any(pid_alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid_alive(p) for p in workers), "workers outlived their killed server"
