@@ -39,6 +39,7 @@ from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.sessions import Expiry, Session, Sessions, expiry
 from dataflow.subset import unmatched
 from dataflow.wire import ErrorKind
+from dataflow.wire.internal import Task
 
 log = logging.getLogger("dataflow.server")
 
@@ -173,12 +174,12 @@ class ClientHandler:
                 raise ProtocolError(f"message has more than {MAX_CLIENT_FRAMES} frames")
             if len(frames) < 2:
                 raise ProtocolError("empty message")
-            head = wire.decode_header(frames[1])
-            if s is None and isinstance(head, wire.Request):
+            head = wire.parse_header(frames[1])
+            if s is None and isinstance(head.msg, wire.Request):
                 self._counters["refused"] += 1
-                self._unknown(identity, head.req_id, "REQUEST")
+                self._unknown(identity, head.msg.req_id, "REQUEST")
                 return
-            msg = wire.decode(frames[1:])
+            msg = head.message(frames[2:])
         except ProtocolError as e:
             self._counters["malformed"] += 1
             self._peer_log.warning("malformed message from %s: %s", identity.hex()[:64],
@@ -301,7 +302,8 @@ class ClientHandler:
                 # answers a data connection's first HEARTBEAT, so the notice is normally here
                 # before the client can react to the reply: read them.
                 self._read_notices()
-            outcome = self._ledger.admit(s.token, msg.req_id, msg.ranges, msg.tag, s.columns)
+            outcome = self._ledger.admit(Task(s.token, msg.req_id, msg.ranges, msg.tag,
+                                              s.columns))
             if isinstance(outcome, Refusal):
                 problem = outcome.message
         if problem is not None:

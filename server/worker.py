@@ -15,21 +15,22 @@ It has two sockets:
 Messages:
 
 * frontend <-> worker: :mod:`dataflow.wire.internal`: a TASK (session token, req_id, ranges,
-  tag, the session's columns) in; READY once at start, SENT just before a reply is handed to
-  ZeroMQ (the frontend returns the client's credit), DONE once ZeroMQ let go of a reply's
-  bytes (the frontend counts what readers hold unsent: :mod:`~dataflow.server.unsent`),
-  LOST when a reply could not be delivered (the client's data connection was missing for
-  ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies were waiting for it), and
-  ATTACHED the first time a data connection says HEARTBEAT (the frontend dispatches a
-  session's requests only once one did) out. Replies wait per client: one client gone away
-  never holds up another's.
-* worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED whose
-  message starts with the exception's class name (:mod:`dataflow.wire`). A BATCH's
-  ``skipped`` counts the samples of the request the readers left out as damaged
-  (``--on-error skip``: the change of each reader's ``skipped`` over the task), and
-  ``size + skipped`` must be the request's sample count (else an ``InternalError`` reply). A
-  batch over ``--max-reply-bytes`` is answered with ``ReplyTooLarge``. Shard paths in error
-  messages are relative to the dataset root.
+  tag, the session's columns, readers that exited holding it before) in; STARTED once at
+  start, SENT just before a reply is handed to ZeroMQ (the frontend returns the client's
+  credit), DONE once ZeroMQ let go of a reply's bytes (the frontend counts what readers hold
+  unsent: :mod:`~dataflow.server.unsent`), LOST when a reply could not be delivered (the
+  client's data connection was missing for ``UNREACHABLE_S`` seconds, or more than
+  ``MAX_UNROUTED`` replies were waiting for it), and ATTACHED the first time a data
+  connection says HEARTBEAT (the frontend dispatches a session's requests only once one did)
+  out. Replies wait per client: one client gone away never holds up another's.
+* worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED (the data
+  could not be served) or INTERNAL (a bug of the server) whose message starts with the
+  exception's class name (:func:`~dataflow.server.tasks.serve_task`). A BATCH's ``skipped``
+  counts the samples of the request the readers left out as damaged (``--on-error skip``: the
+  change of each reader's ``skipped`` over the task), and ``size + skipped`` must be the
+  request's sample count (else an ``InternalError``). A batch over ``--max-reply-bytes`` is
+  answered with ``ReplyTooLarge``. Shard paths in error messages are relative to the dataset
+  root.
 * client -> worker (data socket): HEARTBEAT, answered with a HEARTBEAT (the client waits for
   it before sending REQUESTs, so the first reply never finds the connection missing).
   Anything else is answered with an ERROR and otherwise ignored.
@@ -72,15 +73,15 @@ from dataflow.server.guard import (
     message_fd,
 )
 from dataflow.server.peerlog import RateLimitedLog, quote
-from dataflow.server.tasks import ReaderCache, Reply, WorkerSpec, serve_task
+from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import (
     Attached,
     Done,
     Lost,
-    Ready,
     Sent,
+    Started,
     Task,
     decode_internal,
     encode_internal,
@@ -89,7 +90,7 @@ from dataflow.wire.internal import (
 PARENT_CHECK_MS = 500
 RETRY_MS = 20
 UNREACHABLE_S = 5.0
-MAX_PARKED = 8
+MAX_UNROUTED = 8
 MAX_DATA_INBOUND = 64 * 1024
 MAX_DATA_INBOUND_TOTAL = 1024 * 1024
 
@@ -112,21 +113,20 @@ log = logging.getLogger("dataflow.server.worker")
 
 
 @dataclass(frozen=True)
-class _Parked:
-    """A reply whose client's data connection was missing; retried until ``deadline``."""
+class _Unrouted:
+    """A reply whose client's data connection was missing (the data socket had no route to
+    its routing id); retried until ``deadline``."""
 
-    token: bytes
-    req_id: int
+    sent: Sent
     frames: list
     deadline: float
-    nbytes: int
 
 
 class DataSender:
     """Sends replies on the data socket and notices to the frontend. Not thread-safe.
 
-    Every reply reported SENT is held (parked, or handed to ZeroMQ and not yet let go of) until
-    a DONE reports its bytes released.
+    Every reply reported SENT is held (unrouted, or handed to ZeroMQ and not yet let go of)
+    until a DONE reports its bytes released.
 
     Args:
         data: the data socket.
@@ -135,8 +135,9 @@ class DataSender:
             forgotten first; one seen again is announced again).
 
     Attributes:
-        parked: per client data connection (session token), replies that could not be handed
-            to ZeroMQ yet, oldest first; only tokens with parked replies are keys.
+        unrouted: per client data connection (session token), replies that could not be handed
+            to ZeroMQ yet because that connection was missing, oldest first; only tokens with
+            such replies are keys.
         unsent: per session token, ``(tracker, bytes)`` of the replies handed to ZeroMQ and
             not yet let go of, oldest first; only tokens with such replies are keys.
     """
@@ -146,13 +147,13 @@ class DataSender:
         self._control = control
         self._max_announced = max_announced
         self._announced: OrderedDict[bytes, None] = OrderedDict()
-        self.parked: dict[bytes, deque[_Parked]] = {}
+        self.unrouted: dict[bytes, deque[_Unrouted]] = {}
         self.unsent: dict[bytes, deque[tuple[zmq.MessageTracker, int]]] = {}
 
     @property
     def busy(self) -> bool:
-        """Whether replies are parked or not yet let go of by ZeroMQ."""
-        return bool(self.parked or self.unsent)
+        """Whether replies are unrouted or not yet let go of by ZeroMQ."""
+        return bool(self.unrouted or self.unsent)
 
     def attached(self, token: bytes) -> None:
         """A data connection of routing id ``token`` said HEARTBEAT: tell the frontend (once
@@ -165,18 +166,17 @@ class DataSender:
             self._announced.popitem(last=False)
         self._control.send_multipart(encode_internal(Attached(token)))
 
-    def send(self, token: bytes, req_id: int, reply: Reply) -> None:
-        """Notify the frontend, then hand the reply to ZeroMQ (parked if the client is away)."""
-        frames = reply.frames
-        nbytes = sum(memoryview(f).nbytes for f in frames)
-        self._control.send_multipart(encode_internal(
-            Sent(token, req_id, nbytes, reply.skips, int(reply.too_large), reply.samples)))
-        if token not in self.parked and self._hand(token, frames, nbytes):
+    def send(self, frames: list, sent: Sent) -> None:
+        """Tell the frontend ``sent``, then hand the reply ``frames`` to ZeroMQ (kept unrouted
+        while the client's data connection is missing)."""
+        token = sent.token
+        self._control.send_multipart(encode_internal(sent))
+        if token not in self.unrouted and self._hand(token, frames, sent.nbytes):
             return
-        waiting = self.parked.setdefault(token, deque())
-        waiting.append(_Parked(token, req_id, frames, time.monotonic() + UNREACHABLE_S, nbytes))
-        while len(waiting) > MAX_PARKED:
-            self._lost(waiting.popleft(), f"more than {MAX_PARKED} replies were waiting for "
+        waiting = self.unrouted.setdefault(token, deque())
+        waiting.append(_Unrouted(sent, frames, time.monotonic() + UNREACHABLE_S))
+        while len(waiting) > MAX_UNROUTED:
+            self._lost(waiting.popleft(), f"more than {MAX_UNROUTED} replies were waiting for "
                                           "the client's data connection")
 
     def _hand(self, token: bytes, frames: list, nbytes: int) -> bool:
@@ -187,21 +187,22 @@ class DataSender:
         return True
 
     def retry(self) -> None:
-        """Retry each client's parked replies in order; give up on those past their deadline."""
+        """Retry each client's unrouted replies in order; give up on those past their
+        deadline."""
         now = time.monotonic()
-        for token, waiting in list(self.parked.items()):
+        for token, waiting in list(self.unrouted.items()):
             while waiting:
-                p = waiting[0]
-                if self._hand(token, p.frames, p.nbytes):
+                u = waiting[0]
+                if self._hand(token, u.frames, u.sent.nbytes):
                     waiting.popleft()
-                elif now > p.deadline:
+                elif now > u.deadline:
                     waiting.popleft()
-                    self._lost(p, f"the client's data connection to this reader was missing "
+                    self._lost(u, f"the client's data connection to this reader was missing "
                                   f"for {UNREACHABLE_S} s")
                 else:
                     break
             if not waiting:
-                del self.parked[token]
+                del self.unrouted[token]
 
     def collect(self) -> None:
         """Report (DONE) the bytes of the replies ZeroMQ let go of since the last call."""
@@ -214,10 +215,10 @@ class DataSender:
             if released:
                 self._control.send_multipart(encode_internal(Done(token, released)))
 
-    def _lost(self, p: _Parked, why: str) -> None:
-        log.warning("reply to request %d dropped: %s", p.req_id, why)
-        self._control.send_multipart(encode_internal(Lost(p.token, p.req_id, why)))
-        self._control.send_multipart(encode_internal(Done(p.token, p.nbytes)))
+    def _lost(self, u: _Unrouted, why: str) -> None:
+        log.warning("reply to request %d dropped: %s", u.sent.req_id, why)
+        self._control.send_multipart(encode_internal(Lost(u.sent.token, u.sent.req_id, why)))
+        self._control.send_multipart(encode_internal(Done(u.sent.token, u.sent.nbytes)))
 
 
 def answer_data(sock: zmq.Socket, guard: InboundGuard, peer_log: RateLimitedLog,
@@ -291,13 +292,13 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     poller.register(guard.monitor, zmq.POLLIN)
     try:
         data.bind(data_bind)
-        sock.send_multipart(encode_internal(Ready(data.getsockopt_string(zmq.LAST_ENDPOINT))))
+        sock.send_multipart(encode_internal(Started(data.getsockopt_string(zmq.LAST_ENDPOINT))))
         while True:
             busy = sender.busy or len(guard) > 0
             events = dict(poller.poll(min(RETRY_MS, GUARD_MS) if busy else PARENT_CHECK_MS))
             guard.check(time.monotonic())
             peer_log.tick()
-            if sender.parked:
+            if sender.unrouted:
                 sender.retry()
             if sender.unsent:
                 sender.collect()
@@ -311,9 +312,10 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
             task = decode_internal(sock.recv_multipart())
             if not isinstance(task, Task):
                 raise InternalError(f"the frontend sent a {type(task).__name__}")
-            reply = serve_task(readers, transform, spec, task.req_id, task.ranges, task.tag,
-                               task.columns)
-            sender.send(task.token, task.req_id, reply)
+            if task.attempts:
+                log.warning("request %d: %d reader(s) exited holding it before; reading ranges "
+                            "%s", task.req_id, task.attempts, task.ranges[:8].tolist())
+            sender.send(*serve_task(readers, transform, spec, task))
     finally:
         readers.close()
         guard.close()

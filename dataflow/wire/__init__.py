@@ -2,18 +2,30 @@
 
 * :mod:`~dataflow.wire.messages`: kinds, error kinds, one frozen dataclass per kind;
 * :mod:`~dataflow.wire.codec`: the table of kinds (:data:`SPECS`), :func:`encode`,
-  :func:`decode`, :func:`decode_header`;
+  :func:`decode`, :func:`decode_header`, :func:`parse_header` (a header, then the rest), and
+  :class:`Codec`, the same for any table of kinds;
 * :mod:`~dataflow.wire.layout`: :class:`BatchLayout`, where a BATCH's arrays land in one
   receive buffer, and the one check of a BATCH's frames (used by :func:`decode` and by every
   receiver of the client);
 * :mod:`~dataflow.wire.arrays`: BATCH validation and ``Batch`` <-> message;
-* :mod:`~dataflow.wire.internal`: the frontend <-> reader messages of a server.
+* :mod:`~dataflow.wire.internal`: the frontend <-> reader messages of a server (a table of
+  kinds of their own, encoded by a :class:`Codec` too).
 
 This package never imports pyarrow or torch.
 """
 
 from dataflow.wire.arrays import ZERO_COPY_MIN_BYTES, batch_to_message, message_to_batch
-from dataflow.wire.codec import SPECS, MessageSpec, decode, decode_header, encode, kind_of
+from dataflow.wire.codec import (
+    SPECS,
+    Codec,
+    Header,
+    MessageSpec,
+    decode,
+    decode_header,
+    encode,
+    kind_of,
+    parse_header,
+)
 from dataflow.wire.fields import (
     MAX_BATCH_SIZE,
     MAX_COLUMNS,
@@ -55,13 +67,13 @@ from dataflow.wire.messages import (
 )
 
 __all__ = [
-    "ALIGN", "DTYPES", "MAGIC", "MAX_BATCH_SIZE", "MAX_COLUMNS", "MAX_COLUMNS_BYTES",
-    "MAX_COUNTER_LIST", "MAX_CREDITS",
+    "ALIGN", "Codec", "DTYPES", "Header", "MAGIC", "MAX_BATCH_SIZE", "MAX_COLUMNS",
+    "MAX_COLUMNS_BYTES", "MAX_COUNTER_LIST", "MAX_CREDITS",
     "MAX_FRAME_BYTES", "MAX_HEADER_BYTES",
     "MAX_INDEX_BYTES", "MAX_NAME", "NO_TAG", "MAX_RANGES", "MAX_TEXT", "SPECS",
     "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "BatchTag", "Buffer", "Bye", "ErrorKind",
     "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",
     "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES",
     "Stats", "StatsReply", "batch_to_message", "decode",
-    "decode_header", "encode", "kind_of", "message_to_batch",
+    "decode_header", "encode", "kind_of", "message_to_batch", "parse_header",
 ]

@@ -9,6 +9,7 @@ from dataflow import wire
 from dataflow.batch import Batch
 from dataflow.readers import ShardReader
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
+from dataflow.wire.internal import Sent, Task
 
 
 class LossyReader(ShardReader):
@@ -45,49 +46,46 @@ def _spec(max_reply_bytes: int = 1 << 30) -> WorkerSpec:
                       20, max_reply_bytes, "/data/root/", 16)
 
 
-def _ranges(*rows: tuple[int, int, int]) -> np.ndarray:
-    return np.array(rows, dtype=np.int64)
+def _serve(readers: dict[int, ShardReader], req_id: int, *rows: tuple[int, int, int],
+           spec: WorkerSpec | None = None) -> tuple[wire.Message, Sent]:
+    """The decoded reply to request ``req_id`` of ``rows``, and its SENT notice."""
+    frames, sent = serve_task(FakeCache(readers), None, spec or _spec(),
+                              Task(b"tok", req_id, np.array(rows, dtype=np.int64)))
+    assert sent.nbytes == sum(memoryview(f).nbytes for f in frames)
+    assert (sent.token, sent.req_id) == (b"tok", req_id)
+    return wire.decode(frames), sent
 
 
 def test_batch_counts_the_samples_the_readers_skipped_during_the_task() -> None:
     readers = {0: LossyReader(10, {1, 2}), 1: LossyReader(10, {5})}
     readers[0].skipped = 7  # skips of earlier tasks do not count
-    reply = serve_task(FakeCache(readers), None, _spec(), 3,
-                       _ranges((0, 0, 4), (1, 4, 8), (0, 8, 10)))
-    msg = wire.decode(reply.frames)
+    msg, sent = _serve(readers, 3, (0, 0, 4), (1, 4, 8), (0, 8, 10))
     assert isinstance(msg, wire.BatchMsg) and msg.req_id == 3
     assert (msg.size, msg.skipped) == (7, 3)
     assert msg.data[0].tolist() == [0, 3, 4, 6, 7, 8, 9]
-    assert reply.skips == ((0, 2), (1, 1)) and not reply.too_large and reply.samples == 7
+    assert sent.skips == ((0, 2), (1, 1)) and not sent.too_large and sent.samples == 7
 
 
 def test_a_count_that_does_not_add_up_is_an_internal_error_reply() -> None:
-    reply = serve_task(FakeCache({0: LossyReader(10, {1}, lie=True)}), None, _spec(), 4,
-                       _ranges((0, 0, 5)))
-    msg = wire.decode(reply.frames)
+    msg, sent = _serve({0: LossyReader(10, {1}, lie=True)}, 4, (0, 0, 5))
     assert isinstance(msg, wire.ErrorMsg) and msg.kind is wire.ErrorKind.READ_FAILED
     assert msg.message.startswith("InternalError:") and "request of 5" in msg.message
+    assert sent.samples == 0 and not sent.too_large
 
 
 def test_a_batch_over_max_reply_bytes_is_refused() -> None:
-    reply = serve_task(FakeCache({0: LossyReader(100, set())}), None, _spec(100), 5,
-                       _ranges((0, 0, 100)))
-    msg = wire.decode(reply.frames)
+    msg, sent = _serve({0: LossyReader(100, set())}, 5, (0, 0, 100), spec=_spec(100))
     assert isinstance(msg, wire.ErrorMsg) and msg.message.startswith("ReplyTooLarge:")
-    assert "800 bytes" in msg.message and reply.too_large
+    assert "800 bytes" in msg.message and sent.too_large
 
 
 def test_error_messages_name_shards_relative_to_the_root() -> None:
-    reply = serve_task(FakeCache({0: LossyReader(10, set())}), None, _spec(), 6,
-                       _ranges((0, 5, 20)))
-    msg = wire.decode(reply.frames)
+    msg, _ = _serve({0: LossyReader(10, set())}, 6, (0, 5, 20))
     assert isinstance(msg, wire.ErrorMsg) and "shard-10" in msg.message
     assert "/data/root" not in msg.message
 
 
 @pytest.mark.parametrize("damaged", [set(), {0, 1, 2}])
 def test_all_or_nothing_skipped(damaged: set[int]) -> None:
-    reply = serve_task(FakeCache({0: LossyReader(3, damaged)}), None, _spec(), 7,
-                       _ranges((0, 0, 3)))
-    msg = wire.decode(reply.frames)
+    msg, _ = _serve({0: LossyReader(3, damaged)}, 7, (0, 0, 3))
     assert isinstance(msg, wire.BatchMsg) and msg.size + msg.skipped == 3
