@@ -24,7 +24,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -156,18 +156,39 @@ TAG = FieldSpec("tag", batch_tag, dump=list, optional=True, omit=NO_TAG)
 COLUMNS = FieldSpec("columns", column_names, dump=list, optional=True)
 
 
-def _guarded(parse: Callable[[], Any]) -> Any:
-    """``parse()``, with any error it did not foresee turned into a ProtocolError."""
+def _guarded(parse: Callable[[Any], Any], data: Any) -> Any:
+    """``parse(data)``, with any error it did not foresee turned into a ProtocolError."""
     try:
-        return parse()
+        return parse(data)
     except ProtocolError:
         raise
     except Exception as e:
         raise ProtocolError(f"malformed message: {type(e).__name__}: {e}"[:400]) from e
 
 
-@dataclass(frozen=True)
-class Header:
+class _Entry(NamedTuple):
+    """A kind's spec, laid out for the codec's loops."""
+
+    kind: IntEnum
+    spec: MessageSpec
+    keys: frozenset[str]  # every key its header may have
+    required: tuple[str, ...]  # the keys it must have
+    fields: tuple[tuple[str, str, Callable[[Any], Any]], ...]  # (key, attr, check)
+    described: tuple[tuple[str, str, Callable[[Any], Any]], ...]  # the body's
+    dumps: tuple[tuple[str, str, Callable[[Any], Any], bool, Any], ...]  # key, attr, dump,
+    # optional, omit
+
+
+def _entry(kind: IntEnum, spec: MessageSpec) -> _Entry:
+    every = (*spec.fields, *spec.described)
+    return _Entry(kind, spec, frozenset(("magic", "version", "kind", *(f.name for f in every))),
+                  tuple(f.name for f in every if not f.optional),
+                  tuple((f.name, f.attr, f.check) for f in spec.fields),
+                  tuple((f.name, f.attr, f.check) for f in spec.described),
+                  tuple((f.name, f.attr, f.dump, f.optional, f.omit) for f in spec.fields))
+
+
+class Header(NamedTuple):
     """A decoded and validated header frame.
 
     Attributes:
@@ -188,13 +209,16 @@ class Header:
         Raises:
             ProtocolError: the frames are not those the header announces, or are invalid.
         """
-        return _guarded(lambda: self._message(frames))
+        return _guarded(self._message, frames)
 
     def _message(self, frames: Sequence[Any]) -> Any:
         if self.spec.body is None:
             check_sizes(self.kind.name, [], frame_sizes(frames))
             return self.msg
         return self.spec.body.decode(self.msg, self.described, frames)
+
+
+_JSON = json.JSONEncoder(separators=(",", ":"))
 
 
 class Codec:
@@ -209,10 +233,8 @@ class Codec:
     """
 
     def __init__(self, specs: Mapping[Any, MessageSpec]) -> None:
-        self._specs = dict(specs)
         self._kind_of: dict[type, IntEnum] = {spec.cls: kind for kind, spec in specs.items()}
-        self._kinds = {int(kind): (kind, spec, frozenset(("magic", "version", "kind", *(
-            f.name for f in (*spec.fields, *spec.described))))) for kind, spec in specs.items()}
+        self._entries = {int(kind): _entry(kind, spec) for kind, spec in specs.items()}
 
     def kind_of(self, msg: Any) -> IntEnum:
         """The kind of a message object."""
@@ -231,15 +253,17 @@ class Codec:
             ProtocolError: the message cannot be represented (oversized, unsupported dtype).
         """
         kind = self.kind_of(msg)
-        spec = self._specs[kind]
+        entry = self._entries[kind]
         header: dict[str, Any] = {"magic": MAGIC, "version": VERSION, "kind": int(kind)}
-        header.update((f.name, f.dump(getattr(msg, f.attr))) for f in spec.fields
-                      if not (f.optional and getattr(msg, f.attr) == f.omit))
+        for key, attr, dump, optional, omit in entry.dumps:
+            value = getattr(msg, attr)
+            if not (optional and value == omit):
+                header[key] = dump(value)
         frames: list[Buffer] = []
-        if spec.body is not None:
-            described, frames = spec.body.encode(msg)
+        if entry.spec.body is not None:
+            described, frames = entry.spec.body.encode(msg)
             header.update(described)
-        data = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        data = _JSON.encode(header).encode("utf-8")
         if len(data) > MAX_HEADER_BYTES:
             raise ProtocolError(f"{kind.name} header is {len(data)} bytes; the limit is "
                                 f"{MAX_HEADER_BYTES}")
@@ -251,7 +275,7 @@ class Codec:
         Raises:
             ProtocolError: the header is malformed, oversized or of another version.
         """
-        return _guarded(lambda: self._parse(header))
+        return _guarded(self._parse, header)
 
     def decode_header(self, header: Any) -> Any:
         """The header-only message of a header frame.
@@ -273,9 +297,12 @@ class Codec:
         Raises:
             ProtocolError: anything malformed, truncated, oversized or of another version.
         """
+        return _guarded(self._decode, frames)
+
+    def _decode(self, frames: Sequence[Any]) -> Any:
         if not frames:
             raise ProtocolError("empty message")
-        return self.parse_header(frames[0]).message(frames[1:])
+        return self._parse(frames[0])._message(frames[1:])
 
     def _parse(self, header: Any) -> Header:
         n = memoryview(header).nbytes
@@ -294,19 +321,20 @@ class Codec:
             raise ProtocolError(f"header field `version` (the protocol version) must be "
                                 f"{VERSION}. Found: {h.get('version')!r}"[:400])
         raw_kind: Any = h.get("kind")
-        entry = self._kinds.get(raw_kind) if is_int(raw_kind) else None
+        entry = self._entries.get(raw_kind) if type(raw_kind) is int else None
         if entry is None:
-            raise ProtocolError(f"header field `kind` must be one of {list(self._kinds)}. "
+            raise ProtocolError(f"header field `kind` must be one of {list(self._entries)}. "
                                 f"Found: {raw_kind!r}"[:400])
-        kind, spec, keys = entry
-        for key in h:
-            if key not in keys:
-                raise ProtocolError(f"{kind.name} header: unexpected field `{key}`"[:400])
-        for f in (*spec.fields, *spec.described):
-            if f.name not in h and not f.optional:
-                raise ProtocolError(f"{kind.name} header: missing field `{f.name}`")
-        values = {f.attr: _field(kind, f, h[f.name]) for f in spec.fields if f.name in h}
-        described = {f.attr: _field(kind, f, h[f.name]) for f in spec.described}
+        kind = entry.kind
+        if not entry.keys.issuperset(h):
+            key = next(k for k in h if k not in entry.keys)
+            raise ProtocolError(f"{kind.name} header: unexpected field `{key}`"[:400])
+        for key in entry.required:
+            if key not in h:
+                raise ProtocolError(f"{kind.name} header: missing field `{key}`")
+        values = _checked(kind, entry.fields, h)
+        described = _checked(kind, entry.described, h)
+        spec = entry.spec
         if spec.body is not None:
             values[spec.body.attr] = spec.body.empty
         msg = spec.cls(**values)
@@ -315,12 +343,18 @@ class Codec:
         return Header(kind, spec, msg, described)
 
 
-def _field(kind: IntEnum, f: FieldSpec, value: Any) -> Any:
-    try:
-        return f.check(value)
-    except FieldError as e:
-        raise ProtocolError(f"{kind.name} header field `{f.name}`: {e}. Found: {value!r}"
-                            [:400]) from None
+def _checked(kind: IntEnum, fields: tuple[tuple[str, str, Callable[[Any], Any]], ...],
+             h: dict[str, Any]) -> dict[str, Any]:
+    """The values of ``fields`` present in header ``h``, by attribute, each checked."""
+    values = {}
+    for key, attr, check in fields:
+        if key in h:
+            try:
+                values[attr] = check(h[key])
+            except FieldError as e:
+                raise ProtocolError(f"{kind.name} header field `{key}`: {e}. Found: "
+                                    f"{h[key]!r}"[:400]) from None
+    return values
 
 
 SPECS: dict[Kind, MessageSpec] = {
