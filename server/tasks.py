@@ -16,7 +16,7 @@ import numpy as np
 from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.columns import ReadOptions
-from dataflow.errors import InternalError
+from dataflow.errors import DataflowError, InternalError
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar import DEFAULT_OPTIONS
@@ -155,7 +155,7 @@ class SkipMeter:
         return {shard: n for shard, n in out.items() if n}
 
 
-class ReplyTooLarge(Exception):
+class ReplyTooLarge(DataflowError):
     """A batch exceeds ``--max-reply-bytes``."""
 
 
@@ -172,7 +172,12 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
     raises.
 
     The transform sees every served field; the reply keeps ``task.columns`` of what it
-    returned (:mod:`dataflow.subset`; None: every field).
+    returned (:mod:`dataflow.subset`; None: every field). A read that fails on the data (a
+    :class:`~dataflow.errors.DataflowError`: a damaged or changed shard, the transform, a batch
+    over ``--max-reply-bytes``; or an ``OSError``) is answered with READ_FAILED. Any other
+    exception, :class:`~dataflow.errors.InternalError` included, is a bug of the server: it is
+    answered with INTERNAL and logged with its traceback. Either message starts with the
+    exception's class name; shard paths in it are relative to the dataset root.
     """
     meter = SkipMeter(readers)
     try:
@@ -214,12 +219,18 @@ def _batch(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec,
 
 
 def _failed(spec: WorkerSpec, task: Task, e: Exception) -> tuple[list[wire.Buffer], Sent]:
-    """The ERROR answering ``task``, which raised ``e``."""
-    log.warning("request %d failed: %s: %s", task.req_id, type(e).__name__, e)
+    """The ERROR answering ``task``, which raised ``e`` (see :func:`serve_task`)."""
+    if isinstance(e, DataflowError | OSError) and not isinstance(e, InternalError):
+        kind = ErrorKind.READ_FAILED
+        log.warning("request %d failed: %s: %s", task.req_id, type(e).__name__, e)
+    else:
+        kind = ErrorKind.INTERNAL
+        log.error("request %d failed on a bug of the server: %s: %s", task.req_id,
+                  type(e).__name__, e, exc_info=e)
     text = f"{type(e).__name__}: {e}"
     if spec.root:
         text = text.replace(spec.root, "")
-    frames = wire.encode(wire.ErrorMsg(task.req_id, ErrorKind.READ_FAILED, text))
+    frames = wire.encode(wire.ErrorMsg(task.req_id, kind, text))
     return frames, Sent(task.token, task.req_id, _nbytes(frames),
                         too_large=isinstance(e, ReplyTooLarge))
 

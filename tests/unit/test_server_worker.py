@@ -1,4 +1,5 @@
-"""A reader worker's reply to one task: skipped-sample accounting and the reply-size cap."""
+"""A reader worker's reply to one task: skipped-sample accounting, the reply-size cap, and a
+bug told apart from bad data."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from dataflow import wire
 from dataflow.batch import Batch
+from dataflow.errors import ShardReadError
 from dataflow.readers import ShardReader
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.wire.internal import Sent, Task
@@ -66,16 +68,47 @@ def test_batch_counts_the_samples_the_readers_skipped_during_the_task() -> None:
     assert sent.skips == ((0, 2), (1, 1)) and not sent.too_large and sent.samples == 7
 
 
-def test_a_count_that_does_not_add_up_is_an_internal_error_reply() -> None:
+def test_a_count_that_does_not_add_up_is_an_internal_error_reply(caplog) -> None:
     msg, sent = _serve({0: LossyReader(10, {1}, lie=True)}, 4, (0, 0, 5))
-    assert isinstance(msg, wire.ErrorMsg) and msg.kind is wire.ErrorKind.READ_FAILED
+    assert isinstance(msg, wire.ErrorMsg) and msg.kind is wire.ErrorKind.INTERNAL
     assert msg.message.startswith("InternalError:") and "request of 5" in msg.message
     assert sent.samples == 0 and not sent.too_large
+    assert any(r.exc_info and "bug" in r.getMessage() for r in caplog.records)
+
+
+class BrokenCache(FakeCache):
+    """Opening any shard raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__({})
+        self._error = error
+
+    def get(self, shard: int) -> ShardReader:
+        raise self._error
+
+
+@pytest.mark.parametrize("error, kind", [
+    (ShardReadError("/data/root/a", "damaged header"), wire.ErrorKind.READ_FAILED),
+    (OSError(5, "Input/output error"), wire.ErrorKind.READ_FAILED),
+    (KeyError("x"), wire.ErrorKind.INTERNAL),
+    (TypeError("unsupported operand"), wire.ErrorKind.INTERNAL),
+])
+def test_bad_data_is_a_read_failure_and_anything_else_a_bug_logged_with_its_traceback(
+        caplog, error: Exception, kind: wire.ErrorKind) -> None:
+    frames, _ = serve_task(BrokenCache(error), None, _spec(),
+                           Task(b"tok", 8, np.array([[0, 0, 2]], dtype=np.int64)))
+    msg = wire.decode(frames)
+    assert isinstance(msg, wire.ErrorMsg) and (msg.req_id, msg.kind) == (8, kind)
+    assert msg.message.startswith(f"{type(error).__name__}: ")
+    assert "/data/root" not in msg.message
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == (kind is wire.ErrorKind.INTERNAL)
 
 
 def test_a_batch_over_max_reply_bytes_is_refused() -> None:
     msg, sent = _serve({0: LossyReader(100, set())}, 5, (0, 0, 100), spec=_spec(100))
     assert isinstance(msg, wire.ErrorMsg) and msg.message.startswith("ReplyTooLarge:")
+    assert msg.kind is wire.ErrorKind.READ_FAILED
     assert "800 bytes" in msg.message and sent.too_large
 
 
