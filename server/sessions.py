@@ -2,8 +2,8 @@
 session is freed.
 
 Credits are not here: :mod:`dataflow.server.ledger` owns them, keyed by the session token.
-:func:`expiry` decides, from a session's times alone, whether it is freed (and why) or its
-connection probed; the frontend does the I/O.
+:meth:`Timeouts.due` decides, from a session's times alone, whether it is freed (and why) or
+its connection probed; the frontend does the I/O.
 
 Thread invariant: used only by the frontend's thread.
 """
@@ -90,7 +90,7 @@ class Session:
 
 
 class Expiry(Enum):
-    """What :func:`expiry` decided for a session."""
+    """What :meth:`Timeouts.due` decided for a session."""
 
     IDLE = "idle"  # nothing received for the idle timeout
     UNATTACHED = "unattached"  # no data connection within the start timeout
@@ -98,28 +98,51 @@ class Expiry(Enum):
     PROBE = "probe"  # silent past the ttl: probe its connection (freed if it is gone)
 
 
-def expiry(s: Session, now: float, *, ttl: float, idle: float, start: float) -> Expiry | None:
-    """Whether session ``s`` is freed at ``now`` (and why), its connection is due a probe, or
-    neither (None). Pure.
+@dataclass(frozen=True)
+class Timeouts:
+    """When a session ends (the server's flags, seconds).
 
-    Args:
-        s: the session.
-        now: the time, on the clock of ``s``'s times (seconds).
+    Attributes:
         ttl: ``--client-ttl``: silence after which the connection is probed.
         idle: ``--session-idle-timeout``: silence, or time without a REQUEST since the HELLO,
             after which the session is freed.
         start: ``--session-start-timeout``: time after the HELLO by which a data connection
             must be attached.
     """
-    if now - s.last_seen > idle:
-        return Expiry.IDLE
-    if not s.attached and now - s.opened > start:
-        return Expiry.UNATTACHED
-    if not s.requested and now - s.opened > idle:
-        return Expiry.UNUSED
-    if now - s.last_seen > ttl and now - s.probed > ttl:
-        return Expiry.PROBE
-    return None
+
+    ttl: float
+    idle: float
+    start: float
+
+    def due(self, s: Session, now: float) -> Expiry | None:
+        """Whether session ``s`` is freed at ``now`` (and why), its connection is due a probe,
+        or neither (None). Pure.
+
+        Args:
+            s: the session.
+            now: the time, on the clock of ``s``'s times (seconds).
+        """
+        if now - s.last_seen > self.idle:
+            return Expiry.IDLE
+        if not s.attached and now - s.opened > self.start:
+            return Expiry.UNATTACHED
+        if not s.requested and now - s.opened > self.idle:
+            return Expiry.UNUSED
+        if now - s.last_seen > self.ttl and now - s.probed > self.ttl:
+            return Expiry.PROBE
+        return None
+
+    def why(self, due: Expiry) -> str:
+        """Why a session is freed for ``due`` (a probe: because it found the connection
+        gone), in words for the log and the client."""
+        return {
+            Expiry.IDLE: f"nothing received for {self.idle} s (--session-idle-timeout)",
+            Expiry.UNATTACHED: f"no data connection to a reader within {self.start} s of its "
+                               "HELLO (--session-start-timeout)",
+            Expiry.UNUSED: f"no REQUEST within {self.idle} s of its HELLO "
+                           "(--session-idle-timeout)",
+            Expiry.PROBE: f"silent for more than {self.ttl} s and disconnected",
+        }[due]
 
 
 class Sessions:
