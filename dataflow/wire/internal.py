@@ -1,9 +1,9 @@
 """Messages between a loader server's frontend and its reader processes (private ipc socket).
 
-They travel as the wire's do (:mod:`dataflow.wire.codec`): a JSON header frame with the
-fields :data:`INTERNAL_SPECS` lists for the kind, each validated, then the body's raw frames;
-nothing is pickled. Their kinds are numbered apart from the wire's, so neither codec decodes
-the other's messages.
+They are defined and travel as the wire's messages do (:mod:`dataflow.wire.table`): a JSON
+header frame with the fields :data:`INTERNAL_SPECS` lists for the kind, each validated, then
+the body's raw frames; nothing is pickled. Their kinds are numbered apart from the wire's, so
+neither codec decodes the other's messages.
 
     TASK      frontend -> reader: serve request ``req_id`` of session ``token`` (its ranges
               as one int64 frame, passed on as the REQUEST brought them)
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from dataflow.errors import ProtocolError
-from dataflow.wire.codec import COLUMNS, REQ_ID, TAG, Codec, MessageSpec, RangesBody
+from dataflow.wire.codec import COLUMNS, REQ_ID, TAG, RangesBody
 from dataflow.wire.fields import (
     INT64_MAX,
     MAX_RANGES,
@@ -46,6 +46,7 @@ from dataflow.wire.fields import (
     text,
 )
 from dataflow.wire.messages import NO_TAG, BatchTag
+from dataflow.wire.table import Codec, MessageSpec
 
 
 class InternalKind(IntEnum):
