@@ -18,11 +18,11 @@ Messages:
   tag, the session's columns, readers that exited holding it before) in; STARTED once at
   start, SENT just before a reply is handed to ZeroMQ (the frontend returns the client's
   credit), DONE once ZeroMQ let go of a reply's bytes (the frontend counts what readers hold
-  unsent: :mod:`~dataflow.server.unsent`), LOST when a reply could not be delivered (the
-  client's data connection was missing for ``UNREACHABLE_S`` seconds, or more than
-  ``MAX_UNROUTED`` replies were waiting for it), and ATTACHED the first time a data
-  connection says HEARTBEAT (the frontend dispatches a session's requests only once one did)
-  out. Replies wait per client: one client gone away never holds up another's.
+  unsent: :mod:`~dataflow.server.unsent`), LOST when a reply could not be delivered (its
+  client's data connection was missing too long, or too many replies waited for it:
+  :mod:`~dataflow.server.sender`), and ATTACHED the first time a data connection says
+  HEARTBEAT (the frontend dispatches a session's requests only once one did) out. Replies
+  wait per client: one client gone away never holds up another's.
 * worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED (the data
   could not be served) or INTERNAL (a bug of the server) whose message starts with the
   exception's class name (:func:`~dataflow.server.tasks.serve_task`). A BATCH's ``skipped``
@@ -50,7 +50,6 @@ import logging
 import os
 import signal
 import time
-from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import zmq
@@ -63,7 +62,6 @@ from dataflow.server.framing import (
     MAX_ERROR_TEXT,
     recv_bounded,
     try_send,
-    try_send_tracked,
 )
 from dataflow.server.guard import (
     GUARD_MS,
@@ -73,14 +71,11 @@ from dataflow.server.guard import (
     message_fd,
 )
 from dataflow.server.peerlog import RateLimitedLog, quote
+from dataflow.server.sender import DataSender
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import (
-    Attached,
-    Done,
-    Lost,
-    Sent,
     Started,
     Task,
     decode_internal,
@@ -89,8 +84,6 @@ from dataflow.wire.internal import (
 
 PARENT_CHECK_MS = 500
 RETRY_MS = 20
-UNREACHABLE_S = 5.0
-MAX_UNROUTED = 8
 MAX_DATA_INBOUND = 64 * 1024
 MAX_DATA_INBOUND_TOTAL = 1024 * 1024
 
@@ -109,116 +102,8 @@ class DataCaps:
     per_address: int
     tcp_timeout_s: float
 
+
 log = logging.getLogger("dataflow.server.worker")
-
-
-@dataclass(frozen=True)
-class _Unrouted:
-    """A reply whose client's data connection was missing (the data socket had no route to
-    its routing id); retried until ``deadline``."""
-
-    sent: Sent
-    frames: list
-    deadline: float
-
-
-class DataSender:
-    """Sends replies on the data socket and notices to the frontend. Not thread-safe.
-
-    Every reply reported SENT is held (unrouted, or handed to ZeroMQ and not yet let go of)
-    until a DONE reports its bytes released.
-
-    Args:
-        data: the data socket.
-        control: the connection to the frontend.
-        max_announced: session tokens remembered as announced ATTACHED (least recently seen
-            forgotten first; one seen again is announced again).
-
-    Attributes:
-        unrouted: per client data connection (session token), replies that could not be handed
-            to ZeroMQ yet because that connection was missing, oldest first; only tokens with
-            such replies are keys.
-        unsent: per session token, ``(tracker, bytes)`` of the replies handed to ZeroMQ and
-            not yet let go of, oldest first; only tokens with such replies are keys.
-    """
-
-    def __init__(self, data: zmq.Socket, control: zmq.Socket, max_announced: int = 1024) -> None:
-        self._data = data
-        self._control = control
-        self._max_announced = max_announced
-        self._announced: OrderedDict[bytes, None] = OrderedDict()
-        self.unrouted: dict[bytes, deque[_Unrouted]] = {}
-        self.unsent: dict[bytes, deque[tuple[zmq.MessageTracker, int]]] = {}
-
-    @property
-    def busy(self) -> bool:
-        """Whether replies are unrouted or not yet let go of by ZeroMQ."""
-        return bool(self.unrouted or self.unsent)
-
-    def attached(self, token: bytes) -> None:
-        """A data connection of routing id ``token`` said HEARTBEAT: tell the frontend (once
-        while ``token`` is remembered)."""
-        if token in self._announced:
-            self._announced.move_to_end(token)
-            return
-        self._announced[token] = None
-        if len(self._announced) > self._max_announced:
-            self._announced.popitem(last=False)
-        self._control.send_multipart(encode_internal(Attached(token)))
-
-    def send(self, frames: list, sent: Sent) -> None:
-        """Tell the frontend ``sent``, then hand the reply ``frames`` to ZeroMQ (kept unrouted
-        while the client's data connection is missing)."""
-        token = sent.token
-        self._control.send_multipart(encode_internal(sent))
-        if token not in self.unrouted and self._hand(token, frames, sent.nbytes):
-            return
-        waiting = self.unrouted.setdefault(token, deque())
-        waiting.append(_Unrouted(sent, frames, time.monotonic() + UNREACHABLE_S))
-        while len(waiting) > MAX_UNROUTED:
-            self._lost(waiting.popleft(), f"more than {MAX_UNROUTED} replies were waiting for "
-                                          "the client's data connection")
-
-    def _hand(self, token: bytes, frames: list, nbytes: int) -> bool:
-        tracker = try_send_tracked(self._data, token, frames)
-        if tracker is None:
-            return False
-        self.unsent.setdefault(token, deque()).append((tracker, nbytes))
-        return True
-
-    def retry(self) -> None:
-        """Retry each client's unrouted replies in order; give up on those past their
-        deadline."""
-        now = time.monotonic()
-        for token, waiting in list(self.unrouted.items()):
-            while waiting:
-                u = waiting[0]
-                if self._hand(token, u.frames, u.sent.nbytes):
-                    waiting.popleft()
-                elif now > u.deadline:
-                    waiting.popleft()
-                    self._lost(u, f"the client's data connection to this reader was missing "
-                                  f"for {UNREACHABLE_S} s")
-                else:
-                    break
-            if not waiting:
-                del self.unrouted[token]
-
-    def collect(self) -> None:
-        """Report (DONE) the bytes of the replies ZeroMQ let go of since the last call."""
-        for token, handed in list(self.unsent.items()):
-            released = 0
-            while handed and handed[0][0].done:
-                released += handed.popleft()[1]
-            if not handed:
-                del self.unsent[token]
-            if released:
-                self._control.send_multipart(encode_internal(Done(token, released)))
-
-    def _lost(self, u: _Unrouted, why: str) -> None:
-        log.warning("reply to request %d dropped: %s", u.sent.req_id, why)
-        self._control.send_multipart(encode_internal(Lost(u.sent.token, u.sent.req_id, why)))
-        self._control.send_multipart(encode_internal(Done(u.sent.token, u.sent.nbytes)))
 
 
 def answer_data(sock: zmq.Socket, guard: InboundGuard, peer_log: RateLimitedLog,
