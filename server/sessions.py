@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from dataflow.server.framing import SendResult
 from dataflow.wire import MAX_BATCH_SIZE
 
 
@@ -36,6 +37,49 @@ class ParkedReply:
     frames: tuple[Any, ...]
     nbytes: int
     settles: bool
+
+
+class Parked:
+    """A client's messages that its full send queue refused (ZeroMQ's ``EAGAIN``), oldest
+    first, retried in order: a new one never overtakes them. Pure: the caller passes the send.
+
+    Attributes:
+        nbytes: bytes held.
+    """
+
+    def __init__(self) -> None:
+        self._replies: deque[ParkedReply] = deque()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    def send(self, send: Callable[[tuple[Any, ...]], SendResult],
+             reply: ParkedReply | None = None) -> tuple[list[ParkedReply], bool]:
+        """Park ``reply`` (None: none new) behind the others, then hand them to ``send`` in
+        order until it says FULL or GONE.
+
+        Returns:
+            The replies handed over, in order, and whether the client is gone (GONE).
+        """
+        if reply is not None:
+            self._replies.append(reply)
+            self.nbytes += reply.nbytes
+        handed: list[ParkedReply] = []
+        while self._replies:
+            result = send(self._replies[0].frames)
+            if result is not SendResult.OK:
+                return handed, result is SendResult.GONE
+            handed.append(self._replies.popleft())
+            self.nbytes -= handed[-1].nbytes
+        return handed, False
+
+    def clear(self) -> int:
+        """Drop every parked reply; returns how many there were."""
+        dropped = len(self._replies)
+        self._replies.clear()
+        self.nbytes = 0
+        return dropped
 
 
 @dataclass(eq=False)
@@ -58,8 +102,7 @@ class Session:
             first (those known written are dropped as STATS come).
         token: session token (32 ASCII hex bytes): the routing id of the client's data
             connections to the readers, and the key of its credit account.
-        parked: replies refused by the client's full send queue, oldest first.
-        parked_bytes: bytes held in ``parked``.
+        parked: replies refused by the client's full send queue.
     """
 
     identity: bytes
@@ -75,18 +118,7 @@ class Session:
     probed: float = float("-inf")
     stats_sent: deque[Any] = field(default_factory=deque)
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
-    parked: deque[ParkedReply] = field(default_factory=deque)
-    parked_bytes: int = 0
-
-    def park(self, reply: ParkedReply) -> None:
-        self.parked.append(reply)
-        self.parked_bytes += reply.nbytes
-
-    def unpark(self) -> ParkedReply:
-        """Remove and return the oldest parked reply (it was handed to ZeroMQ)."""
-        reply = self.parked.popleft()
-        self.parked_bytes -= reply.nbytes
-        return reply
+    parked: Parked = field(default_factory=Parked)
 
 
 class Expiry(Enum):
@@ -205,4 +237,4 @@ class Sessions:
         return sum(len(s.parked) for s in self._by_identity.values())
 
     def parked_bytes(self) -> int:
-        return sum(s.parked_bytes for s in self._by_identity.values())
+        return sum(s.parked.nbytes for s in self._by_identity.values())

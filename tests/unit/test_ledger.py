@@ -7,6 +7,7 @@ import pytest
 
 from dataflow import wire
 from dataflow.errors import InternalError
+from dataflow.server.framing import SendResult
 from dataflow.server.ledger import CREDIT_SLACK, Admitted, Ledger, Refusal, RefusalReason
 from dataflow.server.sessions import ParkedReply, Sessions
 from dataflow.wire.internal import Task
@@ -131,22 +132,52 @@ def test_hello_on_an_open_connection_keeps_the_session() -> None:
     assert again.last_seen == 5.0 and len(sessions) == 1
 
 
-def test_parked_replies_keep_their_order_and_bytes() -> None:
+class Queue:
+    """A client's send queue of ``room`` messages (None: the client is gone)."""
+
+    def __init__(self, room: int | None) -> None:
+        self.room = room
+        self.sent: list[tuple] = []
+
+    def send(self, frames: tuple) -> SendResult:
+        if self.room is None:
+            return SendResult.GONE
+        if len(self.sent) >= self.room:
+            return SendResult.FULL
+        self.sent.append(frames)
+        return SendResult.OK
+
+
+def test_parked_replies_go_in_order_and_a_new_one_never_overtakes_them() -> None:
     s = Sessions().open(b"conn", "a", 2, now=0.0)
-    replies = [ParkedReply(i, (b"h", b"x" * i), 1 + i, settles=i % 2 == 0) for i in range(3)]
-    for r in replies:
-        s.park(r)
-    assert s.parked_bytes == 1 + 2 + 3
-    assert [s.unpark() for _ in range(3)] == replies
-    assert s.parked_bytes == 0 and not s.parked
+    replies = [ParkedReply(i, (b"h", b"x" * i), 1 + i, settles=i % 2 == 0) for i in range(4)]
+    queue = Queue(room=0)
+    for r in replies[:3]:
+        assert s.parked.send(queue.send, r) == ([], False)
+    assert len(s.parked) == 3 and s.parked.nbytes == 1 + 2 + 3
+    queue.room = 2
+    assert s.parked.send(queue.send) == (replies[:2], False)
+    assert len(s.parked) == 1 and s.parked.nbytes == 3
+    queue.room = 10
+    assert s.parked.send(queue.send, replies[3]) == (replies[2:], False)
+    assert queue.sent == [r.frames for r in replies] and s.parked.nbytes == 0
+    assert not s.parked
+
+
+def test_a_gone_client_keeps_its_parked_replies_for_the_caller_to_drop() -> None:
+    s = Sessions().open(b"conn", "a", 2, now=0.0)
+    reply = ParkedReply(0, (b"h",), 10, settles=True)
+    assert s.parked.send(Queue(room=None).send, reply) == ([], True)
+    assert s.parked.clear() == 1 and s.parked.nbytes == 0 and not s.parked
 
 
 def test_sessions_count_parked_replies_of_open_sessions() -> None:
     sessions = Sessions()
     a = sessions.open(b"a", "a", 1, now=0.0)
     b = sessions.open(b"b", "b", 1, now=0.0)
-    a.park(ParkedReply(0, (b"h",), 10, settles=True))
-    b.park(ParkedReply(0, (b"h",), 5, settles=False))
+    full = Queue(room=0)
+    a.parked.send(full.send, ParkedReply(0, (b"h",), 10, settles=True))
+    b.parked.send(full.send, ParkedReply(0, (b"h",), 5, settles=False))
     assert sessions.parked() == 2 and sessions.parked_bytes() == 15
     sessions.close(b)
     assert sessions.parked() == 1 and sessions.parked_bytes() == 10
