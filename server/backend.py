@@ -37,9 +37,8 @@ from dataflow.wire.internal import (
     Done,
     Internal,
     Lost,
-    Ready,
     Sent,
-    Task,
+    Started,
     decode_internal,
     encode_internal,
 )
@@ -92,7 +91,7 @@ class WorkerHandler:
             raise InternalError(f"reader {frames[0]!r} sent a malformed message: {e}") from e
 
     def wait_ready(self, timeout: float, stop: Callable[[], bool]) -> None:
-        """Wait until every worker reported READY.
+        """Wait until every worker reported STARTED.
 
         Raises:
             ServerStartError: a worker died first or ``timeout`` seconds passed.
@@ -101,8 +100,8 @@ class WorkerHandler:
         while not self._pool.all_ready and not stop():
             if self._backend.poll(100):
                 identity, msg = self._recv()
-                if isinstance(msg, Ready):
-                    self._pool.mark_ready(identity, msg.endpoint)
+                if isinstance(msg, Started):
+                    self._pool.started(identity, msg.endpoint)
             dead = self._pool.reap(respawn=False)
             if dead:
                 w, code = dead[0]
@@ -121,8 +120,8 @@ class WorkerHandler:
             self._on_notice(identity, msg)
 
     def _on_notice(self, identity: bytes, msg: Internal) -> None:
-        if isinstance(msg, Ready):
-            self._pool.mark_ready(identity, msg.endpoint)
+        if isinstance(msg, Started):
+            self._pool.started(identity, msg.endpoint)
             return
         if isinstance(msg, Attached):
             s = self._sessions.by_token(msg.token)
@@ -159,10 +158,9 @@ class WorkerHandler:
             worker = self._pool.least_loaded()
             if worker is None:
                 return
-            nxt = self._ledger.next_request(self._unsent.blocked)
-            if nxt is None:
+            task = self._ledger.next_request(self._unsent.blocked)
+            if task is None:
                 return
-            task = Task(nxt.key, nxt.req_id, nxt.ranges, nxt.tag, nxt.columns)
             try:
                 self._backend.send_multipart([worker.identity, *encode_internal(task)],
                                              flags=zmq.NOBLOCK)
@@ -171,10 +169,10 @@ class WorkerHandler:
                 # task never reached it, so it goes back first in its queue for another
                 # reader or the replacement, counted as an attempt as a reader death is.
                 worker.ready = False
-                if self._ledger.requeue(nxt):
+                if self._ledger.requeue(task):
                     self._counters["tasks_requeued"] += 1
                 continue
-            worker.tasks[(task.token, task.req_id)] = nxt
+            worker.tasks[(task.token, task.req_id)] = task
 
     def reap(self) -> None:
         """Replace dead readers; queue the requests they held again (or fail them, see the
@@ -189,7 +187,7 @@ class WorkerHandler:
                     continue
                 rows = task.ranges[:8].tolist()
                 self._delivery.fail(
-                    task.key, task.req_id, ErrorKind.WORKER_DIED,
+                    task.token, task.req_id, ErrorKind.WORKER_DIED,
                     f"{MAX_ATTEMPTS} reader processes exited while reading ranges {rows} of "
                     f"{[self._index.shards[r[0]][root:] for r in rows]} (the last one, pid "
                     f"{worker.process.pid}, with code {code})", settles=True)

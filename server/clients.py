@@ -15,6 +15,10 @@ readers. Every INDEX reply shares one buffer of the index JSON (a peer sending H
 reading the replies makes the server queue small headers, not copies of the index). Peer text
 reaches the log only quoted (:func:`~dataflow.server.peerlog.quote`) and rate-limited.
 
+The decisions are pure functions and objects this module only calls: what a HELLO and a
+REQUEST's ranges may be (:mod:`~dataflow.server.admission`), a request's credits
+(:mod:`~dataflow.server.ledger`) and when a session ends (:mod:`~dataflow.server.sessions`).
+
 Thread invariant: used only by the frontend's thread.
 """
 
@@ -30,20 +34,23 @@ import zmq
 from dataflow import wire
 from dataflow.errors import ProtocolError
 from dataflow.index import DatasetIndex
+from dataflow.server.admission import Refused, admit_hello, range_problem
 from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
 from dataflow.server.framing import SendResult, recv_bounded
 from dataflow.server.guard import OLD_ZMTP, InboundGuard, address_of, message_fd
 from dataflow.server.ledger import Ledger, Refusal
 from dataflow.server.peerlog import RateLimitedLog, quote
-from dataflow.server.sessions import Expiry, Session, Sessions, expiry
-from dataflow.subset import unmatched
+from dataflow.server.sessions import Expiry, Session, Sessions, Timeouts
 from dataflow.wire import ErrorKind
+from dataflow.wire.internal import Task
 
 log = logging.getLogger("dataflow.server")
 
 MAX_CLIENT_FRAMES = 3
 MAX_STATS_UNSENT = 4  # STATS replies to one session ZeroMQ may hold unwritten
+EXPIRED = {Expiry.IDLE: "sessions_idle_expired", Expiry.UNATTACHED: "sessions_unattached_expired",
+           Expiry.UNUSED: "sessions_unused_expired"}  # the STATS counter of each
 
 
 def relative_index(index: DatasetIndex) -> DatasetIndex:
@@ -55,45 +62,6 @@ def relative_index(index: DatasetIndex) -> DatasetIndex:
     root = len(index.root)
     return dataclasses.replace(index, shards=tuple(s[root:] for s in index.shards),
                                read=dataclasses.replace(index.read, hive_root=""))
-
-
-def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
-                  max_samples: int) -> str | None:
-    """Why ``ranges`` (int64, (n, 3) ``(shard, start, stop)`` rows) is not a valid request of
-    at most ``max_samples`` samples of shards ``shards`` of ``sizes`` samples, or None. Pure.
-
-    Each sample may be named once: no two ranges overlap (ranges that meet are fine). A plan
-    never names a sample twice in a batch, even padded (``drop_last=False`` repeats samples
-    only in other ranks' batches); a request that does would make the readers read and send
-    the same data any number of times.
-    """
-    if len(ranges) > max_samples:
-        return (f"request of {len(ranges)} ranges exceeds this session's "
-                f"{max_samples} samples a request")
-    shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
-    bad_shard = (shard < 0) | (shard >= len(sizes))
-    if bad_shard.any():
-        i = int(np.flatnonzero(bad_shard)[0])
-        return f"range {i}: shard {int(shard[i])} not in [0, {len(sizes)})"
-    size = sizes[shard]
-    bad = (start < 0) | (stop <= start) | (stop > size)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        return (f"range {i}: [{int(start[i])}, {int(stop[i])}) is empty or outside shard "
-                f"{shards[int(shard[i])]} of {int(size[i])} samples")
-    total = int((stop - start).sum())
-    if total > max_samples:
-        return (f"request of {total} samples exceeds this session's {max_samples} samples "
-                "a request (its HELLO `batch_size`, else --max-request-samples)")
-    order = np.lexsort((start, shard))
-    overlap = (shard[order][1:] == shard[order][:-1]) & (start[order][1:] < stop[order][:-1])
-    if overlap.any():
-        k = int(np.flatnonzero(overlap)[0])
-        i, j = sorted((int(order[k]), int(order[k + 1])))
-        return (f"ranges {i} [{int(start[i])}, {int(stop[i])}) and {j} [{int(start[j])}, "
-                f"{int(stop[j])}) of shard {shards[int(shard[i])]} overlap: a request names "
-                "each sample at most once")
-    return None
 
 
 class ClientHandler:
@@ -134,16 +102,8 @@ class ClientHandler:
         self._read_notices = read_notices
         self._guard = guard
         self._peer_log = peer_log
-        self._expired = {
-            Expiry.IDLE: ("sessions_idle_expired", f"nothing received for "
-                          f"{config.session_idle_timeout} s (--session-idle-timeout)"),
-            Expiry.UNATTACHED: ("sessions_unattached_expired", "no data connection to a reader "
-                                f"within {config.session_start_timeout} s of its HELLO "
-                                "(--session-start-timeout)"),
-            Expiry.UNUSED: ("sessions_unused_expired", "no REQUEST within "
-                            f"{config.session_idle_timeout} s of its HELLO "
-                            "(--session-idle-timeout)"),
-        }
+        self._timeouts = Timeouts(config.client_ttl, config.session_idle_timeout,
+                                  config.session_start_timeout)
 
     def _unknown(self, identity: bytes, req_id: int, what: str) -> None:
         self._delivery.error(
@@ -173,12 +133,12 @@ class ClientHandler:
                 raise ProtocolError(f"message has more than {MAX_CLIENT_FRAMES} frames")
             if len(frames) < 2:
                 raise ProtocolError("empty message")
-            head = wire.decode_header(frames[1])
-            if s is None and isinstance(head, wire.Request):
+            head = wire.parse_header(frames[1])
+            if s is None and isinstance(head.msg, wire.Request):
                 self._counters["refused"] += 1
-                self._unknown(identity, head.req_id, "REQUEST")
+                self._unknown(identity, head.msg.req_id, "REQUEST")
                 return
-            msg = wire.decode(frames[1:])
+            msg = head.message(frames[2:])
         except ProtocolError as e:
             self._counters["malformed"] += 1
             self._peer_log.warning("malformed message from %s: %s", identity.hex()[:64],
@@ -247,60 +207,29 @@ class ClientHandler:
         else:
             s.stats_sent.append(tracker)
 
-    def _hello_problem(self, msg: wire.Hello) -> str | None:
-        """Why HELLO ``msg`` is refused (counted as a refused request), or None."""
-        cap = self._config.max_request_samples
-        if msg.batch_size is not None and msg.batch_size > cap:
-            return (f"HELLO `batch_size` {msg.batch_size} exceeds this server's "
-                    f"--max-request-samples {cap}")
-        unknown = unmatched(msg.columns or (), self._fields)
-        if unknown:
-            return (f"HELLO `columns` names field(s) {unknown} this server does not serve; it "
-                    f"serves {self._fields}")
-        return None
-
-    def _busy(self, address: str) -> str | None:
-        """Why a new session of ``address`` is refused as busy, or None."""
-        if len(self._sessions) >= self._config.max_sessions:
-            self._counters["sessions_refused"] += 1
-            return (f"this server holds its maximum of {len(self._sessions)} sessions "
-                    "(--max-sessions); use another server or retry later")
-        held = self._sessions.of_address(address)
-        if held >= self._config.address_sessions:
-            self._counters["address_sessions_refused"] += 1
-            return (f"this server holds {held} sessions of this client's address, the most one "
-                    "address may (--max-sessions-per-address); use another server or retry "
-                    "later")
-        return None
-
     def _on_hello(self, identity: bytes, s: Session | None, msg: wire.Hello,
                   now: float, address: str) -> None:
-        problem = self._hello_problem(msg)
-        if problem is not None:
-            self._counters["refused"] += 1
-            self._peer_log.warning("HELLO from %s (%s) refused: %s", identity.hex()[:64],
-                                   quote(msg.client), quote(problem, 400))
-            self._delivery.error(identity, -1, ErrorKind.PROTOCOL, problem)
-            return
-        busy = None if s is not None else self._busy(address)
-        if busy is not None:
+        outcome = admit_hello(msg, self._config, self._fields, renewing=s is not None,
+                              sessions=len(self._sessions),
+                              of_address=self._sessions.of_address(address))
+        if isinstance(outcome, Refused):
+            self._counters[outcome.counter] += 1
             self._peer_log.warning("HELLO from %s (%s, %s) refused: %s", identity.hex()[:64],
-                                   quote(msg.client), quote(address), busy)
-            self._delivery.error(identity, -1, ErrorKind.SERVER_BUSY, busy)
+                                   quote(msg.client), quote(address), quote(outcome.message, 400))
+            self._delivery.error(identity, -1, outcome.kind, outcome.message)
             return
-        max_samples = msg.batch_size or self._config.max_request_samples
-        credits = min(msg.credits, self._config.max_credits,
-                      max(1, self._config.max_window_samples // max_samples))
-        s = self._sessions.open(identity, msg.client, credits, now, max_samples=max_samples,
-                                columns=msg.columns, address=address)
-        self._ledger.open(s.token, credits, owner=identity, address=s.address)
+        s = self._sessions.open(identity, msg.client, outcome.credits, now,
+                                max_samples=outcome.max_samples, columns=msg.columns,
+                                address=address)
+        self._ledger.open(s.token, outcome.credits, owner=identity, address=s.address)
         log.info("client %s (%s, %s) connected with %d credit(s), at most %d sample(s) a "
                  "request, columns %s", identity.hex()[:64], quote(msg.client),
-                 quote(s.address), credits, s.max_samples,
+                 quote(s.address), outcome.credits, s.max_samples,
                  "all" if msg.columns is None else quote(", ".join(msg.columns), 400))
         workers, endpoints = self._server_info()
-        frames = wire.encode(wire.Index(credits, workers, self._index_json, s.token.decode(),
-                                        tuple(endpoints), self._config.transform or ""))
+        frames = wire.encode(wire.Index(outcome.credits, workers, self._index_json,
+                                        s.token.decode(), tuple(endpoints),
+                                        self._config.transform or ""))
         frames[-1] = self._index_body  # the same bytes, shared by every INDEX queued
         if self._delivery.send_frames(identity, frames) is not SendResult.OK:
             self._counters["dropped_sends"] += 1
@@ -319,7 +248,8 @@ class ClientHandler:
                 # answers a data connection's first HEARTBEAT, so the notice is normally here
                 # before the client can react to the reply: read them.
                 self._read_notices()
-            outcome = self._ledger.admit(s.token, msg.req_id, msg.ranges, msg.tag, s.columns)
+            outcome = self._ledger.admit(Task(s.token, msg.req_id, msg.ranges, msg.tag,
+                                              s.columns))
             if isinstance(outcome, Refusal):
                 problem = outcome.message
         if problem is not None:
@@ -330,9 +260,9 @@ class ClientHandler:
         self._counters["requests"] += 1
 
     def expire(self, now: float) -> None:
-        """Free the sessions :func:`~dataflow.server.sessions.expiry` says are over (telling
-        them why), and those of clients silent for ``--client-ttl`` seconds whose connection
-        is gone.
+        """Free the sessions :meth:`~dataflow.server.sessions.Timeouts.due` says are over
+        (telling them why), and those of clients silent for ``--client-ttl`` seconds whose
+        connection is gone.
 
         Silence alone is not proof of death: a client's Python threads can be held up for
         seconds by things it does not control (a foreign finalizer run by the garbage
@@ -344,20 +274,18 @@ class ClientHandler:
         live client sends a HEARTBEAT every second, so only a peer that holds a session
         without using it reaches the idle timeout.
         """
-        ttl = self._config.client_ttl
         for s in self._sessions:
-            due = expiry(s, now, ttl=ttl, idle=self._config.session_idle_timeout,
-                         start=self._config.session_start_timeout)
+            due = self._timeouts.due(s, now)
             if due is Expiry.PROBE:
                 if self._delivery.send(s.identity, wire.Heartbeat()) is SendResult.GONE:
                     self._counters["clients_expired"] += 1
-                    self._delivery.drop(s, f"silent for more than {ttl} s and disconnected")
+                    self._delivery.drop(s, self._timeouts.why(due))
                 else:
                     self._counters["clients_probed"] += 1
                     s.probed = now
             elif due is not None:
-                counter, why = self._expired[due]
-                self._counters[counter] += 1
+                why = self._timeouts.why(due)
+                self._counters[EXPIRED[due]] += 1
                 self._delivery.error(s.identity, -1, ErrorKind.UNKNOWN_CLIENT,
                                      f"session freed: {why}; send HELLO to start again")
                 self._delivery.drop(s, why)

@@ -70,36 +70,24 @@ class Delivery:
         if s is None:
             return
         frames = tuple(wire.encode(wire.ErrorMsg(req_id, kind, message)))
-        self.deliver(s, ParkedReply(req_id, frames, sum(len(f) for f in frames), settles))
-
-    def deliver(self, s: Session, reply: ParkedReply) -> None:
-        """Hand ``reply`` to ``s``, or park it behind its parked replies or a full queue."""
-        if s.parked:
-            s.park(reply)
-            return
-        result = try_send(self._router, s.identity, reply.frames)
-        if result is SendResult.OK:
-            self._handed(s, reply)
-        elif result is SendResult.FULL:
-            s.park(reply)
-        else:
-            self.drop(s, "gone")
+        self._send_parked(s, ParkedReply(req_id, frames, sum(len(f) for f in frames), settles))
 
     def retry(self) -> None:
         """Retry every session's parked replies in order."""
         for s in self._sessions:
-            while s.parked:
-                result = try_send(self._router, s.identity, s.parked[0].frames)
-                if result is SendResult.FULL:
-                    break
-                if result is SendResult.GONE:
-                    self.drop(s, "gone")
-                    break
-                self._handed(s, s.unpark())
+            if s.parked:
+                self._send_parked(s)
 
-    def _handed(self, s: Session, reply: ParkedReply) -> None:
-        if reply.settles:
-            self.settle(s.token, reply.req_id, reply.nbytes)
+    def _send_parked(self, s: Session, reply: ParkedReply | None = None) -> None:
+        """Hand ``s`` its parked replies, then ``reply``, in order, while its queue takes them
+        (:meth:`~dataflow.server.sessions.Parked.send`); a gone client's session is freed."""
+        handed, gone = s.parked.send(lambda frames: try_send(self._router, s.identity, frames),
+                                     reply)
+        for r in handed:
+            if r.settles:
+                self.settle(s.token, r.req_id, r.nbytes)
+        if gone:
+            self.drop(s, "gone")
 
     def settle(self, token: bytes, req_id: int, nbytes: int, samples: int = 0) -> None:
         """The reply (``nbytes``, ``samples`` in its batch) to request ``req_id`` of session
@@ -118,8 +106,7 @@ class Delivery:
         """Free session ``s``: its account, queued requests and parked replies."""
         self._sessions.close(s)
         queued = self._ledger.close(s.token)
-        self._counters["dropped_sends"] += len(s.parked)
+        parked = s.parked.clear()
+        self._counters["dropped_sends"] += parked
         log.info("client %s (%s): session freed (%s); %d queued request(s) and %d reply(ies) "
-                 "dropped", s.identity.hex()[:64], quote(s.name), why, queued, len(s.parked))
-        s.parked.clear()
-        s.parked_bytes = 0
+                 "dropped", s.identity.hex()[:64], quote(s.name), why, queued, parked)

@@ -143,7 +143,7 @@ class Frontend:
         return len(self._pool), [e for e in self._pool.endpoints if e is not None]
 
     def wait_ready(self, timeout: float, stop: Callable[[], bool]) -> None:
-        """Wait until every worker reported READY.
+        """Wait until every worker reported STARTED.
 
         Raises:
             ServerStartError: a worker died first or ``timeout`` seconds passed.

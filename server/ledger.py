@@ -3,8 +3,8 @@
 Pure bookkeeping: no sockets, no clock. Each session (keyed by its session token, never by a
 ZeroMQ routing id) has an account: credits granted, the ids of its outstanding requests
 (accepted, and whose reply was not handed to ZeroMQ yet) and its queue of requests waiting for
-a reader. Requests are dispatched round-robin over the accounts with queued requests, one per
-account in turn.
+a reader, each the :class:`~dataflow.wire.internal.Task` the reader will get. Requests are
+dispatched round-robin over the accounts with queued requests, one per account in turn.
 
 Rule: a client may have up to ``CREDIT_SLACK x credits`` requests outstanding, counted over its
 *connection* (the account's ``owner``, its ZeroMQ routing id), not only its session: an
@@ -42,10 +42,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TypeVar
 
-import numpy as np
-
 from dataflow.errors import InternalError
-from dataflow.wire.messages import NO_TAG, BatchTag
+from dataflow.wire.internal import Task
 
 CREDIT_SLACK = 2
 K = TypeVar("K", bytes, str)
@@ -74,28 +72,6 @@ class Refusal:
     message: str
 
 
-@dataclass(frozen=True)
-class Dispatch:
-    """The next request to hand to a reader.
-
-    Attributes:
-        key: the session's token.
-        req_id: the request's id.
-        ranges: int64 (n, 3) ``(shard, start, stop)`` rows.
-        tag: the batch's (seed, epoch, global batch index), for the transform.
-        attempts: readers that died holding it before.
-        columns: the fields its reply keeps (its session's column subset when it was
-            admitted), or None: all.
-    """
-
-    key: bytes
-    req_id: int
-    ranges: np.ndarray
-    tag: BatchTag = NO_TAG
-    attempts: int = 0
-    columns: tuple[str, ...] | None = None
-
-
 @dataclass(eq=False)
 class _Account:
     key: bytes
@@ -104,7 +80,7 @@ class _Account:
     address: str = ""
     attached: bool = False
     active: set[int] = field(default_factory=set)
-    queued: deque[Dispatch] = field(default_factory=deque)
+    queued: deque[Task] = field(default_factory=deque)
     closed: bool = False
 
 
@@ -221,16 +197,14 @@ class Ledger:
         acct = self._get(key)
         return len(acct.active) >= acct.credits
 
-    def admit(self, key: bytes, req_id: int, ranges: np.ndarray, tag: BatchTag = NO_TAG,
-              columns: tuple[str, ...] | None = None) -> Admitted | Refusal:
-        """Accept request ``req_id`` of session ``key`` into its queue, or refuse it.
-
-        ``ranges``, ``tag`` and ``columns`` (the fields its reply keeps) travel with it to a
-        reader.
+    def admit(self, task: Task) -> Admitted | Refusal:
+        """Accept ``task`` (a request of session ``task.token``) into its session's queue, or
+        refuse it.
 
         Raises:
-            InternalError: ``key`` has no open account.
+            InternalError: its session has no open account.
         """
+        key, req_id = task.token, task.req_id
         acct = self._get(key)
         if req_id in acct.active:
             return Refusal(RefusalReason.DUPLICATE_ID,
@@ -249,11 +223,11 @@ class Ledger:
                                f"address x {self._slack} x --max-credits)")
         if not acct.queued and acct.attached:
             self._turns.append(acct)
-        acct.queued.append(Dispatch(key, req_id, ranges, tag, columns=columns))
+        acct.queued.append(task)
         acct.active.add(req_id)
         return Admitted(len(acct.active))
 
-    def requeue(self, task: Dispatch) -> bool:
+    def requeue(self, task: Task) -> bool:
         """Put ``task`` (dispatched to a reader that died) first in its session's queue, with
         one more attempt counted.
 
@@ -261,9 +235,9 @@ class Ledger:
             False when it has no open account or is no longer outstanding (nothing to do);
             a draining account forgets it.
         """
-        acct = self._accounts.get(task.key)
+        acct = self._accounts.get(task.token)
         if acct is None or task.req_id not in acct.active:
-            self.settle(task.key, task.req_id)
+            self.settle(task.token, task.req_id)
             return False
         if not acct.queued and acct.attached:
             self._turns.append(acct)
@@ -290,7 +264,7 @@ class Ledger:
         acct.active.discard(req_id)
         return True
 
-    def next_request(self, blocked: Callable[[str], bool] | None = None) -> Dispatch | None:
+    def next_request(self, blocked: Callable[[str], bool] | None = None) -> Task | None:
         """The next request to dispatch, one per attached session in turn, skipping sessions
         whose address ``blocked`` says is blocked; None when none may go."""
         for _ in range(len(self._turns)):

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dataflow.errors import ServerStartError
-from dataflow.server.ledger import Dispatch
 from dataflow.server.tasks import WorkerSpec
 from dataflow.server.worker import DataCaps, run_worker
+from dataflow.wire.internal import Task
 
 log = logging.getLogger("dataflow.server.pool")
 
@@ -31,7 +31,7 @@ class Worker:
     process: mp.process.BaseProcess
     slot: int
     ready: bool = False
-    tasks: dict[tuple[bytes, int], Dispatch] = field(default_factory=dict)
+    tasks: dict[tuple[bytes, int], Task] = field(default_factory=dict)
 
 
 class WorkerPool:
@@ -106,8 +106,8 @@ class WorkerPool:
     def all_ready(self) -> bool:
         return all(w.ready for w in self._workers.values())
 
-    def mark_ready(self, identity: bytes, endpoint: str) -> None:
-        """Record that worker ``identity`` serves, with its data socket at ``endpoint``."""
+    def started(self, identity: bytes, endpoint: str) -> None:
+        """Worker ``identity`` said STARTED: it serves, with its data socket at ``endpoint``."""
         worker = self._workers.get(identity)
         if worker is not None:
             worker.ready = True

@@ -2,8 +2,8 @@
 session is freed.
 
 Credits are not here: :mod:`dataflow.server.ledger` owns them, keyed by the session token.
-:func:`expiry` decides, from a session's times alone, whether it is freed (and why) or its
-connection probed; the frontend does the I/O.
+:meth:`Timeouts.due` decides, from a session's times alone, whether it is freed (and why) or
+its connection probed; the frontend does the I/O.
 
 Thread invariant: used only by the frontend's thread.
 """
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from dataflow.server.framing import SendResult
 from dataflow.wire import MAX_BATCH_SIZE
 
 
@@ -36,6 +37,49 @@ class ParkedReply:
     frames: tuple[Any, ...]
     nbytes: int
     settles: bool
+
+
+class Parked:
+    """A client's messages that its full send queue refused (ZeroMQ's ``EAGAIN``), oldest
+    first, retried in order: a new one never overtakes them. Pure: the caller passes the send.
+
+    Attributes:
+        nbytes: bytes held.
+    """
+
+    def __init__(self) -> None:
+        self._replies: deque[ParkedReply] = deque()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    def send(self, send: Callable[[tuple[Any, ...]], SendResult],
+             reply: ParkedReply | None = None) -> tuple[list[ParkedReply], bool]:
+        """Park ``reply`` (None: none new) behind the others, then hand them to ``send`` in
+        order until it says FULL or GONE.
+
+        Returns:
+            The replies handed over, in order, and whether the client is gone (GONE).
+        """
+        if reply is not None:
+            self._replies.append(reply)
+            self.nbytes += reply.nbytes
+        handed: list[ParkedReply] = []
+        while self._replies:
+            result = send(self._replies[0].frames)
+            if result is not SendResult.OK:
+                return handed, result is SendResult.GONE
+            handed.append(self._replies.popleft())
+            self.nbytes -= handed[-1].nbytes
+        return handed, False
+
+    def clear(self) -> int:
+        """Drop every parked reply; returns how many there were."""
+        dropped = len(self._replies)
+        self._replies.clear()
+        self.nbytes = 0
+        return dropped
 
 
 @dataclass(eq=False)
@@ -59,8 +103,7 @@ class Session:
         stats_waiting: a STATS of it waits until fewer of its STATS replies are unwritten.
         token: session token (32 ASCII hex bytes): the routing id of the client's data
             connections to the readers, and the key of its credit account.
-        parked: replies refused by the client's full send queue, oldest first.
-        parked_bytes: bytes held in ``parked``.
+        parked: replies refused by the client's full send queue.
     """
 
     identity: bytes
@@ -77,22 +120,11 @@ class Session:
     stats_sent: deque[Any] = field(default_factory=deque)
     stats_waiting: bool = False
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
-    parked: deque[ParkedReply] = field(default_factory=deque)
-    parked_bytes: int = 0
-
-    def park(self, reply: ParkedReply) -> None:
-        self.parked.append(reply)
-        self.parked_bytes += reply.nbytes
-
-    def unpark(self) -> ParkedReply:
-        """Remove and return the oldest parked reply (it was handed to ZeroMQ)."""
-        reply = self.parked.popleft()
-        self.parked_bytes -= reply.nbytes
-        return reply
+    parked: Parked = field(default_factory=Parked)
 
 
 class Expiry(Enum):
-    """What :func:`expiry` decided for a session."""
+    """What :meth:`Timeouts.due` decided for a session."""
 
     IDLE = "idle"  # nothing received for the idle timeout
     UNATTACHED = "unattached"  # no data connection within the start timeout
@@ -100,28 +132,51 @@ class Expiry(Enum):
     PROBE = "probe"  # silent past the ttl: probe its connection (freed if it is gone)
 
 
-def expiry(s: Session, now: float, *, ttl: float, idle: float, start: float) -> Expiry | None:
-    """Whether session ``s`` is freed at ``now`` (and why), its connection is due a probe, or
-    neither (None). Pure.
+@dataclass(frozen=True)
+class Timeouts:
+    """When a session ends (the server's flags, seconds).
 
-    Args:
-        s: the session.
-        now: the time, on the clock of ``s``'s times (seconds).
+    Attributes:
         ttl: ``--client-ttl``: silence after which the connection is probed.
         idle: ``--session-idle-timeout``: silence, or time without a REQUEST since the HELLO,
             after which the session is freed.
         start: ``--session-start-timeout``: time after the HELLO by which a data connection
             must be attached.
     """
-    if now - s.last_seen > idle:
-        return Expiry.IDLE
-    if not s.attached and now - s.opened > start:
-        return Expiry.UNATTACHED
-    if not s.requested and now - s.opened > idle:
-        return Expiry.UNUSED
-    if now - s.last_seen > ttl and now - s.probed > ttl:
-        return Expiry.PROBE
-    return None
+
+    ttl: float
+    idle: float
+    start: float
+
+    def due(self, s: Session, now: float) -> Expiry | None:
+        """Whether session ``s`` is freed at ``now`` (and why), its connection is due a probe,
+        or neither (None). Pure.
+
+        Args:
+            s: the session.
+            now: the time, on the clock of ``s``'s times (seconds).
+        """
+        if now - s.last_seen > self.idle:
+            return Expiry.IDLE
+        if not s.attached and now - s.opened > self.start:
+            return Expiry.UNATTACHED
+        if not s.requested and now - s.opened > self.idle:
+            return Expiry.UNUSED
+        if now - s.last_seen > self.ttl and now - s.probed > self.ttl:
+            return Expiry.PROBE
+        return None
+
+    def why(self, due: Expiry) -> str:
+        """Why a session is freed for ``due`` (a probe: because it found the connection
+        gone), in words for the log and the client."""
+        return {
+            Expiry.IDLE: f"nothing received for {self.idle} s (--session-idle-timeout)",
+            Expiry.UNATTACHED: f"no data connection to a reader within {self.start} s of its "
+                               "HELLO (--session-start-timeout)",
+            Expiry.UNUSED: f"no REQUEST within {self.idle} s of its HELLO "
+                           "(--session-idle-timeout)",
+            Expiry.PROBE: f"silent for more than {self.ttl} s and disconnected",
+        }[due]
 
 
 class Sessions:
@@ -184,4 +239,4 @@ class Sessions:
         return sum(len(s.parked) for s in self._by_identity.values())
 
     def parked_bytes(self) -> int:
-        return sum(s.parked_bytes for s in self._by_identity.values())
+        return sum(s.parked.nbytes for s in self._by_identity.values())

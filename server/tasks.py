@@ -1,8 +1,8 @@
 """What a reader process does with one task: read its ranges, transform, keep the session's
 columns, encode the reply.
 
-Pure of sockets: :func:`serve_task` returns the reply's frames and what the frontend counts of
-it; :mod:`dataflow.server.worker` sends them.
+Pure of sockets: :func:`serve_task` returns the reply's frames and the SENT notice of what the
+frontend counts of it; :mod:`dataflow.server.worker` sends them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from dataflow import wire
 from dataflow.batch import batch_len
 from dataflow.columns import ReadOptions
-from dataflow.errors import InternalError, ReplyTooLarge
+from dataflow.errors import DataflowError, InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar import DEFAULT_OPTIONS
@@ -25,7 +25,8 @@ from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
 from dataflow.subset import select
 from dataflow.transform import TransformContext, batch_seed
-from dataflow.wire import NO_TAG, BatchTag, ErrorKind
+from dataflow.wire import BatchTag, ErrorKind
+from dataflow.wire.internal import Sent, Task
 
 MAX_OPEN_SHARDS = 32
 
@@ -154,23 +155,6 @@ class SkipMeter:
         return {shard: n for shard, n in out.items() if n}
 
 
-@dataclass(frozen=True)
-class Reply:
-    """The encoded reply to one task, and what the frontend counts of it.
-
-    Attributes:
-        frames: an encoded BATCH or ERROR.
-        skips: ``(shard, samples)`` left out as damaged.
-        too_large: whether the batch exceeded ``--max-reply-bytes``.
-        samples: samples in the BATCH (0 for an ERROR).
-    """
-
-    frames: list[wire.Buffer]
-    skips: tuple[tuple[int, int], ...] = ()
-    too_large: bool = False
-    samples: int = 0
-
-
 def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> TransformContext:
     """The context of the transform of the batch ``ranges`` tagged ``tag``."""
     shards = tuple((spec.shards[shard].removeprefix(spec.root), start, stop)
@@ -179,44 +163,73 @@ def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> Tr
 
 
 def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-               req_id: int, ranges: np.ndarray, tag: BatchTag = NO_TAG,
-               columns: tuple[str, ...] | None = None) -> Reply:
-    """The reply (BATCH or ERROR) to one task; never raises for bad data.
+               task: Task) -> tuple[list[wire.Buffer], Sent]:
+    """The reply to ``task`` (BATCH or ERROR) and the SENT notice that accounts for it; never
+    raises.
 
-    The transform sees every served field; the reply keeps ``columns`` of what it returned
-    (:mod:`dataflow.subset`; None: every field).
+    The transform sees every served field; the reply keeps ``task.columns`` of what it
+    returned (:mod:`dataflow.subset`; None: every field). A read that fails on the data (a
+    :class:`~dataflow.errors.DataflowError`: a damaged or changed shard, the transform, a batch
+    over ``--max-reply-bytes``; or an ``OSError``) is answered with READ_FAILED. Any other
+    exception, :class:`~dataflow.errors.InternalError` included, is a bug of the server: it is
+    answered with INTERNAL and logged with its traceback. Either message starts with the
+    exception's class name; shard paths in it are relative to the dataset root.
     """
     meter = SkipMeter(readers)
     try:
-        batch = read_ranges(meter.get, ranges)
-        if transform is not None:
-            batch = apply_transform(transform, batch, transform_context(spec, ranges, tag),
-                                    columns)
-        if columns is not None:
-            batch = select(batch, columns)
-        skips = meter.skips()
-        skipped = sum(skips.values())
-        requested = int((ranges[:, 2] - ranges[:, 1]).sum())
-        if batch_len(batch) + skipped != requested:
-            raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
-                                f"for a request of {requested}")
-        msg = wire.batch_to_message(req_id, batch, skipped)
-        nbytes = sum(a.nbytes for a in msg.arrays)
-        if nbytes > spec.max_reply_bytes:
-            raise ReplyTooLarge(f"batch of {nbytes} bytes exceeds this server's "
-                                f"--max-reply-bytes {spec.max_reply_bytes}; ask for fewer "
-                                "samples a request")
+        msg, skips = _batch(meter, transform, spec, task)
         frames = wire.encode(msg)
         # Arrays may view a shard's map (Arrow): a shard rewritten since they were read fails
         # the reply here, even under --on-error skip (the batch is built). ZeroMQ reads the
         # frames sent zero-copy later still: a rewrite in place landing in that window (the
-        # send, or the wait of a parked reply) is not seen.
+        # send, or the wait of a reply for a missing connection) is not seen.
         meter.verify()
-        return Reply(frames, tuple(sorted(skips.items())), samples=msg.size)
     except Exception as e:
-        log.warning("request %d failed: %s: %s", req_id, type(e).__name__, e)
-        text = f"{type(e).__name__}: {e}"
-        if spec.root:
-            text = text.replace(spec.root, "")
-        return Reply(wire.encode(wire.ErrorMsg(req_id, ErrorKind.READ_FAILED, text)),
-                     too_large=isinstance(e, ReplyTooLarge))
+        return _failed(spec, task, e)
+    return frames, Sent(task.token, task.req_id, _nbytes(frames), msg.size, skips=skips)
+
+
+def _batch(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec,
+           task: Task) -> tuple[wire.BatchMsg, tuple[tuple[int, int], ...]]:
+    """The BATCH answering ``task``, and the ``(shard, samples)`` it left out as damaged."""
+    ranges, columns = task.ranges, task.columns
+    batch = read_ranges(meter.get, ranges)
+    if transform is not None:
+        batch = apply_transform(transform, batch, transform_context(spec, ranges, task.tag),
+                                columns)
+    if columns is not None:
+        batch = select(batch, columns)
+    skips = meter.skips()
+    skipped = sum(skips.values())
+    requested = int((ranges[:, 2] - ranges[:, 1]).sum())
+    if batch_len(batch) + skipped != requested:
+        raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
+                            f"for a request of {requested}")
+    msg = wire.batch_to_message(task.req_id, batch, skipped)
+    nbytes = sum(a.nbytes for a in msg.arrays)
+    if nbytes > spec.max_reply_bytes:
+        raise ReplyTooLarge(f"batch of {nbytes} bytes exceeds this server's "
+                            f"--max-reply-bytes {spec.max_reply_bytes}; ask for fewer "
+                            "samples a request")
+    return msg, tuple(sorted(skips.items()))
+
+
+def _failed(spec: WorkerSpec, task: Task, e: Exception) -> tuple[list[wire.Buffer], Sent]:
+    """The ERROR answering ``task``, which raised ``e`` (see :func:`serve_task`)."""
+    if isinstance(e, DataflowError | OSError) and not isinstance(e, InternalError):
+        kind = ErrorKind.READ_FAILED
+        log.warning("request %d failed: %s: %s", task.req_id, type(e).__name__, e)
+    else:
+        kind = ErrorKind.INTERNAL
+        log.error("request %d failed on a bug of the server: %s: %s", task.req_id,
+                  type(e).__name__, e, exc_info=e)
+    text = f"{type(e).__name__}: {e}"
+    if spec.root:
+        text = text.replace(spec.root, "")
+    frames = wire.encode(wire.ErrorMsg(task.req_id, kind, text))
+    return frames, Sent(task.token, task.req_id, _nbytes(frames),
+                        too_large=isinstance(e, ReplyTooLarge))
+
+
+def _nbytes(frames: list[wire.Buffer]) -> int:
+    return sum(memoryview(f).nbytes for f in frames)

@@ -15,21 +15,22 @@ It has two sockets:
 Messages:
 
 * frontend <-> worker: :mod:`dataflow.wire.internal`: a TASK (session token, req_id, ranges,
-  tag, the session's columns) in; READY once at start, SENT just before a reply is handed to
-  ZeroMQ (the frontend returns the client's credit), DONE once ZeroMQ let go of a reply's
-  bytes (the frontend counts what readers hold unsent: :mod:`~dataflow.server.unsent`),
-  LOST when a reply could not be delivered (the client's data connection was missing for
-  ``UNREACHABLE_S`` seconds, or more than ``MAX_PARKED`` replies were waiting for it), and
-  ATTACHED the first time a data connection says HEARTBEAT (the frontend dispatches a
-  session's requests only once one did) out. Replies wait per client: one client gone away
-  never holds up another's.
-* worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED whose
-  message starts with the exception's class name (:mod:`dataflow.wire`). A BATCH's
-  ``skipped`` counts the samples of the request the readers left out as damaged
-  (``--on-error skip``: the change of each reader's ``skipped`` over the task), and
-  ``size + skipped`` must be the request's sample count (else an ``InternalError`` reply). A
-  batch over ``--max-reply-bytes`` is answered with ``ReplyTooLarge``. Shard paths in error
-  messages are relative to the dataset root.
+  tag, the session's columns, readers that exited holding it before) in; STARTED once at
+  start, SENT just before a reply is handed to ZeroMQ (the frontend returns the client's
+  credit), DONE once ZeroMQ let go of a reply's bytes (the frontend counts what readers hold
+  unsent: :mod:`~dataflow.server.unsent`), LOST when a reply could not be delivered (its
+  client's data connection was missing too long, or too many replies waited for it:
+  :mod:`~dataflow.server.sender`), and ATTACHED the first time a data connection says
+  HEARTBEAT (the frontend dispatches a session's requests only once one did) out. Replies
+  wait per client: one client gone away never holds up another's.
+* worker -> client (data socket): an encoded BATCH, or an ERROR of kind READ_FAILED (the data
+  could not be served) or INTERNAL (a bug of the server) whose message starts with the
+  exception's class name (:func:`~dataflow.server.tasks.serve_task`). A BATCH's ``skipped``
+  counts the samples of the request the readers left out as damaged (``--on-error skip``: the
+  change of each reader's ``skipped`` over the task), and ``size + skipped`` must be the
+  request's sample count (else an ``InternalError``). A batch over ``--max-reply-bytes`` is
+  answered with ``ReplyTooLarge``. Shard paths in error messages are relative to the dataset
+  root.
 * client -> worker (data socket): HEARTBEAT, answered with a HEARTBEAT (the client waits for
   it before sending REQUESTs, so the first reply never finds the connection missing).
   Anything else is answered with an ERROR and otherwise ignored.
@@ -49,7 +50,6 @@ import logging
 import os
 import signal
 import time
-from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import zmq
@@ -62,7 +62,6 @@ from dataflow.server.framing import (
     MAX_ERROR_TEXT,
     recv_bounded,
     try_send,
-    try_send_tracked,
 )
 from dataflow.server.guard import (
     GUARD_MS,
@@ -72,15 +71,12 @@ from dataflow.server.guard import (
     message_fd,
 )
 from dataflow.server.peerlog import RateLimitedLog, quote
-from dataflow.server.tasks import ReaderCache, Reply, WorkerSpec, serve_task
+from dataflow.server.sender import DataSender
+from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import (
-    Attached,
-    Done,
-    Lost,
-    Ready,
-    Sent,
+    Started,
     Task,
     decode_internal,
     encode_internal,
@@ -88,8 +84,6 @@ from dataflow.wire.internal import (
 
 PARENT_CHECK_MS = 500
 RETRY_MS = 20
-UNREACHABLE_S = 5.0
-MAX_PARKED = 8
 MAX_DATA_INBOUND = 64 * 1024
 MAX_DATA_INBOUND_TOTAL = 1024 * 1024
 
@@ -108,116 +102,8 @@ class DataCaps:
     per_address: int
     tcp_timeout_s: float
 
+
 log = logging.getLogger("dataflow.server.worker")
-
-
-@dataclass(frozen=True)
-class _Parked:
-    """A reply whose client's data connection was missing; retried until ``deadline``."""
-
-    token: bytes
-    req_id: int
-    frames: list
-    deadline: float
-    nbytes: int
-
-
-class DataSender:
-    """Sends replies on the data socket and notices to the frontend. Not thread-safe.
-
-    Every reply reported SENT is held (parked, or handed to ZeroMQ and not yet let go of) until
-    a DONE reports its bytes released.
-
-    Args:
-        data: the data socket.
-        control: the connection to the frontend.
-        max_announced: session tokens remembered as announced ATTACHED (least recently seen
-            forgotten first; one seen again is announced again).
-
-    Attributes:
-        parked: per client data connection (session token), replies that could not be handed
-            to ZeroMQ yet, oldest first; only tokens with parked replies are keys.
-        unsent: per session token, ``(tracker, bytes)`` of the replies handed to ZeroMQ and
-            not yet let go of, oldest first; only tokens with such replies are keys.
-    """
-
-    def __init__(self, data: zmq.Socket, control: zmq.Socket, max_announced: int = 1024) -> None:
-        self._data = data
-        self._control = control
-        self._max_announced = max_announced
-        self._announced: OrderedDict[bytes, None] = OrderedDict()
-        self.parked: dict[bytes, deque[_Parked]] = {}
-        self.unsent: dict[bytes, deque[tuple[zmq.MessageTracker, int]]] = {}
-
-    @property
-    def busy(self) -> bool:
-        """Whether replies are parked or not yet let go of by ZeroMQ."""
-        return bool(self.parked or self.unsent)
-
-    def attached(self, token: bytes) -> None:
-        """A data connection of routing id ``token`` said HEARTBEAT: tell the frontend (once
-        while ``token`` is remembered)."""
-        if token in self._announced:
-            self._announced.move_to_end(token)
-            return
-        self._announced[token] = None
-        if len(self._announced) > self._max_announced:
-            self._announced.popitem(last=False)
-        self._control.send_multipart(encode_internal(Attached(token)))
-
-    def send(self, token: bytes, req_id: int, reply: Reply) -> None:
-        """Notify the frontend, then hand the reply to ZeroMQ (parked if the client is away)."""
-        frames = reply.frames
-        nbytes = sum(memoryview(f).nbytes for f in frames)
-        self._control.send_multipart(encode_internal(
-            Sent(token, req_id, nbytes, reply.skips, int(reply.too_large), reply.samples)))
-        if token not in self.parked and self._hand(token, frames, nbytes):
-            return
-        waiting = self.parked.setdefault(token, deque())
-        waiting.append(_Parked(token, req_id, frames, time.monotonic() + UNREACHABLE_S, nbytes))
-        while len(waiting) > MAX_PARKED:
-            self._lost(waiting.popleft(), f"more than {MAX_PARKED} replies were waiting for "
-                                          "the client's data connection")
-
-    def _hand(self, token: bytes, frames: list, nbytes: int) -> bool:
-        tracker = try_send_tracked(self._data, token, frames)
-        if tracker is None:
-            return False
-        self.unsent.setdefault(token, deque()).append((tracker, nbytes))
-        return True
-
-    def retry(self) -> None:
-        """Retry each client's parked replies in order; give up on those past their deadline."""
-        now = time.monotonic()
-        for token, waiting in list(self.parked.items()):
-            while waiting:
-                p = waiting[0]
-                if self._hand(token, p.frames, p.nbytes):
-                    waiting.popleft()
-                elif now > p.deadline:
-                    waiting.popleft()
-                    self._lost(p, f"the client's data connection to this reader was missing "
-                                  f"for {UNREACHABLE_S} s")
-                else:
-                    break
-            if not waiting:
-                del self.parked[token]
-
-    def collect(self) -> None:
-        """Report (DONE) the bytes of the replies ZeroMQ let go of since the last call."""
-        for token, handed in list(self.unsent.items()):
-            released = 0
-            while handed and handed[0][0].done:
-                released += handed.popleft()[1]
-            if not handed:
-                del self.unsent[token]
-            if released:
-                self._control.send_multipart(encode_internal(Done(token, released)))
-
-    def _lost(self, p: _Parked, why: str) -> None:
-        log.warning("reply to request %d dropped: %s", p.req_id, why)
-        self._control.send_multipart(encode_internal(Lost(p.token, p.req_id, why)))
-        self._control.send_multipart(encode_internal(Done(p.token, p.nbytes)))
 
 
 def answer_data(sock: zmq.Socket, guard: InboundGuard, peer_log: RateLimitedLog,
@@ -291,13 +177,13 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     poller.register(guard.monitor, zmq.POLLIN)
     try:
         data.bind(data_bind)
-        sock.send_multipart(encode_internal(Ready(data.getsockopt_string(zmq.LAST_ENDPOINT))))
+        sock.send_multipart(encode_internal(Started(data.getsockopt_string(zmq.LAST_ENDPOINT))))
         while True:
             busy = sender.busy or len(guard) > 0
             events = dict(poller.poll(min(RETRY_MS, GUARD_MS) if busy else PARENT_CHECK_MS))
             guard.check(time.monotonic())
             peer_log.tick()
-            if sender.parked:
+            if sender.unrouted:
                 sender.retry()
             if sender.unsent:
                 sender.collect()
@@ -311,9 +197,10 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
             task = decode_internal(sock.recv_multipart())
             if not isinstance(task, Task):
                 raise InternalError(f"the frontend sent a {type(task).__name__}")
-            reply = serve_task(readers, transform, spec, task.req_id, task.ranges, task.tag,
-                               task.columns)
-            sender.send(task.token, task.req_id, reply)
+            if task.attempts:
+                log.warning("request %d: %d reader(s) exited holding it before; reading ranges "
+                            "%s", task.req_id, task.attempts, task.ranges[:8].tolist())
+            sender.send(*serve_task(readers, transform, spec, task))
     finally:
         readers.close()
         guard.close()

@@ -1,19 +1,22 @@
 """The wire protocol between loader servers and trainer clients: the one package for it.
 
 * :mod:`~dataflow.wire.messages`: kinds, error kinds, one frozen dataclass per kind;
-* :mod:`~dataflow.wire.codec`: the table of kinds (:data:`SPECS`), :func:`encode`,
-  :func:`decode`, :func:`decode_header`;
+* :mod:`~dataflow.wire.table`: :class:`MessageSpec` (how a kind travels) and :class:`Codec`
+  (encoder and validating decoder of a table of kinds);
+* :mod:`~dataflow.wire.codec`: the wire's table of kinds (:data:`SPECS`), :func:`encode`,
+  :func:`decode`, :func:`decode_header`, :func:`parse_header` (a header, then the rest);
 * :mod:`~dataflow.wire.layout`: :class:`BatchLayout`, where a BATCH's arrays land in one
   receive buffer, and the one check of a BATCH's frames (used by :func:`decode` and by every
   receiver of the client);
 * :mod:`~dataflow.wire.arrays`: BATCH validation and ``Batch`` <-> message;
-* :mod:`~dataflow.wire.internal`: the frontend <-> reader messages of a server.
+* :mod:`~dataflow.wire.internal`: the frontend <-> reader messages of a server (a table of
+  kinds of their own, through a :class:`Codec` too).
 
 This package never imports pyarrow or torch.
 """
 
 from dataflow.wire.arrays import ZERO_COPY_MIN_BYTES, batch_to_message, message_to_batch
-from dataflow.wire.codec import SPECS, MessageSpec, decode, decode_header, encode, kind_of
+from dataflow.wire.codec import SPECS, decode, decode_header, encode, kind_of, parse_header
 from dataflow.wire.fields import (
     MAX_BATCH_SIZE,
     MAX_COLUMNS,
@@ -53,15 +56,16 @@ from dataflow.wire.messages import (
     Stats,
     StatsReply,
 )
+from dataflow.wire.table import Codec, Header, MessageSpec
 
 __all__ = [
-    "ALIGN", "DTYPES", "MAGIC", "MAX_BATCH_SIZE", "MAX_COLUMNS", "MAX_COLUMNS_BYTES",
-    "MAX_COUNTER_LIST", "MAX_CREDITS",
+    "ALIGN", "Codec", "DTYPES", "Header", "MAGIC", "MAX_BATCH_SIZE", "MAX_COLUMNS",
+    "MAX_COLUMNS_BYTES", "MAX_COUNTER_LIST", "MAX_CREDITS",
     "MAX_FRAME_BYTES", "MAX_HEADER_BYTES",
     "MAX_INDEX_BYTES", "MAX_NAME", "NO_TAG", "MAX_RANGES", "MAX_TEXT", "SPECS",
     "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "BatchTag", "Buffer", "Bye", "ErrorKind",
     "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",
     "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES",
     "Stats", "StatsReply", "batch_to_message", "decode",
-    "decode_header", "encode", "kind_of", "message_to_batch",
+    "decode_header", "encode", "kind_of", "message_to_batch", "parse_header",
 ]

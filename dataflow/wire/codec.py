@@ -1,24 +1,20 @@
-"""Encoding and decoding driven by one table of message kinds (:data:`SPECS`).
+"""The wire protocol's table of message kinds (:data:`SPECS`) and its codec (:data:`WIRE`).
 
-A message is one small JSON header frame followed by zero or more raw buffer frames::
-
-    [header, buffer_0, buffer_1, ...]
-
-The header is ``{"magic": "dataflow", "version": 1, "kind": K, ...}`` plus the fields the
-kind's :class:`MessageSpec` lists, each checked by its validator. Nothing is pickled. Adding a
-kind is one entry in :data:`SPECS`: its dataclass, its header fields, an optional rule between
-fields and an optional :class:`~dataflow.wire.fields.BodyCodec` for its buffer frames.
+A message is one small JSON header frame followed by zero or more raw buffer frames (see
+:mod:`dataflow.wire.table`); adding a kind or a field is one entry in :data:`SPECS`: its
+dataclass, its header fields, an optional rule between fields and an optional
+:class:`~dataflow.wire.fields.BodyCodec` for its buffer frames.
 
 :func:`decode` validates everything and raises :class:`~dataflow.errors.ProtocolError` on
 anything malformed, truncated, oversized or of another version, also on what this module did
-not foresee: a receiver never dies of a message.
+not foresee: a receiver never dies of a message. :func:`parse_header` validates the header
+alone, and its :meth:`~dataflow.wire.table.Header.message` the rest.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +26,6 @@ from dataflow.wire.fields import (
     INT64_MAX,
     MAX_BATCH_SIZE,
     MAX_CREDITS,
-    MAX_HEADER_BYTES,
     MAX_INDEX_BYTES,
     MAX_NAME,
     MAX_RANGES,
@@ -48,9 +43,7 @@ from dataflow.wire.fields import (
     text,
 )
 from dataflow.wire.messages import (
-    MAGIC,
     NO_TAG,
-    VERSION,
     BatchMsg,
     BatchTag,
     Buffer,
@@ -66,6 +59,7 @@ from dataflow.wire.messages import (
     Stats,
     StatsReply,
 )
+from dataflow.wire.table import Codec, Header, MessageSpec
 
 RANGE_BYTES = 3 * 8
 
@@ -91,40 +85,29 @@ class IndexBody(BodyCodec):
 
 
 class RangesBody(BodyCodec):
-    """REQUEST: ``n`` int64 ``(shard, start, stop)`` rows as one frame, decoded once."""
+    """``n`` int64 ``(shard, start, stop)`` rows as one frame, decoded once (a REQUEST's, and
+    the TASK passing it to a reader).
+
+    Args:
+        what: the kind, as errors name it.
+    """
 
     attr = "ranges"
     empty = np.empty((0, 3), dtype=np.int64)
     fields = (FieldSpec("n", integer(1, MAX_RANGES)),)
 
-    def encode(self, msg: Request) -> tuple[dict[str, Any], list[Any]]:
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def encode(self, msg: Any) -> tuple[dict[str, Any], list[Any]]:
         return {"n": len(msg.ranges)}, [msg.ranges.tobytes()]
 
-    def decode(self, head: Request, described: dict[str, Any],
-               frames: Sequence[Any]) -> Request:
-        check_sizes("REQUEST", [described["n"] * RANGE_BYTES], frame_sizes(frames))
-        return Request(head.req_id, np.frombuffer(frames[0], dtype="<i8").reshape(-1, 3),
-                       head.tag)
+    def decode(self, head: Any, described: dict[str, Any], frames: Sequence[Any]) -> Any:
+        check_sizes(self._what, [described["n"] * RANGE_BYTES], frame_sizes(frames))
+        return replace(head, ranges=np.frombuffer(frames[0], dtype="<i8").reshape(-1, 3))
 
 
-@dataclass(frozen=True)
-class MessageSpec:
-    """How one kind travels.
-
-    Attributes:
-        cls: its dataclass.
-        fields: its header fields, in header order.
-        body: codec of its buffer frames, or None for a header-only kind.
-        check: rule between fields, run on the header-only message (raises ProtocolError).
-    """
-
-    cls: type
-    fields: tuple[FieldSpec, ...] = ()
-    body: BodyCodec | None = None
-    check: Callable[[Any], None] | None = None
-
-
-_REQ_ID = FieldSpec("req_id", integer(0, INT64_MAX))
+REQ_ID = FieldSpec("req_id", integer(0, INT64_MAX))
 
 
 def batch_tag(v: Any) -> BatchTag:
@@ -135,12 +118,16 @@ def batch_tag(v: Any) -> BatchTag:
     return BatchTag(*v)
 
 
+TAG = FieldSpec("tag", batch_tag, dump=list, optional=True, omit=NO_TAG)
+COLUMNS = FieldSpec("columns", column_names, dump=list, optional=True)
+
+
 SPECS: dict[Kind, MessageSpec] = {
     Kind.HELLO: MessageSpec(Hello, (
         FieldSpec("credits", integer(1, MAX_CREDITS)),
         FieldSpec("client", text(MAX_NAME), dump=lambda s: s[:MAX_NAME]),
         FieldSpec("batch_size", integer(1, MAX_BATCH_SIZE), optional=True),
-        FieldSpec("columns", column_names, dump=list, optional=True),
+        COLUMNS,
     )),
     Kind.INDEX: MessageSpec(Index, (
         FieldSpec("credits", integer(1, MAX_CREDITS)),
@@ -150,12 +137,9 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("transform", text(MAX_NAME), dump=lambda s: s[:MAX_NAME], optional=True,
                   omit=""),
     ), IndexBody()),
-    Kind.REQUEST: MessageSpec(Request, (
-        _REQ_ID,
-        FieldSpec("tag", batch_tag, dump=list, optional=True, omit=NO_TAG),
-    ), RangesBody()),
+    Kind.REQUEST: MessageSpec(Request, (REQ_ID, TAG), RangesBody("REQUEST")),
     Kind.BATCH: MessageSpec(BatchMsg, (
-        _REQ_ID,
+        REQ_ID,
         FieldSpec("size", integer(0, INT64_MAX)),
         FieldSpec("arrays", array_specs,
                   dump=lambda a: [[s.name, s.dtype, list(s.shape)] for s in a]),
@@ -177,131 +161,30 @@ SPECS: dict[Kind, MessageSpec] = {
     )),
 }
 
-_KIND_OF: dict[type, Kind] = {spec.cls: kind for kind, spec in SPECS.items()}
+WIRE = Codec(SPECS)
+"""The codec of the wire protocol (client <-> server)."""
 
 
 def kind_of(msg: Message) -> Kind:
     """The :class:`Kind` of a message object."""
-    for cls in type(msg).__mro__:
-        if cls in _KIND_OF:
-            return _KIND_OF[cls]
-    raise ProtocolError(f"not a message: {type(msg).__name__}")
+    return Kind(WIRE.kind_of(msg))
 
 
 def encode(msg: Message) -> list[Buffer]:
-    """Frames of ``msg``: the header, then raw buffers.
-
-    Buffers of at least 64 KiB are memoryviews of the message's arrays (send them with
-    ``copy=False``); smaller ones are ``bytes``.
-
-    Raises:
-        ProtocolError: the message cannot be represented (oversized, unsupported dtype).
-    """
-    kind = kind_of(msg)
-    spec = SPECS[kind]
-    header: dict[str, Any] = {"magic": MAGIC, "version": VERSION, "kind": int(kind)}
-    header.update((f.name, f.dump(getattr(msg, f.attr))) for f in spec.fields
-                  if not (f.optional and getattr(msg, f.attr) == f.omit))
-    frames: list[Buffer] = []
-    if spec.body is not None:
-        described, frames = spec.body.encode(msg)
-        header.update(described)
-    data = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    if len(data) > MAX_HEADER_BYTES:
-        raise ProtocolError(f"{kind.name} header is {len(data)} bytes; the limit is "
-                            f"{MAX_HEADER_BYTES}")
-    return [data, *frames]
+    """Frames of ``msg`` (:meth:`Codec.encode` of :data:`WIRE`)."""
+    return WIRE.encode(msg)
 
 
-def _guarded(parse: Callable[[Any], Any], data: Any) -> Any:
-    """``parse(data)``, with any error it did not foresee turned into a ProtocolError."""
-    try:
-        return parse(data)
-    except ProtocolError:
-        raise
-    except Exception as e:
-        raise ProtocolError(f"malformed message: {type(e).__name__}: {e}"[:400]) from e
-
-
-def _field(kind: Kind, f: FieldSpec, value: Any) -> Any:
-    try:
-        return f.check(value)
-    except FieldError as e:
-        raise ProtocolError(f"{kind.name} header field `{f.name}`: {e}. Found: {value!r}"
-                            [:400]) from e
-
-
-def _parse(header: Any) -> tuple[MessageSpec, Message, dict[str, Any]]:
-    """The kind's spec, the header-only message and the values of the body's header fields."""
-    n = memoryview(header).nbytes
-    if n > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header is {n} bytes; the limit is {MAX_HEADER_BYTES}")
-    try:
-        h = json.loads(bytes(memoryview(header)).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ProtocolError(f"header is not UTF-8 JSON: {e}") from e
-    if not isinstance(h, dict):
-        raise ProtocolError(f"header must be a JSON object. Found: {type(h).__name__}")
-    if h.get("magic") != MAGIC:
-        raise ProtocolError(f"header field `magic` must be {MAGIC!r}. Found: {h.get('magic')!r}"
-                            [:400])
-    if type(h.get("version")) is not int or h["version"] != VERSION:
-        raise ProtocolError(f"header field `version` (the protocol version) must be {VERSION}. "
-                            f"Found: {h.get('version')!r}"[:400])
-    raw_kind = h.get("kind")
-    if as_int(raw_kind) is None or raw_kind not in SPECS:
-        raise ProtocolError(f"header field `kind` must be one of {[int(k) for k in Kind]}. "
-                            f"Found: {raw_kind!r}"[:400])
-    kind = Kind(raw_kind)
-    spec = SPECS[kind]
-    described_fields = spec.body.fields if spec.body is not None else ()
-    names = [f.name for f in (*spec.fields, *described_fields)]
-    for key in h:
-        if key not in names and key not in ("magic", "version", "kind"):
-            raise ProtocolError(f"{kind.name} header: unexpected field `{key}`"[:400])
-    for f in (*spec.fields, *described_fields):
-        if f.name not in h and not f.optional:
-            raise ProtocolError(f"{kind.name} header: missing field `{f.name}`")
-    values = {f.attr: _field(kind, f, h[f.name]) for f in spec.fields if f.name in h}
-    described = {f.attr: _field(kind, f, h[f.name]) for f in described_fields}
-    if spec.body is not None:
-        values[spec.body.attr] = spec.body.empty
-    msg = spec.cls(**values)
-    if spec.check is not None:
-        spec.check(msg)
-    return spec, msg, described
+def parse_header(header: Any) -> Header:
+    """A wire header frame, decoded and validated (:meth:`Codec.parse_header`)."""
+    return WIRE.parse_header(header)
 
 
 def decode_header(header: Any) -> Message:
-    """Decode and validate a header frame alone.
-
-    For INDEX, REQUEST and BATCH the result carries no payload (empty ``index_json``, no
-    ``ranges`` rows, empty ``data``); a BATCH's frames are described by
-    :meth:`~dataflow.wire.layout.BatchLayout.of`.
-
-    Raises:
-        ProtocolError: the header is malformed, oversized or of another version.
-    """
-    return _guarded(lambda h: _parse(h)[1], header)
+    """The header-only message of a wire header frame (:meth:`Codec.decode_header`)."""
+    return WIRE.decode_header(header)
 
 
 def decode(frames: Sequence[Any]) -> Message:
-    """Decode and validate a whole message (header frame + buffer frames).
-
-    Arrays of a BATCH are fresh writable views of one buffer (never aliases of the frames).
-
-    Raises:
-        ProtocolError: anything malformed, truncated, oversized or of another version.
-    """
-    return _guarded(_decode, frames)
-
-
-def _decode(frames: Sequence[Any]) -> Message:
-    if not frames:
-        raise ProtocolError("empty message")
-    spec, head, described = _parse(frames[0])
-    body = frames[1:]
-    if spec.body is None:
-        check_sizes(kind_of(head).name, [], frame_sizes(body))
-        return head
-    return spec.body.decode(head, described, body)
+    """Decode and validate a whole wire message (:meth:`Codec.decode`)."""
+    return WIRE.decode(frames)

@@ -46,6 +46,24 @@ def integer(lo: int, hi: int) -> Validator:
     return check
 
 
+def boolean(v: Any) -> bool:
+    """``true`` or ``false``."""
+    if not isinstance(v, bool):
+        raise FieldError("must be true or false")
+    return v
+
+
+def routing_id(v: Any) -> bytes:
+    """A ZeroMQ routing id (a session token): 1 to :data:`MAX_NAME` bytes, carried as a string
+    of one character per byte (latin-1: any bytes travel)."""
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_NAME:
+        raise FieldError(f"must be a string of 1 to {MAX_NAME} characters")
+    try:
+        return v.encode("latin-1")
+    except UnicodeEncodeError:
+        raise FieldError("must be characters U+0000 to U+00FF (one per byte)") from None
+
+
 def text(limit: int) -> Validator:
     """A string of at most ``limit`` characters."""
     def check(v: Any) -> str:

@@ -1,53 +1,79 @@
 """Messages between a loader server's frontend and its reader processes (private ipc socket).
 
-Each message is a tag frame then one frame per field, fixed by the tag's entry in
-:data:`INTERNAL`::
+They are defined and travel as the wire's messages do (:mod:`dataflow.wire.table`): a JSON
+header frame with the fields :data:`INTERNAL_SPECS` lists for the kind, each validated, then
+the body's raw frames; nothing is pickled. Their kinds are numbered apart from the wire's, so
+neither codec decodes the other's messages.
 
-    TASK  [b"T", token, req_id, ranges, tag, columns]  frontend -> reader: serve one
-                                           REQUEST
-    READY [b"R", endpoint]                 reader -> frontend, once: my data endpoint
-    SENT  [b"S", token, req_id, nbytes, skips, too_large, samples]  reader -> frontend:
-                                           reply handed to ZeroMQ
-    LOST  [b"L", token, req_id, why]       reader -> frontend: reply dropped
-    DONE  [b"D", token, nbytes]            reader -> frontend: ``nbytes`` of replies to
-                                           ``token`` left the reader (written by ZeroMQ, or
-                                           dropped)
-    ATTACHED [b"A", token]                 reader -> frontend: a data connection of routing id
-                                           ``token`` said HEARTBEAT
+    TASK      frontend -> reader: serve request ``req_id`` of session ``token`` (its ranges
+              as one int64 frame, passed on as the REQUEST brought them)
+    STARTED   reader -> frontend, once: my data socket is bound at ``endpoint``
+    SENT      reader -> frontend: the reply to ``req_id`` of ``token`` is being handed to
+              ZeroMQ (what the frontend counts of it; damaged samples left out as one int64
+              frame of ``(shard, samples)`` pairs)
+    LOST      reader -> frontend: that reply was dropped, ``why``
+    DONE      reader -> frontend: ``nbytes`` of the replies to ``token`` left the reader
+              (written by ZeroMQ, or dropped)
+    ATTACHED  reader -> frontend: a data connection of routing id ``token`` said HEARTBEAT
 
-``token`` is the client's session token (the routing id of its data connections, and the key
-of its session at the frontend); integers are 8 little-endian bytes, in ``[0, 2**63)``;
-``ranges`` the REQUEST's int64 (n, 3) array, passed on without decoding it again; ``tag`` its
-:class:`~dataflow.wire.messages.BatchTag` as three integers; ``columns`` the session's column
-subset (its HELLO's ``columns``) as a UTF-8 JSON list of names, empty for every field;
-``skips`` int64 ``(shard, samples)`` pairs, the damaged samples of each shard the reply left
-out. A ROUTER prepends the peer's routing id, which is not part of these messages.
+``token`` is the client's session token: the routing id of its data connections, and the key
+of its session at the frontend. A ROUTER prepends the peer's routing id, which is not part of
+these messages.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
-from dataflow.errors import FieldError, ProtocolError
-from dataflow.wire.fields import INT64_MAX, MAX_NAME, MAX_TEXT, column_names
-from dataflow.wire.messages import NO_TAG, BatchTag, as_ranges
+from dataflow.errors import ProtocolError
+from dataflow.wire.codec import COLUMNS, REQ_ID, TAG, RangesBody
+from dataflow.wire.fields import (
+    INT64_MAX,
+    MAX_RANGES,
+    MAX_TEXT,
+    BodyCodec,
+    FieldSpec,
+    boolean,
+    check_sizes,
+    frame_sizes,
+    integer,
+    routing_id,
+    text,
+)
+from dataflow.wire.messages import NO_TAG, BatchTag
+from dataflow.wire.table import Codec, MessageSpec
+
+
+class InternalKind(IntEnum):
+    """Kinds of the frontend <-> reader messages; the value is the header's ``kind``."""
+
+    TASK = 101
+    STARTED = 102
+    SENT = 103
+    LOST = 104
+    DONE = 105
+    ATTACHED = 106
 
 
 @dataclass(frozen=True)
 class Task:
-    """A REQUEST handed to a reader: for session ``token``, request ``req_id``.
+    """A request of a session, from its admission to the reader that serves it: queued by the
+    frontend's :class:`~dataflow.server.ledger.Ledger`, held by the reader's
+    :class:`~dataflow.server.pool.Worker` entry, sent to it.
 
     Attributes:
-        token: the client's session token (ASCII).
+        token: the client's session token.
         req_id: the request's id.
         ranges: int64 (n, 3) ``(shard, start, stop)`` rows, as decoded from the REQUEST.
-        tag: the REQUEST's (seed, epoch, global batch index).
-        columns: the fields the reply keeps (the session's HELLO ``columns``), or None: all.
+        tag: the REQUEST's (seed, epoch, global batch index), for the transform.
+        columns: the fields the reply keeps (the session's HELLO ``columns`` when the request
+            was admitted), or None: all.
+        attempts: readers that exited holding it before.
     """
 
     token: bytes
@@ -55,10 +81,11 @@ class Task:
     ranges: np.ndarray
     tag: BatchTag = NO_TAG
     columns: tuple[str, ...] | None = None
+    attempts: int = 0
 
 
 @dataclass(frozen=True)
-class Ready:
+class Started:
     """A reader serves; its data socket is bound at ``endpoint``."""
 
     endpoint: str
@@ -66,23 +93,23 @@ class Ready:
 
 @dataclass(frozen=True)
 class Sent:
-    """A reader is handing the reply to request ``req_id`` of session ``token`` to ZeroMQ.
+    """A reader is handing the reply to request ``req_id`` of session ``token`` to ZeroMQ:
+    what the frontend counts of it.
 
     Attributes:
         nbytes: bytes of the reply.
+        samples: samples in the reply's BATCH (0 for an ERROR).
+        too_large: the reply is an ERROR because the batch exceeded ``--max-reply-bytes``.
         skips: ``(shard, samples)`` for each shard of which the reply left damaged samples out
             (``--on-error skip``); empty when none were.
-        too_large: 1 when the reply is an ERROR because the batch exceeded
-            ``--max-reply-bytes``, else 0.
-        samples: samples in the reply's BATCH (0 for an ERROR).
     """
 
     token: bytes
     req_id: int
     nbytes: int
-    skips: tuple[tuple[int, int], ...] = ()
-    too_large: int = 0
     samples: int = 0
+    too_large: bool = False
+    skips: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,117 +138,65 @@ class Attached:
     token: bytes
 
 
-Internal = Task | Ready | Sent | Lost | Done | Attached
+Internal = Task | Started | Sent | Lost | Done | Attached
 
 
-def _count(data: Any) -> int:
-    if memoryview(data).nbytes != 8:
-        raise FieldError("must be 8 bytes")
-    value = int.from_bytes(bytes(data), "little")
-    if value > INT64_MAX:
-        raise FieldError(f"must be in [0, {INT64_MAX}]")
-    return value
+class SkipsBody(BodyCodec):
+    """SENT: ``n`` int64 ``(shard, samples)`` pairs as one frame (empty when ``n`` is 0)."""
+
+    attr = "skips"
+    empty = ()
+    fields = (FieldSpec("n", integer(0, MAX_RANGES)),)
+
+    def encode(self, msg: Sent) -> tuple[dict[str, Any], list[Any]]:
+        data = np.asarray(msg.skips, dtype="<i8").tobytes() if msg.skips else b""
+        return {"n": len(msg.skips)}, [data]
+
+    def decode(self, head: Sent, described: dict[str, Any], frames: Sequence[Any]) -> Sent:
+        check_sizes("SENT", [described["n"] * 16], frame_sizes(frames))
+        if not described["n"]:
+            return head
+        pairs = np.frombuffer(frames[0], dtype="<i8").reshape(-1, 2)
+        if (pairs < 0).any():
+            raise ProtocolError("SENT `skips` must be non-negative (shard, samples) pairs")
+        return replace(head, skips=tuple((a, b) for a, b in pairs.tolist()))
 
 
-def _count_bytes(value: int) -> bytes:
-    return int(value).to_bytes(8, "little")
+_TOKEN = FieldSpec("token", routing_id, dump=lambda t: t.decode("latin-1"))
+_NBYTES = FieldSpec("nbytes", integer(0, INT64_MAX))
 
-
-def _token(data: Any) -> bytes:
-    raw = bytes(data)
-    if not 0 < len(raw) <= MAX_NAME:
-        raise FieldError(f"must be 1 to {MAX_NAME} bytes")
-    return raw
-
-
-def _text(data: Any) -> str:
-    raw = bytes(data)
-    if len(raw) > MAX_TEXT:
-        raise FieldError(f"must be at most {MAX_TEXT} bytes")
-    return raw.decode("utf-8")
-
-
-def _ranges(data: Any) -> np.ndarray:
-    if memoryview(data).nbytes % 24:
-        raise FieldError("must be whole int64 triples")
-    return as_ranges(np.frombuffer(data, dtype="<i8").reshape(-1, 3))
-
-
-def _tag(data: Any) -> BatchTag:
-    if memoryview(data).nbytes != 24:
-        raise FieldError("must be 3 int64")
-    values = np.frombuffer(data, dtype="<i8").tolist()
-    if min(values) < 0:
-        raise FieldError("must be non-negative")
-    return BatchTag(*values)
-
-
-def _columns_bytes(value: tuple[str, ...] | None) -> bytes:
-    return b"" if value is None else json.dumps(list(value)).encode("utf-8")
-
-
-def _columns(data: Any) -> tuple[str, ...] | None:
-    raw = bytes(data)
-    if not raw:
-        return None
-    return column_names(json.loads(raw.decode("utf-8")))
-
-
-def _skips(data: Any) -> tuple[tuple[int, int], ...]:
-    if memoryview(data).nbytes % 16:
-        raise FieldError("must be whole int64 pairs")
-    pairs = np.frombuffer(data, dtype="<i8").reshape(-1, 2)
-    if (pairs < 0).any():
-        raise FieldError("must be non-negative (shard, samples) pairs")
-    return tuple((int(a), int(b)) for a, b in pairs.tolist())
-
-
-_Codec = tuple[Callable[[Any], bytes], Callable[[Any], Any]]
-_CODECS: dict[str, _Codec] = {
-    "token": (bytes, _token),
-    "req_id": (_count_bytes, _count),
-    "nbytes": (_count_bytes, _count),
-    "too_large": (_count_bytes, _count),
-    "samples": (_count_bytes, _count),
-    "ranges": (lambda v: np.ascontiguousarray(v, dtype="<i8").tobytes(), _ranges),
-    "tag": (lambda v: np.asarray(v, dtype="<i8").tobytes(), _tag),
-    "skips": (lambda v: np.asarray(v, dtype="<i8").reshape(-1, 2).tobytes(), _skips),
-    "columns": (_columns_bytes, _columns),
-    "endpoint": (lambda v: v.encode("utf-8"), _text),
-    "why": (lambda v: v[:MAX_TEXT].encode("utf-8"), _text),
+INTERNAL_SPECS: dict[InternalKind, MessageSpec] = {
+    InternalKind.TASK: MessageSpec(Task, (
+        _TOKEN, REQ_ID, TAG, COLUMNS,
+        FieldSpec("attempts", integer(0, INT64_MAX), optional=True, omit=0),
+    ), RangesBody("TASK")),
+    InternalKind.STARTED: MessageSpec(Started, (FieldSpec("endpoint", text(MAX_TEXT)),)),
+    InternalKind.SENT: MessageSpec(Sent, (
+        _TOKEN, REQ_ID, _NBYTES,
+        FieldSpec("samples", integer(0, INT64_MAX)),
+        FieldSpec("too_large", boolean, optional=True, omit=False),
+    ), SkipsBody()),
+    InternalKind.LOST: MessageSpec(Lost, (
+        _TOKEN, REQ_ID, FieldSpec("why", text(MAX_TEXT), dump=lambda s: s[:MAX_TEXT]),
+    )),
+    InternalKind.DONE: MessageSpec(Done, (_TOKEN, _NBYTES)),
+    InternalKind.ATTACHED: MessageSpec(Attached, (_TOKEN,)),
 }
 
-INTERNAL: dict[bytes, type] = {b"T": Task, b"R": Ready, b"S": Sent, b"L": Lost, b"D": Done,
-                               b"A": Attached}
-_TAG_OF = {cls: tag for tag, cls in INTERNAL.items()}
+INTERNAL = Codec(INTERNAL_SPECS)
+"""The codec of the frontend <-> reader messages."""
 
 
-def encode_internal(msg: Internal) -> list[bytes]:
-    """Frames of ``msg``: its tag, then one frame per field."""
-    return [_TAG_OF[type(msg)],
-            *(_CODECS[f.name][0](getattr(msg, f.name)) for f in fields(msg))]
+def encode_internal(msg: Internal) -> list[Any]:
+    """Frames of an internal message."""
+    return INTERNAL.encode(msg)
 
 
 def decode_internal(frames: Sequence[Any]) -> Internal:
     """Decode and validate an internal message.
 
     Raises:
-        ProtocolError: unknown tag, wrong number of frames, or a field is invalid (named).
+        ProtocolError: malformed: the kind, a missing frame, or a field (named) is invalid.
     """
-    if not frames:
-        raise ProtocolError("internal message is empty")
-    cls = INTERNAL.get(bytes(frames[0]))
-    if cls is None:
-        raise ProtocolError(f"internal message tag must be one of {sorted(INTERNAL)}. "
-                            f"Found: {bytes(frames[0])[:16]!r}")
-    names = [f.name for f in fields(cls)]
-    if len(frames) != 1 + len(names):
-        raise ProtocolError(f"internal {cls.__name__} must have {1 + len(names)} frames. "
-                            f"Found: {len(frames)}")
-    values = {}
-    for name, data in zip(names, frames[1:], strict=True):
-        try:
-            values[name] = _CODECS[name][1](data)
-        except (FieldError, ValueError, ProtocolError) as e:  # ValueError: not UTF-8 or JSON
-            raise ProtocolError(f"internal {cls.__name__} field `{name}`: {e}"[:400]) from e
-    return cls(**values)
+    msg: Internal = INTERNAL.decode(frames)
+    return msg

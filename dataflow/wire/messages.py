@@ -52,8 +52,14 @@ class ErrorKind(str, Enum):
         WORKER_DIED: the reader process holding the request exited.
         WORKER_UNAVAILABLE: no reader could take the request.
         UNDELIVERABLE: the reply could not be handed to the client's data connection.
-        READ_FAILED: reading or transforming the data raised; the message starts with the
-            server-side exception class name (``"ShardReadError: ..."``).
+        READ_FAILED: reading or transforming the data failed (a damaged or changed shard, an
+            I/O error, the transform, a batch over ``--max-reply-bytes``); the message starts
+            with the server-side exception class name (``"ShardReadError: ..."``).
+        INTERNAL: serving the request met a bug of the server (an impossible state, or an
+            exception nobody foresaw); the message starts with the exception class name
+            (``"KeyError: ..."``) and the server logged its traceback. Added after protocol
+            version 1 shipped: a client that predates it refuses such an ERROR as malformed
+            (naming the field and the value).
         SERVER_STOPPING: the server is shutting down (SIGTERM/SIGINT); sent once to every
             session with ``req_id == -1`` before it closes. Outstanding requests will not be
             answered: send them to another server now.
@@ -67,6 +73,7 @@ class ErrorKind(str, Enum):
     WORKER_UNAVAILABLE = "WorkerUnavailable"
     UNDELIVERABLE = "Undeliverable"
     READ_FAILED = "ReadFailed"
+    INTERNAL = "InternalError"
     SERVER_STOPPING = "ServerStopping"
     SERVER_BUSY = "ServerBusy"
 

@@ -20,6 +20,7 @@ from dataflow.readers import IndexedShard, LostShard, ShardReader, open_shard
 from dataflow.readers.cache import identity
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import Transform
+from dataflow.wire.internal import Task
 
 N = 40
 KINDS = [("tar", "file"), ("arrow", "file"), ("arrow", "stream"), ("parquet", "file")]
@@ -210,13 +211,16 @@ def test_a_task_whose_arrays_may_view_a_changed_shard_replies_an_error(tmp_path,
     rewrite = Transform("test:rewrite", lambda batch: (_rewrite(b, a), batch)[1], False)
     readers = ReaderCache(spec)
     try:
-        ok = wire.decode(serve_task(readers, None, spec, 1, np.array([[0, 0, 8]])).frames)
+        def serve(transform: Transform | None, req_id: int, rows: list) -> wire.Message:
+            task = Task(b"tok", req_id, np.array(rows, dtype=np.int64))
+            return wire.decode(serve_task(readers, transform, spec, task)[0])
+
+        ok = serve(None, 1, [[0, 0, 8]])
         assert isinstance(ok, wire.BatchMsg) and ok.size == 8
-        failed = wire.decode(serve_task(readers, rewrite, spec, 2, np.array([[0, 8, 16]])).frames)
+        failed = serve(rewrite, 2, [[0, 8, 16]])
         assert isinstance(failed, wire.ErrorMsg)
         assert failed.message.startswith("ShardChangedError: train-000000.arrow: changed since")
-        after = wire.decode(serve_task(readers, None, spec, 3, np.array([[0, 0, 8],
-                                                                         [1, 0, 8]])).frames)
+        after = serve(None, 3, [[0, 0, 8], [1, 0, 8]])
         if on_error == "raise":
             assert isinstance(after, wire.ErrorMsg) and "train-000000.arrow" in after.message
         else:

@@ -15,6 +15,7 @@ from dataflow.batch import Batch, Ragged
 from dataflow.scan import build_index
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import Transform, load_transform
+from dataflow.wire.internal import Task
 
 N = 12
 MODULE = '''
@@ -73,8 +74,9 @@ IDS = [2, 3, 4, 5, 100, 101, 102]
 def _serve(served: tuple[WorkerSpec, ReaderCache], columns: tuple[str, ...] | None,
            transform: Transform | None = None) -> wire.Message:
     spec, readers = served
-    return wire.decode(serve_task(readers, transform, spec, 9, ROWS, wire.BatchTag(0, 1, 4),
-                                  columns).frames)
+    frames, _ = serve_task(readers, transform, spec,
+                           Task(b"tok", 9, ROWS, wire.BatchTag(0, 1, 4), columns))
+    return wire.decode(frames)
 
 
 def _batch(msg: wire.Message) -> Batch:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dataflow.plan import rank_batches
-from dataflow.server.clients import range_problem
+from dataflow.server.admission import range_problem
 
 SIZES = np.array([10, 0, 7], dtype=np.int64)
 NAMES = ("a.arrow", "empty.arrow", "b.arrow")

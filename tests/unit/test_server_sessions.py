@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from dataflow.server.sessions import Expiry, Session, Sessions, expiry
+from dataflow.server.sessions import Expiry, Session, Sessions, Timeouts
 
 TTL, IDLE, START = 10.0, 300.0, 30.0
+TIMEOUTS = Timeouts(TTL, IDLE, START)
 
 
 def _session(*, opened: float = 0.0, last_seen: float = 0.0, attached: bool = True,
@@ -17,7 +18,7 @@ def _session(*, opened: float = 0.0, last_seen: float = 0.0, attached: bool = Tr
 
 
 def _due(s: Session, now: float) -> Expiry | None:
-    return expiry(s, now, ttl=TTL, idle=IDLE, start=START)
+    return TIMEOUTS.due(s, now)
 
 
 @pytest.mark.parametrize("kwargs, now, due", [
@@ -33,6 +34,16 @@ def _due(s: Session, now: float) -> Expiry | None:
 ])
 def test_expiry(kwargs, now, due) -> None:
     assert _due(_session(**kwargs), now) is due
+
+
+@pytest.mark.parametrize("due, words", [
+    (Expiry.IDLE, "nothing received for 300.0 s (--session-idle-timeout)"),
+    (Expiry.UNATTACHED, "within 30.0 s of its HELLO (--session-start-timeout)"),
+    (Expiry.UNUSED, "no REQUEST within 300.0 s of its HELLO (--session-idle-timeout)"),
+    (Expiry.PROBE, "silent for more than 10.0 s and disconnected"),
+])
+def test_why_a_session_is_freed_names_the_flag_and_its_value(due: Expiry, words: str) -> None:
+    assert words in TIMEOUTS.why(due)
 
 
 def test_a_live_session_paused_for_long_keeps_its_session() -> None:

@@ -1,4 +1,5 @@
-"""A reader worker's reply to one task: skipped-sample accounting and the reply-size cap."""
+"""A reader worker's reply to one task: skipped-sample accounting, the reply-size cap, and a
+bug told apart from bad data."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import pytest
 
 from dataflow import wire
 from dataflow.batch import Batch
+from dataflow.errors import ShardReadError
 from dataflow.readers import ShardReader
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
+from dataflow.wire.internal import Sent, Task
 
 
 class LossyReader(ShardReader):
@@ -45,49 +48,77 @@ def _spec(max_reply_bytes: int = 1 << 30) -> WorkerSpec:
                       20, max_reply_bytes, "/data/root/", 16)
 
 
-def _ranges(*rows: tuple[int, int, int]) -> np.ndarray:
-    return np.array(rows, dtype=np.int64)
+def _serve(readers: dict[int, ShardReader], req_id: int, *rows: tuple[int, int, int],
+           spec: WorkerSpec | None = None) -> tuple[wire.Message, Sent]:
+    """The decoded reply to request ``req_id`` of ``rows``, and its SENT notice."""
+    frames, sent = serve_task(FakeCache(readers), None, spec or _spec(),
+                              Task(b"tok", req_id, np.array(rows, dtype=np.int64)))
+    assert sent.nbytes == sum(memoryview(f).nbytes for f in frames)
+    assert (sent.token, sent.req_id) == (b"tok", req_id)
+    return wire.decode(frames), sent
 
 
 def test_batch_counts_the_samples_the_readers_skipped_during_the_task() -> None:
     readers = {0: LossyReader(10, {1, 2}), 1: LossyReader(10, {5})}
     readers[0].skipped = 7  # skips of earlier tasks do not count
-    reply = serve_task(FakeCache(readers), None, _spec(), 3,
-                       _ranges((0, 0, 4), (1, 4, 8), (0, 8, 10)))
-    msg = wire.decode(reply.frames)
+    msg, sent = _serve(readers, 3, (0, 0, 4), (1, 4, 8), (0, 8, 10))
     assert isinstance(msg, wire.BatchMsg) and msg.req_id == 3
     assert (msg.size, msg.skipped) == (7, 3)
     assert msg.data[0].tolist() == [0, 3, 4, 6, 7, 8, 9]
-    assert reply.skips == ((0, 2), (1, 1)) and not reply.too_large and reply.samples == 7
+    assert sent.skips == ((0, 2), (1, 1)) and not sent.too_large and sent.samples == 7
 
 
-def test_a_count_that_does_not_add_up_is_an_internal_error_reply() -> None:
-    reply = serve_task(FakeCache({0: LossyReader(10, {1}, lie=True)}), None, _spec(), 4,
-                       _ranges((0, 0, 5)))
-    msg = wire.decode(reply.frames)
-    assert isinstance(msg, wire.ErrorMsg) and msg.kind is wire.ErrorKind.READ_FAILED
+def test_a_count_that_does_not_add_up_is_an_internal_error_reply(caplog) -> None:
+    msg, sent = _serve({0: LossyReader(10, {1}, lie=True)}, 4, (0, 0, 5))
+    assert isinstance(msg, wire.ErrorMsg) and msg.kind is wire.ErrorKind.INTERNAL
     assert msg.message.startswith("InternalError:") and "request of 5" in msg.message
+    assert sent.samples == 0 and not sent.too_large
+    assert any(r.exc_info and "bug" in r.getMessage() for r in caplog.records)
+
+
+class BrokenCache(FakeCache):
+    """Opening any shard raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__({})
+        self._error = error
+
+    def get(self, shard: int) -> ShardReader:
+        raise self._error
+
+
+@pytest.mark.parametrize("error, kind", [
+    (ShardReadError("/data/root/a", "damaged header"), wire.ErrorKind.READ_FAILED),
+    (OSError(5, "Input/output error"), wire.ErrorKind.READ_FAILED),
+    (KeyError("x"), wire.ErrorKind.INTERNAL),
+    (TypeError("unsupported operand"), wire.ErrorKind.INTERNAL),
+])
+def test_bad_data_is_a_read_failure_and_anything_else_a_bug_logged_with_its_traceback(
+        caplog, error: Exception, kind: wire.ErrorKind) -> None:
+    frames, _ = serve_task(BrokenCache(error), None, _spec(),
+                           Task(b"tok", 8, np.array([[0, 0, 2]], dtype=np.int64)))
+    msg = wire.decode(frames)
+    assert isinstance(msg, wire.ErrorMsg) and (msg.req_id, msg.kind) == (8, kind)
+    assert msg.message.startswith(f"{type(error).__name__}: ")
+    assert "/data/root" not in msg.message
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == (kind is wire.ErrorKind.INTERNAL)
 
 
 def test_a_batch_over_max_reply_bytes_is_refused() -> None:
-    reply = serve_task(FakeCache({0: LossyReader(100, set())}), None, _spec(100), 5,
-                       _ranges((0, 0, 100)))
-    msg = wire.decode(reply.frames)
+    msg, sent = _serve({0: LossyReader(100, set())}, 5, (0, 0, 100), spec=_spec(100))
     assert isinstance(msg, wire.ErrorMsg) and msg.message.startswith("ReplyTooLarge:")
-    assert "800 bytes" in msg.message and reply.too_large
+    assert msg.kind is wire.ErrorKind.READ_FAILED
+    assert "800 bytes" in msg.message and sent.too_large
 
 
 def test_error_messages_name_shards_relative_to_the_root() -> None:
-    reply = serve_task(FakeCache({0: LossyReader(10, set())}), None, _spec(), 6,
-                       _ranges((0, 5, 20)))
-    msg = wire.decode(reply.frames)
+    msg, _ = _serve({0: LossyReader(10, set())}, 6, (0, 5, 20))
     assert isinstance(msg, wire.ErrorMsg) and "shard-10" in msg.message
     assert "/data/root" not in msg.message
 
 
 @pytest.mark.parametrize("damaged", [set(), {0, 1, 2}])
 def test_all_or_nothing_skipped(damaged: set[int]) -> None:
-    reply = serve_task(FakeCache({0: LossyReader(3, damaged)}), None, _spec(), 7,
-                       _ranges((0, 0, 3)))
-    msg = wire.decode(reply.frames)
+    msg, _ = _serve({0: LossyReader(3, damaged)}, 7, (0, 0, 3))
     assert isinstance(msg, wire.BatchMsg) and msg.size + msg.skipped == 3

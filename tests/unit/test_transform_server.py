@@ -16,6 +16,7 @@ from dataflow.errors import ConfigError, TransformError
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import Transform, apply_transform, load_transform
 from dataflow.transform import TransformContext, batch_seed
+from dataflow.wire.internal import Task
 
 MODULE = '''
 import numpy as np
@@ -144,7 +145,7 @@ def test_serve_task_gives_the_transform_the_tag_derived_context(module_dir: Path
     readers = ReaderCache(spec)
     rows = np.array([[0, 2, 4], [1, 0, 1]], dtype=np.int64)
     try:
-        replies = [wire.decode(serve_task(readers, t, spec, 1, rows, tag).frames)
+        replies = [wire.decode(serve_task(readers, t, spec, Task(b"tok", 1, rows, tag))[0])
                    for tag in (wire.BatchTag(4, 1, 6), wire.BatchTag(4, 1, 6),
                                wire.BatchTag(4, 1, 7))]
     finally:
@@ -164,11 +165,11 @@ def test_serve_task_answers_a_transform_error_with_an_error_naming_the_batch(
     t = load_transform("xform_mod:broken", spec.transform_path)
     readers = ReaderCache(spec)
     try:
-        reply = serve_task(readers, t, spec, 5, np.array([[1, 3, 5]], dtype=np.int64),
-                           wire.BatchTag(0, 3, 12))
+        frames, _ = serve_task(readers, t, spec, Task(b"tok", 5, np.array([[1, 3, 5]]),
+                                                       wire.BatchTag(0, 3, 12)))
     finally:
         readers.close()
-    msg = wire.decode(reply.frames)
+    msg = wire.decode(frames)
     assert isinstance(msg, wire.ErrorMsg) and msg.req_id == 5
     assert msg.kind is wire.ErrorKind.READ_FAILED
     assert msg.message == ("TransformError: transform 'xform_mod:broken' on batch 12 of epoch 3 "

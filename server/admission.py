@@ -1,0 +1,113 @@
+"""What the frontend admits: a HELLO (a session, its credits and request size) and a
+REQUEST's ranges. Pure: no sockets, no clock; :mod:`dataflow.server.clients` does the I/O.
+
+Credits of admitted requests are the ledger's (:mod:`dataflow.server.ledger`); when a session
+ends is :mod:`dataflow.server.sessions`'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dataflow.server.config import ServerConfig
+from dataflow.subset import unmatched
+from dataflow.wire import ErrorKind, Hello
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A HELLO admitted.
+
+    Attributes:
+        credits: credits granted to the session.
+        max_samples: most samples one of its REQUESTs may name.
+    """
+
+    credits: int
+    max_samples: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A HELLO refused: the ERROR that answers it, and the STATS counter that counts it."""
+
+    kind: ErrorKind
+    counter: str
+    message: str
+
+
+def admit_hello(msg: Hello, config: ServerConfig, served: Sequence[str], *, renewing: bool,
+                sessions: int, of_address: int) -> Grant | Refused:
+    """Whether HELLO ``msg`` opens a session (or renews its connection's, ``renewing``). Pure.
+
+    A HELLO asking for more than this server serves (a ``batch_size`` over
+    ``--max-request-samples``, ``columns`` naming a field not in ``served``) is refused as a
+    protocol error. A new session is refused as busy while the server holds ``sessions`` of
+    ``--max-sessions``, or its peer address ``of_address`` of ``--max-sessions-per-address``.
+    A session may name ``batch_size`` samples a request (``--max-request-samples`` without
+    one) and is granted its ``credits``, at most ``--max-credits`` and at most
+    ``--max-window-samples`` samples' worth, at least one.
+    """
+    cap = config.max_request_samples
+    if msg.batch_size is not None and msg.batch_size > cap:
+        return Refused(ErrorKind.PROTOCOL, "refused", f"HELLO `batch_size` {msg.batch_size} "
+                       f"exceeds this server's --max-request-samples {cap}")
+    unknown = unmatched(msg.columns or (), served)
+    if unknown:
+        return Refused(ErrorKind.PROTOCOL, "refused", f"HELLO `columns` names field(s) "
+                       f"{unknown} this server does not serve; it serves {list(served)}")
+    if not renewing and sessions >= config.max_sessions:
+        return Refused(ErrorKind.SERVER_BUSY, "sessions_refused",
+                       f"this server holds its maximum of {sessions} sessions "
+                       "(--max-sessions); use another server or retry later")
+    if not renewing and of_address >= config.address_sessions:
+        return Refused(ErrorKind.SERVER_BUSY, "address_sessions_refused",
+                       f"this server holds {of_address} sessions of this client's address, "
+                       "the most one address may (--max-sessions-per-address); use another "
+                       "server or retry later")
+    max_samples = msg.batch_size or cap
+    credits = min(msg.credits, config.max_credits,
+                  max(1, config.max_window_samples // max_samples))
+    return Grant(credits, max_samples)
+
+
+def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
+                  max_samples: int) -> str | None:
+    """Why ``ranges`` (int64, (n, 3) ``(shard, start, stop)`` rows) is not a valid request of
+    at most ``max_samples`` samples of shards ``shards`` of ``sizes`` samples, or None. Pure.
+
+    Each sample may be named once: no two ranges overlap (ranges that meet are fine). A plan
+    never names a sample twice in a batch, even padded (``drop_last=False`` repeats samples
+    only in other ranks' batches); a request that does would make the readers read and send
+    the same data any number of times.
+    """
+    if len(ranges) > max_samples:
+        return (f"request of {len(ranges)} ranges exceeds this session's "
+                f"{max_samples} samples a request")
+    shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
+    bad_shard = (shard < 0) | (shard >= len(sizes))
+    if bad_shard.any():
+        i = int(np.flatnonzero(bad_shard)[0])
+        return f"range {i}: shard {int(shard[i])} not in [0, {len(sizes)})"
+    size = sizes[shard]
+    bad = (start < 0) | (stop <= start) | (stop > size)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return (f"range {i}: [{int(start[i])}, {int(stop[i])}) is empty or outside shard "
+                f"{shards[int(shard[i])]} of {int(size[i])} samples")
+    total = int((stop - start).sum())
+    if total > max_samples:
+        return (f"request of {total} samples exceeds this session's {max_samples} samples "
+                "a request (its HELLO `batch_size`, else --max-request-samples)")
+    order = np.lexsort((start, shard))
+    overlap = (shard[order][1:] == shard[order][:-1]) & (start[order][1:] < stop[order][:-1])
+    if overlap.any():
+        k = int(np.flatnonzero(overlap)[0])
+        i, j = sorted((int(order[k]), int(order[k + 1])))
+        return (f"ranges {i} [{int(start[i])}, {int(stop[i])}) and {j} [{int(start[j])}, "
+                f"{int(stop[j])}) of shard {shards[int(shard[i])]} overlap: a request names "
+                "each sample at most once")
+    return None
