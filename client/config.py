@@ -10,9 +10,8 @@ import torch
 
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
 from dataflow.errors import ConfigError
-from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WINDOW
 from dataflow.security import ClientCurve
-from dataflow.shuffle import shuffle_mode
+from dataflow.shuffle import Shuffle, as_shuffle
 from dataflow.wire import Hello
 from dataflow.wire.fields import MAX_BATCH_SIZE, FieldError, column_names
 
@@ -70,15 +69,16 @@ class LoaderConfig:
     """Validated settings of one DataLoader (see :class:`client.DataLoader` for meanings).
 
     ``device`` is normalized: None for CPU tensors, else a CUDA device string; ``shuffle`` is
-    normalized to a mode name (True is ``"sample"``, False is ``"none"``); ``columns`` to a
-    tuple. ``request_timeout`` None stands for ``timeout`` (see :attr:`request_limit`).
+    a :class:`~dataflow.shuffle.Shuffle` (a mode alone, a name or a bool, gets the default
+    knobs); ``columns`` a tuple. ``request_timeout`` None stands for ``timeout`` (see
+    :attr:`request_limit`).
     """
 
     servers: ServerSource
     batch_size: int
     rank: int
     world_size: int
-    shuffle: str | bool = "sample"
+    shuffle: Shuffle = Shuffle()
     seed: int = 0
     drop_last: bool = False
     device: str | None = None
@@ -86,9 +86,6 @@ class LoaderConfig:
     prefetch: int = 4
     timeout: float = 60.0
     grace: float = 10.0
-    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
-    block_size: int = DEFAULT_BLOCK_SIZE
-    window: int = DEFAULT_WINDOW
     curve: ClientCurve | None = None
     resolve_interval: float = DEFAULT_RESOLVE_INTERVAL
     columns: Sequence[str] | None = None
@@ -96,7 +93,7 @@ class LoaderConfig:
     request_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))
+        object.__setattr__(self, "shuffle", as_shuffle(self.shuffle))
         object.__setattr__(self, "columns", _columns(self.columns))
         if not isinstance(self.servers, ServerSource):
             raise ConfigError(f"`servers` must be a ServerSource. Found: {self.servers!r}")
@@ -117,9 +114,6 @@ class LoaderConfig:
                               f"Found: {self.rank}")
         _int("seed", self.seed, 0)
         _int("prefetch", self.prefetch, 1)
-        _int("shuffle_window", self.shuffle_window, 1)
-        _int("block_size", self.block_size, 1)
-        _int("window", self.window, 1)
         if not self.timeout > 0:
             raise ConfigError(f"`timeout` must be > 0 seconds. Found: {self.timeout!r}")
         if self.request_timeout is not None and (
@@ -142,6 +136,12 @@ class LoaderConfig:
         """Seconds a request may go unanswered before its batch is asked of another server
         (``request_timeout``, or ``timeout`` when None)."""
         return float(self.timeout if self.request_timeout is None else self.request_timeout)
+
+    def plan_inputs(self) -> dict[str, str | int | bool]:
+        """The inputs of this loader's plans that its resume state keeps (by the state's names,
+        :data:`dataflow.client.state.PLAN_FIELDS`)."""
+        return {"seed": self.seed, "batch_size": self.batch_size, **self.shuffle.fields(),
+                "drop_last": self.drop_last}
 
     def hello(self, name: str) -> Hello:
         """The HELLO said to every server: ``prefetch`` credits, the client's description

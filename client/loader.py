@@ -29,7 +29,7 @@ from dataflow.client.handoff import Extend, Need, StartEpoch
 from dataflow.client.iothread import IOThread
 from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.passes import Ahead, PassIterator, Run, after, plan_pass
-from dataflow.client.state import PLAN_FIELDS, make_state, read_state
+from dataflow.client.state import make_state, read_state
 from dataflow.errors import (
     ConfigError,
     InternalError,
@@ -37,15 +37,15 @@ from dataflow.errors import (
     StaleIteratorError,
 )
 from dataflow.index import DatasetIndex
-from dataflow.plan import (
+from dataflow.plan import EpochSize, consumed, epoch_size
+from dataflow.security import client_curve
+from dataflow.shuffle import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SHUFFLE_WINDOW,
     DEFAULT_WINDOW,
-    EpochSize,
-    consumed,
-    epoch_size,
+    Shuffle,
+    shuffle_mode,
 )
-from dataflow.security import client_curve
 
 GET_POLL_S = 0.5
 
@@ -234,9 +234,9 @@ class DataLoader:
         rank, world_size = dist_env(rank, world_size)
         self.config = LoaderConfig(
             servers=source, batch_size=batch_size, rank=rank, world_size=world_size,
-            shuffle=shuffle, seed=seed, drop_last=drop_last, device=normalize_device(device),
+            shuffle=Shuffle(shuffle_mode(shuffle), shuffle_window, block_size, window),
+            seed=seed, drop_last=drop_last, device=normalize_device(device),
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
-            shuffle_window=shuffle_window, block_size=block_size, window=window,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
         )
@@ -444,10 +444,6 @@ class DataLoader:
 
     # -- resume ---------------------------------------------------------------------------------
 
-    def _plan_inputs(self) -> dict[str, Any]:
-        cfg = self.config
-        return {name: getattr(cfg, name) for name in PLAN_FIELDS}
-
     def state_dict(self) -> dict[str, Any]:
         """Resume state: a few scalars (see :mod:`dataflow.client.state`), the same on every
         rank, valid on any rank and any world size.
@@ -467,7 +463,7 @@ class DataLoader:
                         batches_yielded=batches, total=self.index.total,
                         drop_last=cfg.drop_last)
         return make_state(epoch=epoch, consumed=done, total=self.index.total,
-                          fingerprint=self.index.fingerprint, plan=self._plan_inputs(),
+                          fingerprint=self.index.fingerprint, plan=self.config.plan_inputs(),
                           world_size=cfg.world_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -480,7 +476,7 @@ class DataLoader:
                 configuration (names the field).
         """
         epoch, done = read_state(state, total=self.index.total,
-                                 fingerprint=self.index.fingerprint, plan=self._plan_inputs())
+                                 fingerprint=self.index.fingerprint, plan=self.config.plan_inputs())
         self._gen += 1
         self._ahead = None
         self._cursor.load(epoch, done)

@@ -87,9 +87,7 @@ def plan_pass(cfg: LoaderConfig, sizes: Sequence[int], span: Pass) -> tuple[Batc
     """
     batches = rank_batches(sizes, world_size=cfg.world_size, rank=cfg.rank, epoch=span.epoch,
                            seed=cfg.seed, batch_size=cfg.batch_size, drop_last=cfg.drop_last,
-                           start=span.start, shuffle=cfg.shuffle,
-                           shuffle_window=cfg.shuffle_window, block_size=cfg.block_size,
-                           window=cfg.window)
+                           start=span.start, shuffle=cfg.shuffle)
     expected = epoch_size(sum(sizes), world_size=cfg.world_size, batch_size=cfg.batch_size,
                           drop_last=cfg.drop_last, start=span.start).batches_per_rank
     if len(batches) != expected:

@@ -35,6 +35,7 @@ from dataflow.plan import (
     rank_batches,
     split_batches,
 )
+from dataflow.shuffle import Shuffle
 
 __all__ = [
     "Batch",
@@ -54,6 +55,7 @@ __all__ = [
     "RequestTimeout",
     "Schema",
     "SchemaMismatchError",
+    "Shuffle",
     "ServerStartError",
     "ServerUnavailable",
     "ShardChangedError",
