@@ -1,7 +1,7 @@
-"""What the client's I/O thread does with each message a server sends, and joining again.
+"""What the client's I/O thread does with each message a server sends, and every join.
 
 BATCH replies are received into the sink, checked against their request and handed over in
-plan order; request errors either re-queue the batch or raise; session errors lose the server
+stream order; request errors either re-queue the batch or raise; session errors lose the server
 (its batches go to the others). Every server joins through the same path
 (:class:`~dataflow.client.handshake.Join`): at the start, when it was busy, slow or not up
 yet, when discovery found it, and again after it was lost. The first server to join decides
@@ -21,13 +21,14 @@ import time
 import zmq
 
 from dataflow import wire
-from dataflow.client.buffers import CudaSink, HostSink, Ready
-from dataflow.client.handoff import Extend, Failed, Handoff, Need, StartEpoch
+from dataflow.client.buffers import CudaSink, HostSink, Received
+from dataflow.client.handoff import Failed, Handoff
 from dataflow.client.handshake import Join
 from dataflow.client.links import Links
 from dataflow.client.receive import drain, receive_batch, receive_header
 from dataflow.client.reorder import Reorder
 from dataflow.client.scheduler import Late, Scheduler, State
+from dataflow.client.stream import Demand
 from dataflow.errors import (
     DataflowError,
     DatasetMismatchError,
@@ -46,18 +47,18 @@ SERVER_GONE = (ErrorKind.SERVER_STOPPING, ErrorKind.UNKNOWN_CLIENT)
 TRANSIENT = (ErrorKind.SERVER_BUSY, ErrorKind.SERVER_STOPPING)
 
 
-class Dispatch:
-    """Message handling of one loader's I/O thread.
+class Inbox:
+    """What one loader's I/O thread does with the servers' messages, and their joins. Servers
+    are known by their numbers; their endpoints are the scheduler's.
 
     Attributes:
         fingerprint: the dataset's fingerprint (set by the first join; "" until then); every
             later join must serve the same.
     """
 
-    def __init__(self, endpoints: list[str], hello: list[wire.Buffer], scheduler: Scheduler,
-                 handoff: Handoff[Ready], links: Links, control: dict[int, zmq.Socket],
+    def __init__(self, hello: list[wire.Buffer], scheduler: Scheduler,
+                 handoff: Handoff[Received], links: Links, control: dict[int, zmq.Socket],
                  sink: HostSink | CudaSink) -> None:
-        self._endpoints = endpoints  # the I/O thread's list: it grows as servers join
         self._hello = hello  # the encoded HELLO every server is sent
         self._scheduler = scheduler
         self.handoff = handoff
@@ -65,28 +66,24 @@ class Dispatch:
         self._data = links.data
         self._control = control
         self._sink = sink
-        self._reorder: Reorder[Ready | Failed] = Reorder(0, 0)
+        self._reorder: Reorder[Received | Failed] = Reorder(0, 0)
         self._joins: dict[int, Join] = {}
         self._sessions: dict[int, str] = {}  # server -> its session token, once joined
         self._transforms: dict[int, str] = {}  # server -> its --transform ("": none)
-        self._listed = len(endpoints)  # servers numbered from here on were found by discovery
+        self._listed = scheduler.count  # servers numbered from here on were found by discovery
         self._late: set[int] = set()  # servers that join after the loader started without them
         self._said: dict[int, str] = {}  # server -> the join failure last logged (logged once)
         self.fingerprint = ""
 
-    def start_epoch(self, cmd: StartEpoch) -> None:
-        self._scheduler.start_epoch(cmd.gen, cmd.batches, cmd.first, cmd.tags)
-        self._reorder.clear()
-        self._reorder = Reorder(cmd.first, self._scheduler.window)
-        self.handoff.set_capacity(self._scheduler.window)
+    def _endpoint(self, server: int) -> str:
+        return self._scheduler.endpoint(server)
 
-    def need(self, cmd: Need) -> None:
-        """The consumer began a pass read ahead: its batches are needed now."""
-        self._scheduler.need(cmd.gen, cmd.end)
-
-    def extend(self, cmd: Extend) -> None:
-        """Append the loader's next pass to the current generation (if ``cmd.gen`` still is)."""
-        self._scheduler.extend_epoch(cmd.gen, cmd.batches, cmd.tags)
+    def follow(self, demand: Demand) -> None:
+        """Fetch what the consumer wants read now; batches of an older generation held for
+        reordering are dropped."""
+        if self._scheduler.follow(demand):
+            self._reorder.clear()
+            self._reorder = Reorder(demand.first, self._scheduler.depth)
 
     def close(self) -> None:
         """Release the batches held for reordering."""
@@ -107,7 +104,7 @@ class Dispatch:
         for _ in range(DRAIN_PER_WAKE):
             if sock not in self._data and reader >= 0:
                 return  # closed: its server was lost while its messages were read
-            msg = receive_header(sock, self._endpoints[server])
+            msg = receive_header(sock, self._endpoint(server))
             if msg is None:
                 return
             self._on_message(sock, server, reader, msg)
@@ -129,13 +126,13 @@ class Dispatch:
         elif isinstance(msg, wire.Heartbeat):
             self._scheduler.heard(server, now)
         elif isinstance(msg, wire.Index) and state is State.DOWN:
-            log.debug("%s: INDEX after its join was given up (ignored)", self._endpoints[server])
+            log.debug("%s: INDEX after its join was given up (ignored)", self._endpoint(server))
         elif isinstance(msg, wire.Index):
             self._on_index_again(server, msg, now)
         elif isinstance(msg, wire.ErrorMsg):
             self._on_server_error(server, msg, now)
         else:
-            raise ProtocolError(f"{self._endpoints[server]}: unexpected "
+            raise ProtocolError(f"{self._endpoint(server)}: unexpected "
                                 f"{wire.kind_of(msg).name} message")
 
     def _on_index_again(self, server: int, msg: wire.Index, now: float) -> None:
@@ -145,13 +142,13 @@ class Dispatch:
             self._lose(server, now, "it answered with a new session", hello=True)
 
     def _on_batch(self, sock: zmq.Socket, server: int, msg: wire.BatchMsg, now: float) -> None:
-        endpoint = self._endpoints[server]
+        endpoint = self._endpoint(server)
         slot = self._scheduler.on_reply(server, msg.req_id, now)
         if slot is None:
             drain(sock)
             return
         try:
-            slot.check_size(endpoint, msg.req_id, msg.size, msg.skipped)
+            slot.check_size(endpoint, msg.size, msg.skipped)
         except ProtocolError:
             drain(sock)
             raise
@@ -164,20 +161,20 @@ class Dispatch:
 
     def _on_request_error(self, server: int, msg: wire.ErrorMsg, now: float) -> None:
         """A request failed: the batch is requested again (undeliverable), or its error takes
-        its place in plan order, raised when the consumer reaches it."""
+        its place in stream order, raised when the consumer reaches it."""
         if msg.kind is ErrorKind.UNDELIVERABLE:
             self._scheduler.undelivered(server, msg.req_id, now)
             return
         slot = self._scheduler.on_reply(server, msg.req_id, now)
         if slot is not None:
             self._hand_over(slot.gen, slot.index,
-                            Failed(RemoteError(self._endpoints[server], str(msg.kind),
+                            Failed(RemoteError(self._endpoint(server), str(msg.kind),
                                                msg.message)))
 
     def late(self, late: Late, *, request_timeout: float) -> None:
         """A batch got no reply within ``request_timeout``: log its request to another server,
         or put its :class:`~dataflow.errors.RequestTimeout` in its place."""
-        asked = ", ".join(f"{self._endpoints[i]} (transform "
+        asked = ", ".join(f"{self._endpoint(i)} (transform "
                           f"{self._transforms.get(i) or 'none'}, asked {age:.1f} s ago)"
                           for i, age in late.asked)
         what = f"batch {late.tag.batch} of epoch {late.tag.epoch}"
@@ -189,13 +186,13 @@ class Dispatch:
             return
         why = ("asked of another server too" if late.again
                else "no other server could take it")
-        error = RequestTimeout(", ".join(self._endpoints[i] for i, _ in late.asked),
+        error = RequestTimeout(", ".join(self._endpoint(i) for i, _ in late.asked),
                                f"no reply within request_timeout {request_timeout:g} s to "
                                f"{what} (global batch index) from {asked}; {why}",
                                epoch=late.tag.epoch, batch=late.tag.batch)
         self._hand_over(late.gen, late.index, Failed(error))
 
-    def _hand_over(self, gen: int, index: int, item: Ready | Failed) -> None:
+    def _hand_over(self, gen: int, index: int, item: Received | Failed) -> None:
         for i, due in self._reorder.add(index, item):
             self.handoff.deliver(gen, i, due)
 
@@ -205,7 +202,7 @@ class Dispatch:
         if msg.kind is ErrorKind.SERVER_STOPPING and joined:
             self._lose(server, now, f"stopping ({msg.message})", hello=False)
         elif msg.kind is ErrorKind.SERVER_STOPPING:
-            self._join_failed(server, now, RemoteError(self._endpoints[server], str(msg.kind),
+            self._join_failed(server, now, RemoteError(self._endpoint(server), str(msg.kind),
                                                        msg.message))
         elif msg.kind is ErrorKind.UNKNOWN_CLIENT:
             if joined:
@@ -213,13 +210,13 @@ class Dispatch:
                            hello=True)
         elif not joined:
             log.debug("%s: %s after its join was given up (ignored): %s",
-                      self._endpoints[server], msg.kind, msg.message)
+                      self._endpoint(server), msg.kind, msg.message)
         else:
-            raise RemoteError(self._endpoints[server], str(msg.kind), msg.message)
+            raise RemoteError(self._endpoint(server), str(msg.kind), msg.message)
 
     def _lose(self, server: int, now: float, why: str, *, hello: bool) -> None:
         log.warning("%s: lost: %s; its batches go to the other servers",
-                    self._endpoints[server], why)
+                    self._endpoint(server), why)
         self._scheduler.lost(server, now, hello=hello)
         self.drop_data(server)
         self.handoff.count("servers_lost")
@@ -229,7 +226,7 @@ class Dispatch:
     def hello(self, server: int, now: float) -> None:
         """Ask a server that has not joined (or was lost) to join (its connection is up)."""
         self.drop_data(server)
-        self._joins[server] = Join(self._endpoints[server], self.fingerprint or None)
+        self._joins[server] = Join(self._endpoint(server), self.fingerprint or None)
         try:
             self._control[server].send_multipart(self._hello, flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -239,7 +236,7 @@ class Dispatch:
     def expired(self, server: int) -> None:
         """``server``'s join ran out of time (it is asked again later): log it once."""
         self._joins.pop(server, None)
-        self._tell(server, "timed out", f"{self._endpoints[server]}: join timed out ("
+        self._tell(server, "timed out", f"{self._endpoint(server)}: join timed out ("
                    f"{self._scheduler.describe(server)}); asking again in the background")
 
     def _on_join(self, server: int, reader: int, msg: wire.Message, now: float) -> None:
@@ -259,7 +256,7 @@ class Dispatch:
             else:
                 join.on_data(reader, msg)
             if join.done and self.fingerprint and join.fingerprint != self.fingerprint:
-                raise DatasetMismatchError(f"{self._endpoints[server]} serves dataset "
+                raise DatasetMismatchError(f"{self._endpoint(server)} serves dataset "
                                            f"{join.fingerprint}, not {self.fingerprint}")
         except (DatasetMismatchError, ProtocolError, RemoteError) as e:
             self._join_failed(server, now, e)
@@ -278,7 +275,7 @@ class Dispatch:
                 column it does not serve) or broke the protocol, so the constructor fails at
                 once, naming it.
         """
-        endpoint = self._endpoints[server]
+        endpoint = self._endpoint(server)
         kind = error.kind if isinstance(error, RemoteError) else type(error).__name__
         if not self.fingerprint and kind not in TRANSIENT:
             raise error
@@ -310,7 +307,7 @@ class Dispatch:
         (log.error if error else log.warning)("%s", text)
 
     def _joined(self, server: int, join: Join, now: float) -> None:
-        index, endpoint = join.index, self._endpoints[server]
+        index, endpoint = join.index, self._endpoint(server)
         assert index is not None
         first = self._scheduler.grant(server, index.credits, now)
         self._joins.pop(server)
@@ -319,11 +316,11 @@ class Dispatch:
         self._said.pop(server, None)
         if not self.fingerprint:  # the first server: the loader starts
             self.fingerprint = join.fingerprint
-            others = [i for i in range(len(self._endpoints)) if i != server]
+            others = [i for i in range(self._scheduler.count) if i != server]
             self._late.update(i for i in others
                               if self._scheduler.state(i) not in (State.UP, State.JOINING))
             log.info("%s: joined with %d credit(s); the loader starts%s", endpoint,
-                     index.credits, "".join(f"; {self._endpoints[i]}: "
+                     index.credits, "".join(f"; {self._endpoint(i)}: "
                                             f"{self._scheduler.describe(i)}" for i in others))
         elif not first:
             self.handoff.count("rejoined")
@@ -339,7 +336,7 @@ class Dispatch:
         self.handoff.admitted(endpoint, index)
 
     def _grow(self) -> None:
-        """The scheduler's window may have grown (a server joined): the reorder buffer and
-        the hand-off hold that many from now on."""
-        self._reorder.grow(self._scheduler.window)
-        self.handoff.set_capacity(self._scheduler.window)
+        """The scheduler's depth may have grown (a server joined): the reorder buffer and the
+        hand-off hold that many from now on."""
+        self._reorder.grow(self._scheduler.depth)
+        self.handoff.set_capacity(self._scheduler.depth)
