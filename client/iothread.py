@@ -8,9 +8,9 @@ processes (routing id: the session token from INDEX), on which BATCH and ERROR r
 events feed the scheduler's liveness rules). The loop only moves bytes; the decisions are made
 by pure parts it drives:
 
-* :class:`~dataflow.client.inbox.Inbox`: what each reply and error means, and every server's
-  join (:class:`~dataflow.client.handshake.Join`: HELLO / INDEX / data connections), at the
-  start and later; the loader starts when the first server joined;
+* :class:`~dataflow.client.inbox.Inbox`: what each reply and error means;
+* :class:`~dataflow.client.joins.Joins`: every server's join (HELLO / INDEX / data
+  connections), at the start and later; the loader starts when the first server joined;
 * :class:`~dataflow.client.scheduler.Scheduler`: which batch to request from which server,
   credits, depth, heartbeats, joins, liveness, failover and late requests; it holds every
   server's endpoint;
@@ -42,6 +42,7 @@ from dataflow.client.buffers import CudaSink, HostSink, Received
 from dataflow.client.discovery import Lookup, Watcher
 from dataflow.client.handoff import Handoff
 from dataflow.client.inbox import Inbox
+from dataflow.client.joins import Joins
 from dataflow.client.links import Links
 from dataflow.client.membership import Membership
 from dataflow.client.scheduler import CONTROL, Scheduler, State
@@ -97,8 +98,9 @@ class IOThread(threading.Thread):
         self._links = Links(zmq.Context.instance(), self._poller, curve,
                             self._scheduler.endpoint)
         self._data = self._links.data
-        self._inbox = Inbox(self._hello, self._scheduler, self.handoff, self._links,
-                            self._control, sink)
+        self._joins = Joins(self._hello, self._scheduler, self.handoff, self._links,
+                            self._control)
+        self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink)
         self._watcher = None if find is None else Watcher(find, self._wake)
         self._resolve_interval = resolve_interval
         self._membership: Membership | None = None
@@ -162,7 +164,7 @@ class IOThread(threading.Thread):
             now = time.monotonic()
             wait = self._discover(now)
             for server in self._scheduler.hellos_due(now):
-                self._inbox.hello(server, now)
+                self._joins.hello(server, now)
             self._request(now)
             events, stop = self._poll(min(wait, self._scheduler.next_deadline(now)))
             if stop:
@@ -181,9 +183,9 @@ class IOThread(threading.Thread):
                 except zmq.Again:
                     pass
             for server, joining in self._scheduler.check(now):
-                self._inbox.drop_data(server)
+                self._joins.drop_data(server)
                 if joining:
-                    self._inbox.expired(server)
+                    self._joins.expired(server)
                     continue
                 log.warning("%s: lost (no usable connection for the grace period); its "
                             "batches go to the other servers", self._scheduler.endpoint(server))
@@ -227,7 +229,7 @@ class IOThread(threading.Thread):
         if server is None:
             return
         self._scheduler.retire(server, now)
-        self._inbox.drop_data(server)
+        self._joins.drop_data(server)
         sock = self._control.pop(server)
         try:
             sock.send_multipart(wire.encode(wire.Bye()), flags=zmq.NOBLOCK)
