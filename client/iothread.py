@@ -81,7 +81,6 @@ class IOThread(threading.Thread):
                  find: Lookup | None = None, resolve_interval: float = 10.0,
                  request_timeout: float = math.inf) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
-        self._listed = tuple(endpoints)
         self._hello = wire.encode(hello)
         self._timeout = timeout
         self._request_timeout = request_timeout
@@ -131,12 +130,13 @@ class IOThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            for server, endpoint in enumerate(self._listed):
+            listed = [self._scheduler.endpoint(i) for i in range(self._scheduler.count)]
+            for server, endpoint in enumerate(listed):
                 self._control[server] = self._links.open(server, CONTROL, self._routing_id,
                                                          endpoint)
             self._poller.register(self._wake_r, zmq.POLLIN)
             if self._watcher is not None:
-                self._membership = Membership(self._listed, interval=self._resolve_interval,
+                self._membership = Membership(listed, interval=self._resolve_interval,
                                               now=time.monotonic())
                 self._watcher.start()
             self._serve()
