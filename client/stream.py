@@ -211,9 +211,10 @@ class Stream:
             self._seek(span)
 
     def _seek(self, span: Pass) -> None:
+        planned = self._plan(span)
         self._pending = None
         self._taken = 0
-        self._want(Demand(self.demand.gen + 1, (self._plan(span),)))
+        self._want(Demand(self.demand.gen + 1, (planned,)))
 
     def _want(self, demand: Demand) -> None:
         self.demand = demand
