@@ -135,7 +135,7 @@ class CudaCopier:
 
 
 @dataclass
-class Ready:
+class Received:
     """A received batch ready for the consumer.
 
     Attributes:
@@ -172,7 +172,7 @@ class Landing(ABC):
         """
 
     @abstractmethod
-    def finish(self, msg: wire.BatchMsg) -> Ready:
+    def finish(self, msg: wire.BatchMsg) -> Received:
         """The batch, once its frames passed ``BatchLayout.check_frames``."""
 
 
@@ -184,8 +184,8 @@ class MessageLanding(Landing):
         self.frames.append(frame)
         return len(frame), frame.more
 
-    def finish(self, msg: wire.BatchMsg) -> Ready:
-        return Ready(frame_views(msg, self.layout, self.frames))
+    def finish(self, msg: wire.BatchMsg) -> Received:
+        return Received(frame_views(msg, self.layout, self.frames))
 
 
 class BufferLanding(Landing):
@@ -206,8 +206,8 @@ class BufferLanding(Landing):
         self.frames.append(place)
         return sock.recv_into(place), bool(sock.getsockopt(zmq.RCVMORE))
 
-    def finish(self, msg: wire.BatchMsg) -> Ready:
-        return Ready(typed_views(self.host, msg.arrays, self.layout.offsets))
+    def finish(self, msg: wire.BatchMsg) -> Received:
+        return Received(typed_views(self.host, msg.arrays, self.layout.offsets))
 
 
 def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
@@ -284,9 +284,9 @@ class RingLanding(BufferLanding):
         self._copier = copier
         self.event: CopyEvent | None = None
 
-    def finish(self, msg: wire.BatchMsg) -> Ready:
+    def finish(self, msg: wire.BatchMsg) -> Received:
         dev, self.event = self._copier.copy(self.host)
-        return Ready(typed_views(dev, msg.arrays, self.layout.offsets), self.event, dev)
+        return Received(typed_views(dev, msg.arrays, self.layout.offsets), self.event, dev)
 
 
 class CudaSink:
@@ -330,7 +330,7 @@ class CudaSink:
         self._landed = [None] * len(self._landed)
 
 
-def hand_over(ready: Ready) -> dict[str, torch.Tensor]:
+def hand_over(ready: Received) -> dict[str, torch.Tensor]:
     """Make a batch safe to use on the consumer's current stream and return its tensors."""
     if ready.event is not None and ready.base is not None:
         ready.event.wait(ready.base)

@@ -11,9 +11,8 @@ import torch
 from dataflow.checks import check_int
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
 from dataflow.errors import ConfigError, FieldError
-from dataflow.plan import DEFAULT_BLOCK_SIZE, DEFAULT_SHUFFLE_WINDOW, DEFAULT_WINDOW
 from dataflow.security import ClientCurve
-from dataflow.shuffle import shuffle_mode
+from dataflow.shuffle import Shuffle, as_shuffle
 from dataflow.wire import Hello
 from dataflow.wire.fields import MAX_BATCH_SIZE, column_names
 
@@ -66,15 +65,16 @@ class LoaderConfig:
     """Validated settings of one DataLoader (see :class:`client.DataLoader` for meanings).
 
     ``device`` is normalized: None for CPU tensors, else a CUDA device string; ``shuffle`` is
-    normalized to a mode name (True is ``"sample"``, False is ``"none"``); ``columns`` to a
-    tuple. ``request_timeout`` None stands for ``timeout`` (see :attr:`request_limit`).
+    a :class:`~dataflow.shuffle.Shuffle` (a mode alone, a name or a bool, gets the default
+    knobs); ``columns`` a tuple. ``request_timeout`` None stands for ``timeout`` (see
+    :attr:`request_limit`).
     """
 
     servers: ServerSource
     batch_size: int
     rank: int
     world_size: int
-    shuffle: str | bool = "sample"
+    shuffle: Shuffle = Shuffle()
     seed: int = 0
     drop_last: bool = False
     device: str | None = None
@@ -82,9 +82,6 @@ class LoaderConfig:
     prefetch: int = 4
     timeout: float = 60.0
     grace: float = 10.0
-    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
-    block_size: int = DEFAULT_BLOCK_SIZE
-    window: int = DEFAULT_WINDOW
     curve: ClientCurve | None = None
     resolve_interval: float = DEFAULT_RESOLVE_INTERVAL
     columns: Sequence[str] | None = None
@@ -92,7 +89,7 @@ class LoaderConfig:
     request_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))
+        object.__setattr__(self, "shuffle", as_shuffle(self.shuffle))
         object.__setattr__(self, "columns", _columns(self.columns))
         if not isinstance(self.servers, ServerSource):
             raise ConfigError(f"`servers` must be a ServerSource. Found: {self.servers!r}")
@@ -104,9 +101,7 @@ class LoaderConfig:
         if not isinstance(self.read_ahead, bool):
             raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
         for name, lo, hi in (("batch_size", 1, MAX_BATCH_SIZE), ("world_size", 1, None),
-                             ("rank", 0, None), ("seed", 0, None), ("prefetch", 1, None),
-                             ("shuffle_window", 1, None), ("block_size", 1, None),
-                             ("window", 1, None)):
+                             ("rank", 0, None), ("seed", 0, None), ("prefetch", 1, None)):
             object.__setattr__(self, name, check_int(name, getattr(self, name), lo, hi))
         if self.rank >= self.world_size:
             raise ConfigError(f"`rank` must be < world_size ({self.world_size}). "
@@ -133,6 +128,12 @@ class LoaderConfig:
         """Seconds a request may go unanswered before its batch is asked of another server
         (``request_timeout``, or ``timeout`` when None)."""
         return float(self.timeout if self.request_timeout is None else self.request_timeout)
+
+    def plan_inputs(self) -> dict[str, str | int | bool]:
+        """The inputs of this loader's plans that its resume state keeps (by the state's names,
+        :data:`dataflow.client.state.PLAN_FIELDS`)."""
+        return {"seed": self.seed, "batch_size": self.batch_size, **self.shuffle.fields(),
+                "drop_last": self.drop_last}
 
     def hello(self, name: str) -> Hello:
         """The HELLO said to every server: ``prefetch`` credits, the client's description

@@ -1,17 +1,18 @@
 """The one meeting point of a DataLoader's consumer thread and its I/O thread.
 
 Everything that crosses between the two threads goes through a :class:`Handoff`, under its
-lock: commands one way (:class:`StartEpoch`, :class:`Extend`, :class:`Need`, :class:`Stop`),
-and the other way the servers that joined (the first one starts the loader), batches of the
-current epoch in plan order (a failed request's :class:`Failed` in its batch's place), and a
-failure. Nothing else is shared.
+lock: one way what the consumer wants read (its latest :class:`~dataflow.client.stream.Demand`)
+and whether the I/O thread is to stop; the other way the servers that joined (the first one
+starts the loader), the batches of the stream in order (a failed request's :class:`Failed` in
+its batch's place), and a failure. Nothing else is shared.
 
-Batches belong to an epoch *generation*. :meth:`Handoff.start` (consumer) makes a new
-generation current and discards every batch of older ones at once, so iterators that were
-created and abandoned never leave batches behind; a batch the I/O thread delivers for a
+Batches belong to a stream *generation* (:mod:`dataflow.client.stream`). A demand of a new
+generation (:meth:`Handoff.want`) discards every batch of older ones at once, so iterators that
+were created and abandoned never leave batches behind; a batch the I/O thread delivers for a
 generation that is no longer current is discarded on arrival. The I/O thread never has more
-than its window of batches of one generation requested but not taken, so a delivery beyond
-``capacity`` is a bug and raises :class:`~dataflow.errors.InternalError` — never a silent drop.
+than ``capacity`` batches of one generation requested but not taken (its scheduler's depth),
+so a delivery beyond it is a bug and raises :class:`~dataflow.errors.InternalError` — never a
+silent drop.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from dataflow import wire
+from dataflow.client.stream import Demand
 from dataflow.errors import DataflowError, InternalError, LoaderClosedError
-from dataflow.plan import Batches
-from dataflow.wire import BatchTag
 
 T = TypeVar("T")
 
@@ -35,70 +35,12 @@ COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered", "
 
 
 @dataclass(frozen=True)
-class Tags:
-    """The :class:`~dataflow.wire.BatchTag` of each batch of a pass: the pass's batch ``i`` is
-    global batch ``first + i * stride`` of ``epoch`` (:func:`dataflow.transform.
-    global_batch_index`), read under the loader's ``seed``."""
-
-    seed: int = 0
-    epoch: int = 0
-    first: int = 0
-    stride: int = 1
-
-    def of(self, index: int) -> BatchTag:
-        return BatchTag(self.seed, self.epoch, self.first + index * self.stride)
-
-
-NO_TAGS = Tags()
-
-
-@dataclass(frozen=True)
 class Failed:
     """A batch whose request failed (its server answered with an error): it takes the batch's
-    place in plan order, and taking it raises ``error``. A generation dropped before the
+    place in stream order, and taking it raises ``error``. A generation dropped before the
     consumer reaches it (a loop that went elsewhere than the epoch read ahead) drops it too."""
 
     error: DataflowError
-
-
-@dataclass(frozen=True)
-class StartEpoch:
-    """Request ``batches`` (batch ``first`` of the epoch and the ones after it) for ``gen``,
-    each tagged ``tags.of(its index)``."""
-
-    gen: int
-    batches: Batches
-    first: int
-    tags: Tags = Tags()
-
-
-@dataclass(frozen=True)
-class Extend:
-    """Request ``batches`` (the loader's next pass, tagged ``tags``) after those of ``gen``,
-    as batches of the same generation: the next epoch is read while the current one ends.
-    Ignored once ``gen`` is not current."""
-
-    gen: int
-    batches: Batches
-    tags: Tags
-
-
-@dataclass(frozen=True)
-class Need:
-    """The consumer began the pass that ends before batch ``end`` of generation ``gen`` (one
-    read ahead): waiting for its batches with no usable server now counts toward
-    ``timeout``. Batches appended ahead are not needed until then."""
-
-    gen: int
-    end: int
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Say BYE to the servers, close every socket and end the I/O thread."""
-
-
-Command = StartEpoch | Extend | Need | Stop
 
 
 class Handoff(Generic[T]):
@@ -114,8 +56,8 @@ class Handoff(Generic[T]):
         self._wake = wake
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
-        self._commands: deque[Command] = deque()
-        self._gen = 0
+        self._demand = Demand()
+        self._stopping = False
         self._batches: deque[tuple[int, T | Failed]] = deque()
         self._taken = 0
         self._first: wire.Index | None = None  # the INDEX of the first server that joined
@@ -126,33 +68,34 @@ class Handoff(Generic[T]):
         self._delivered = 0
         self._discarded = 0
         self._counters = dict.fromkeys(COUNTERS, 0)
-        self.capacity = 0
+        self._capacity = 0
 
     # -- consumer side --------------------------------------------------------------------------
 
-    def command(self, cmd: Command) -> None:
-        """Queue ``cmd`` for the I/O thread and wake it."""
+    def want(self, demand: Demand) -> None:
+        """What the consumer wants read from now on; a demand of a newer generation discards
+        every batch of older ones. Wakes the I/O thread.
+
+        Raises:
+            InternalError: ``demand`` is of an older generation than the last one.
+        """
         with self._lock:
-            self._commands.append(cmd)
+            if demand.gen < self._demand.gen:
+                raise InternalError(f"stream generation {demand.gen} after "
+                                    f"{self._demand.gen}")
+            if demand.gen > self._demand.gen:
+                self._discarded += len(self._batches)
+                self._batches.clear()
+                self._taken = 0
+            self._demand = demand
         self._wake()
 
     @property
-    def window(self) -> int:
-        """Batches of the current generation that may wait at most (the I/O thread's window)."""
+    def capacity(self) -> int:
+        """Batches of the current generation that may wait at most: the most the I/O thread
+        requests ahead of the consumer."""
         with self._lock:
-            return self.capacity
-
-    def start(self, cmd: StartEpoch) -> None:
-        """Make ``cmd.gen`` the current generation, discard older batches, send ``cmd``."""
-        with self._lock:
-            if cmd.gen <= self._gen:
-                raise InternalError(f"epoch generation {cmd.gen} after {self._gen}")
-            self._gen = cmd.gen
-            self._discarded += len(self._batches)
-            self._batches.clear()
-            self._taken = 0
-            self._commands.append(cmd)
-        self._wake()
+            return self._capacity
 
     def take(self, gen: int, timeout: float, alive: Callable[[], bool]) -> tuple[int, T]:
         """The next batch ``(index, item)`` of generation ``gen``, waiting for it.
@@ -167,7 +110,7 @@ class Handoff(Generic[T]):
                 thread).
             the I/O thread's failure, if it reported one; the error of a :class:`Failed`
                 batch, when it is the next (it is the failure from then on, and the I/O
-                thread is told to stop: it says BYE to the servers);
+                thread is told to stop: it says BYE to the servers, see :attr:`stopping`);
             InternalError: the I/O thread ended without reporting one.
         """
         wake = False
@@ -178,13 +121,14 @@ class Handoff(Generic[T]):
                     raise InternalError("the DataLoader's I/O thread has stopped")
                 self._ready.wait(timeout)
             self._raise_failure()
-            if gen != self._gen:
-                raise InternalError(f"take for generation {gen}; current is {self._gen}")
+            if gen != self._demand.gen:
+                raise InternalError(f"take for generation {gen}; current is "
+                                    f"{self._demand.gen}")
             index, item = self._batches.popleft()
             self._taken += 1
             if isinstance(item, Failed):
                 self._error = item.error
-                self._commands.append(Stop())  # a failed loader holds no session
+                self._stopping = True  # a failed loader holds no session
                 wake = True
             elif self._want_wake:
                 self._want_wake = False
@@ -194,12 +138,6 @@ class Handoff(Generic[T]):
         if isinstance(item, Failed):
             raise item.error
         return index, item
-
-    def consumed(self, gen: int) -> int | None:
-        """Batches of generation ``gen`` the consumer took, or None when ``gen`` is not
-        current."""
-        with self._lock:
-            return self._taken if gen == self._gen else None
 
     def hello(self, timeout: float, alive: Callable[[], bool]) -> wire.Index:
         """The INDEX of the first server that joined, once one did (raises the I/O thread's
@@ -226,29 +164,36 @@ class Handoff(Generic[T]):
 
     def close(self) -> None:
         """The loader is closing: every consumer call, waiting or later, raises
-        :class:`~dataflow.errors.LoaderClosedError` (idempotent; any thread)."""
+        :class:`~dataflow.errors.LoaderClosedError`, and the I/O thread is to stop
+        (idempotent; any thread; the caller wakes the I/O thread)."""
         with self._lock:
             self._closed = True
+            self._stopping = True
             self._ready.notify_all()
 
     # -- I/O thread side ------------------------------------------------------------------------
 
-    def commands(self) -> list[Command]:
-        """Commands queued since the last call, oldest first."""
+    def wanted(self) -> Demand:
+        """What the consumer wants read: its latest demand."""
         with self._lock:
-            out = list(self._commands)
-            self._commands.clear()
-            return out
+            return self._demand
 
-    def taken(self, gen: int, window_full: bool) -> int:
+    @property
+    def stopping(self) -> bool:
+        """Whether the I/O thread is to say BYE to the servers, close its sockets and end:
+        the loader is closing, or the consumer took a failed batch."""
+        with self._lock:
+            return self._stopping
+
+    def taken(self, gen: int, full: bool) -> int:
         """Batches of ``gen`` the consumer took (0 for a generation no longer current).
 
-        ``window_full``: the I/O thread cannot request more until the consumer takes a batch;
-        the next :meth:`take` then wakes it (otherwise takes do not wake it).
+        ``full``: the I/O thread cannot request more until the consumer takes a batch; the
+        next :meth:`take` then wakes it (otherwise takes do not wake it).
         """
         with self._lock:
-            self._want_wake = window_full
-            return self._taken if gen == self._gen else 0
+            self._want_wake = full
+            return self._taken if gen == self._demand.gen else 0
 
     def deliver(self, gen: int, index: int, item: T | Failed) -> bool:
         """Hand batch ``index`` of ``gen`` to the consumer.
@@ -260,11 +205,11 @@ class Handoff(Generic[T]):
             InternalError: more than ``capacity`` batches would wait.
         """
         with self._lock:
-            if gen != self._gen:
+            if gen != self._demand.gen:
                 self._discarded += 1
                 return False
-            if len(self._batches) >= self.capacity:
-                raise InternalError(f"hand-off over its capacity {self.capacity} at batch "
+            if len(self._batches) >= self._capacity:
+                raise InternalError(f"hand-off over its capacity {self._capacity} at batch "
                                     f"{index} of generation {gen}")
             self._batches.append((index, item))
             self._delivered += 1
@@ -272,9 +217,9 @@ class Handoff(Generic[T]):
             return True
 
     def set_capacity(self, capacity: int) -> None:
-        """Batches of the current generation that may wait at most (the scheduler's window)."""
+        """Batches of the current generation that may wait at most (the scheduler's depth)."""
         with self._lock:
-            self.capacity = capacity
+            self._capacity = capacity
 
     def admitted(self, endpoint: str, index: wire.Index) -> None:
         """Server ``endpoint`` joined with ``index`` (the first one starts the loader)."""

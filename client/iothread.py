@@ -8,13 +8,15 @@ processes (routing id: the session token from INDEX), on which BATCH and ERROR r
 events feed the scheduler's liveness rules). The loop only moves bytes; the decisions are made
 by pure parts it drives:
 
-* :class:`~dataflow.client.dispatch.Dispatch`: what each reply and error means, and every
-  server's join (:class:`~dataflow.client.handshake.Join`: HELLO / INDEX / data connections),
-  at the start and later; the loader starts when the first server joined;
+* :class:`~dataflow.client.inbox.Inbox`: what each reply and error means;
+* :class:`~dataflow.client.joins.Joins`: every server's join (HELLO / INDEX / data
+  connections), at the start and later; the loader starts when the first server joined;
 * :class:`~dataflow.client.scheduler.Scheduler`: which batch to request from which server,
-  credits, window, heartbeats, joins, liveness, failover and late requests;
-* :class:`~dataflow.client.reorder.Reorder`: replies back into plan order;
-* :class:`~dataflow.client.handoff.Handoff`: commands in, batches and failures out;
+  credits, depth, heartbeats, joins, liveness, failover and late requests; it holds every
+  server's endpoint;
+* :class:`~dataflow.client.reorder.Reorder`: replies back into stream order;
+* :class:`~dataflow.client.handoff.Handoff`: what the consumer wants read in, batches and
+  failures out;
 * :class:`~dataflow.client.membership.Membership` (servers named by a DNS name or a file):
   when to look the servers up again (on the :class:`~dataflow.client.discovery.Watcher`'s
   thread) and which join or leave.
@@ -36,10 +38,11 @@ from collections.abc import Sequence
 import zmq
 
 from dataflow import wire
-from dataflow.client.buffers import CudaSink, HostSink, Ready
+from dataflow.client.buffers import CudaSink, HostSink, Received
 from dataflow.client.discovery import Lookup, Watcher
-from dataflow.client.dispatch import Dispatch
-from dataflow.client.handoff import Extend, Handoff, Need, StartEpoch, Stop
+from dataflow.client.handoff import Handoff
+from dataflow.client.inbox import Inbox
+from dataflow.client.joins import Joins
 from dataflow.client.links import Links
 from dataflow.client.membership import Membership
 from dataflow.client.scheduler import CONTROL, Scheduler, State
@@ -78,7 +81,6 @@ class IOThread(threading.Thread):
                  find: Lookup | None = None, resolve_interval: float = 10.0,
                  request_timeout: float = math.inf) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
-        self._endpoints = list(endpoints)
         self._hello = wire.encode(hello)
         self._timeout = timeout
         self._request_timeout = request_timeout
@@ -86,16 +88,18 @@ class IOThread(threading.Thread):
         self._routing_id = secrets.token_hex(8).encode()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self.handoff: Handoff[Ready] = Handoff(self._wake)
-        self._scheduler = Scheduler(self._endpoints, timeout=timeout, heartbeat_s=HEARTBEAT_S,
+        self.handoff: Handoff[Received] = Handoff(self._wake)
+        self._scheduler = Scheduler(endpoints, timeout=timeout, heartbeat_s=HEARTBEAT_S,
                                     silent_s=SILENT_S, grace=grace, now=time.monotonic(),
                                     request_timeout=request_timeout)
         self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
-        self._links = Links(zmq.Context.instance(), self._poller, curve, self._endpoints)
+        self._links = Links(zmq.Context.instance(), self._poller, curve,
+                            self._scheduler.endpoint)
         self._data = self._links.data
-        self._dispatch = Dispatch(self._endpoints, self._hello, self._scheduler, self.handoff,
-                                  self._links, self._control, sink)
+        self._joins = Joins(self._hello, self._scheduler, self.handoff, self._links,
+                            self._control)
+        self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink)
         self._watcher = None if find is None else Watcher(find, self._wake)
         self._resolve_interval = resolve_interval
         self._membership: Membership | None = None
@@ -115,7 +119,7 @@ class IOThread(threading.Thread):
         if self._wake_w < 0:
             return
         if self.is_alive():
-            self.handoff.command(Stop())
+            self._wake()
             self.join(join_timeout)
         if not self.is_alive():
             os.close(self._wake_r)
@@ -126,12 +130,13 @@ class IOThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            for server, endpoint in enumerate(self._endpoints):
+            listed = [self._scheduler.endpoint(i) for i in range(self._scheduler.count)]
+            for server, endpoint in enumerate(listed):
                 self._control[server] = self._links.open(server, CONTROL, self._routing_id,
                                                          endpoint)
             self._poller.register(self._wake_r, zmq.POLLIN)
             if self._watcher is not None:
-                self._membership = Membership(self._endpoints, interval=self._resolve_interval,
+                self._membership = Membership(listed, interval=self._resolve_interval,
                                               now=time.monotonic())
                 self._watcher.start()
             self._serve()
@@ -141,44 +146,35 @@ class IOThread(threading.Thread):
             self._close()
 
     def _poll(self, seconds: float) -> tuple[dict, bool]:
-        """Poll once (monitor events are handled here); returns the events and whether a Stop
-        command arrived."""
+        """Poll once (monitor events, and what the consumer wants read, are handled here);
+        returns the events and whether to stop."""
         events = dict(self._poller.poll(int(min(seconds * 1000, MAX_POLL_MS)) + 1))
         for server, link, up in self._links.changes(events):
             if not up:
-                log.info("%s: %s connection down", self._endpoints[server],
+                log.info("%s: %s connection down", self._scheduler.endpoint(server),
                          "control" if link == CONTROL else f"reader {link}")
             self._scheduler.link(server, link, up, time.monotonic())
-        stop = False
         if self._wake_r in events:
             os.read(self._wake_r, 4096)
-            for cmd in self.handoff.commands():
-                if isinstance(cmd, Stop):
-                    stop = True
-                elif isinstance(cmd, StartEpoch):
-                    self._dispatch.start_epoch(cmd)
-                elif isinstance(cmd, Extend):
-                    self._dispatch.extend(cmd)
-                elif isinstance(cmd, Need):
-                    self._dispatch.need(cmd)
-        return events, stop
+            self._inbox.follow(self.handoff.wanted())
+        return events, self.handoff.stopping
 
     def _serve(self) -> None:
         while True:
             now = time.monotonic()
             wait = self._discover(now)
             for server in self._scheduler.hellos_due(now):
-                self._dispatch.hello(server, now)
+                self._joins.hello(server, now)
             self._request(now)
             events, stop = self._poll(min(wait, self._scheduler.next_deadline(now)))
             if stop:
                 return
             for server, sock in self._control.items():
                 if events.get(sock):
-                    self._dispatch.receive_all(sock, server, -1)
+                    self._inbox.receive_all(sock, server, -1)
             for sock, (server, reader) in list(self._data.items()):
                 if events.get(sock) and sock in self._data:
-                    self._dispatch.receive_all(sock, server, reader)
+                    self._inbox.receive_all(sock, server, reader)
             now = time.monotonic()
             for server in self._scheduler.heartbeats_due(now):
                 try:
@@ -187,15 +183,15 @@ class IOThread(threading.Thread):
                 except zmq.Again:
                     pass
             for server, joining in self._scheduler.check(now):
-                self._dispatch.drop_data(server)
+                self._joins.drop_data(server)
                 if joining:
-                    self._dispatch.expired(server)
+                    self._joins.expired(server)
                     continue
                 log.warning("%s: lost (no usable connection for the grace period); its "
-                            "batches go to the other servers", self._endpoints[server])
+                            "batches go to the other servers", self._scheduler.endpoint(server))
                 self.handoff.count("servers_lost")
             for late in self._scheduler.late(now):
-                self._dispatch.late(late, request_timeout=self._request_timeout)
+                self._inbox.late(late, request_timeout=self._request_timeout)
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -225,7 +221,6 @@ class IOThread(threading.Thread):
 
     def _join(self, endpoint: str, now: float) -> None:
         server = self._scheduler.add(endpoint, now)
-        self._endpoints.append(endpoint)
         self._control[server] = self._links.open(server, CONTROL, self._routing_id, endpoint)
         log.warning("%s: found by discovery; joining", endpoint)
 
@@ -234,7 +229,7 @@ class IOThread(threading.Thread):
         if server is None:
             return
         self._scheduler.retire(server, now)
-        self._dispatch.drop_data(server)
+        self._joins.drop_data(server)
         sock = self._control.pop(server)
         try:
             sock.send_multipart(wire.encode(wire.Bye()), flags=zmq.NOBLOCK)
@@ -249,18 +244,18 @@ class IOThread(threading.Thread):
         gen = self._scheduler.gen
         if gen is None:
             return
-        taken = self.handoff.taken(gen, window_full=False)
+        taken = self.handoff.taken(gen, full=False)
         while True:
-            for a in self._scheduler.assignments(taken, now):
-                req = wire.Request(a.req_id, a.ranges, a.tag)
-                self._control[a.server].send_multipart(wire.encode(req), flags=zmq.NOBLOCK)
-                if a.retry:
+            for slot in self._scheduler.assignments(taken, now):
+                self._control[slot.server].send_multipart(wire.encode(slot.request()),
+                                                          flags=zmq.NOBLOCK)
+                if slot.retry:
                     self.handoff.count("rerequested")
-            if not self._scheduler.window_full(taken):
+            if not self._scheduler.full(taken):
                 return
             # Ask to be woken by the next take; a take since the first look is seen here, so
             # no wake-up is missed between the two.
-            fresh = self.handoff.taken(gen, window_full=True)
+            fresh = self.handoff.taken(gen, full=True)
             if fresh == taken:
                 return
             taken = fresh
@@ -276,5 +271,5 @@ class IOThread(threading.Thread):
             self._links.close(sock, BYE_LINGER_MS)
         for sock in list(self._data):
             self._links.close(sock, 0)
-        self._dispatch.close()
+        self._inbox.close()
         self._sink.close()

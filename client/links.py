@@ -10,7 +10,7 @@ Thread invariant: used by the client's I/O thread only.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -24,15 +24,16 @@ MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSH
 
 class Links:
     """Opens, watches and closes the sockets of one loader, registered on ``poller``, each under
-    the CURVE policy ``curve`` (None: clear text).
+    the CURVE policy ``curve`` (None: clear text); ``endpoint`` names a server by its number
+    (for messages).
 
     Attributes:
         data: each open data socket -> ``(server, reader)``.
     """
 
     def __init__(self, ctx: zmq.Context, poller: zmq.Poller, curve: ClientCurve | None,
-                 servers: list[str]) -> None:
-        self._servers = servers  # the I/O thread's list: it grows as servers join
+                 endpoint: Callable[[int], str]) -> None:
+        self._endpoint = endpoint
         self._ctx = ctx
         self._poller = poller
         self._curve = curve
@@ -91,7 +92,7 @@ class Links:
                 except zmq.Again:
                     break
                 event = note["event"]
-                refused = handshake_failure(event, note["value"], self._servers[server])
+                refused = handshake_failure(event, note["value"], self._endpoint(server))
                 if refused is not None:
                     raise refused
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:

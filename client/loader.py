@@ -25,26 +25,22 @@ from dataflow.client.discovery import (
     lookup,
     servers_setting,
 )
-from dataflow.client.handoff import Extend, Need, StartEpoch
 from dataflow.client.iothread import IOThread
 from dataflow.client.metrics import LoaderMetrics
-from dataflow.client.passes import Ahead, PassIterator, Run, after, plan_pass
-from dataflow.client.state import PLAN_FIELDS, make_state, read_state
-from dataflow.errors import (
-    InternalError,
-    LoaderClosedError,
-    StaleIteratorError,
-)
+from dataflow.client.passes import PassIterator, plan_pass
+from dataflow.client.state import make_state, read_state
+from dataflow.client.stream import Stream
+from dataflow.errors import LoaderClosedError
 from dataflow.index import DatasetIndex
-from dataflow.plan import (
+from dataflow.plan import EpochSize, consumed, epoch_size
+from dataflow.security import client_curve
+from dataflow.shuffle import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SHUFFLE_WINDOW,
     DEFAULT_WINDOW,
-    EpochSize,
-    consumed,
-    epoch_size,
+    Shuffle,
+    shuffle_mode,
 )
-from dataflow.security import client_curve
 
 GET_POLL_S = 0.5
 
@@ -84,18 +80,18 @@ class DataLoader:
     CUDA is available and ``pin_memory``. With a CUDA ``device`` the host-to-device copies run
     on a dedicated stream, and the current stream waits for them before the batch is returned.
 
-    Iteration (see :mod:`dataflow.client.cursor`): every pass (``for batch in loader``) is one
-    full pass over the current epoch, whatever earlier passes did (a peek or a ``break``
-    consumes nothing); a pass whose iterator ran to its end (raised StopIteration; taking the
-    last batch is not enough) makes the next pass start the next epoch; :meth:`set_epoch`
-    (also as ``loader.sampler.set_epoch``) chooses the epoch, also for an iterator already
-    made but not read yet. ``state_dict()`` / ``load_state_dict()`` resume exactly, on any
-    rank and any world size (on the same world size: the uninterrupted run's batches, padded
-    tail included): after ``load_state_dict`` the next pass yields the rest of the saved epoch
-    (spread over this job's ranks; a state taken after an epoch's last batch resumes at the
-    next epoch), and ``set_epoch`` with the saved epoch keeps that position until a pass from
-    it completes. One iterator is active at a time: starting a new one invalidates the
-    previous. After an error is raised the loader can only be closed; :meth:`close` from
+    Iteration (see :mod:`dataflow.client.cursor` and :mod:`dataflow.client.stream`): every pass
+    (``for batch in loader``) is one full pass over the current epoch, whatever earlier passes
+    did (a peek or a ``break`` consumes nothing); a pass whose iterator ran to its end (raised
+    StopIteration; taking the last batch is not enough) makes the next pass start the next
+    epoch; :meth:`set_epoch` (also as ``loader.sampler.set_epoch``) chooses the epoch, also for
+    an iterator already made but not read yet. ``state_dict()`` / ``load_state_dict()`` resume
+    exactly, on any rank and any world size (on the same world size: the uninterrupted run's
+    batches, padded tail included): after ``load_state_dict`` the next pass yields the rest of
+    the saved epoch (spread over this job's ranks; a state taken after an epoch's last batch
+    resumes at the next epoch), and ``set_epoch`` with the saved epoch keeps that position until
+    a pass from it completes. One iterator is active at a time: starting a new one invalidates
+    the previous. After an error is raised the loader can only be closed; :meth:`close` from
     another thread makes a ``next()`` waiting for a batch raise
     :class:`~dataflow.errors.LoaderClosedError`.
 
@@ -179,8 +175,8 @@ class DataLoader:
             naming it.
         read_ahead: while a pass ends, request the first batches of the pass that follows it
             when it completes (the next epoch from its start), so an epoch starts without a
-            wait. A loop that does otherwise (a break, another epoch, a resume) discards
-            them; after the last epoch up to ``prefetch`` batches per server are read for
+            wait. A loop that does otherwise (a break, another epoch, a resume elsewhere)
+            discards them; after the last epoch up to ``prefetch`` batches per server are read for
             nothing (and counted in the servers' metrics and in ``stats()``, ``skipped``
             included). A failed read raises only when the loop reaches its batch.
         request_timeout: seconds a request may go unanswered, from when it was sent until its
@@ -233,27 +229,26 @@ class DataLoader:
         rank, world_size = dist_env(rank, world_size)
         self.config = LoaderConfig(
             servers=source, batch_size=batch_size, rank=rank, world_size=world_size,
-            shuffle=shuffle, seed=seed, drop_last=drop_last, device=normalize_device(device),
+            shuffle=Shuffle(shuffle_mode(shuffle), shuffle_window, block_size, window),
+            seed=seed, drop_last=drop_last, device=normalize_device(device),
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
-            shuffle_window=shuffle_window, block_size=block_size, window=window,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
         )
         cfg = self.config
         find = functools.partial(lookup, source)
-        self._endpoints = first_lookup(source, find, cfg.timeout)
+        endpoints = first_lookup(source, find, cfg.timeout)
         if cfg.device is not None:
             sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
         else:
             sink = HostSink(pin=pin_memory and torch.cuda.is_available())
-        self._io = IOThread(self._endpoints,
+        self._io = IOThread(endpoints,
                             cfg.hello(f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}"),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
                             find if source.dynamic else None, cfg.resolve_interval,
                             cfg.request_limit)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
-        self._gen = 0
         self._metrics: LoaderMetrics | None = None
         try:
             if metrics is not None:
@@ -263,10 +258,10 @@ class DataLoader:
         except BaseException:
             self.close()
             raise
-        self._cursor = EpochCursor(self.index.total)
-        self._pass: Run | None = None
-        self._live: weakref.ref[PassIterator] | None = None  # the current pass's iterator
-        self._ahead: Ahead | None = None
+        self._stream = Stream(EpochCursor(self.index.total),
+                              functools.partial(plan_pass, cfg, self.index.sizes),
+                              self._io.handoff.want, read_ahead=cfg.read_ahead)
+        self._live: weakref.ref[PassIterator] | None = None  # the latest iterator
         self.epoch_size = self._size(0)
         self.sampler = EpochSetter(self)
         self.batch_sampler = None  # as torch's DataLoader: batches are not a sampler's here
@@ -296,7 +291,6 @@ class DataLoader:
 
     def close(self) -> None:
         """Stop the I/O thread and close every socket (idempotent)."""
-        self._gen += 1
         self._finalizer()
         if self._metrics is not None:
             self._metrics.close()
@@ -317,7 +311,7 @@ class DataLoader:
     @property
     def epoch(self) -> int:
         """The epoch of the current pass (or of the next one, once set)."""
-        return self._cursor.epoch
+        return self._stream.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass cover ``epoch``: all of it, or the rest of it after
@@ -331,13 +325,11 @@ class DataLoader:
             ConfigError: ``epoch`` is not an integer >= 0 (numpy/torch integers are accepted).
         """
         value = check_int("epoch", epoch, 0)
-        run = self._pass
-        held = self._live is not None and self._live() is not None
-        unread = run if run is not None and run.gen == self._gen and held else None
-        self._gen += 1
-        self._cursor.set_epoch(value)
-        if unread is not None and unread.yielded == 0 and not self._io.handoff.failed:
-            self._begin(unread)
+        self._stream.set_epoch(value, held=self._held() and not self._io.handoff.failed)
+
+    def _held(self) -> bool:
+        """Whether the program still holds the latest iterator."""
+        return self._live is not None and self._live() is not None
 
     def _size(self, start: int) -> EpochSize:
         cfg = self.config
@@ -352,78 +344,30 @@ class DataLoader:
             raise LoaderClosedError("this DataLoader failed earlier (the error was raised "
                                     "then); open a new one and load_state_dict() to "
                                     "resume") from failure
-        self._pass = Run(0, 0)
-        self._begin(self._pass)
-        iterator = PassIterator(self._iterate(self._pass))
+        iterator = PassIterator(self._iterate(self._stream.open()))
         self._live = weakref.ref(iterator)
         return iterator
 
-    def _begin(self, run: Run) -> None:
-        """Start ``run`` as a new pass: the one read ahead, when the pass before it ended
-        exactly where it starts; else, while a pass read ahead is still intact, requested at
-        the first ``next()`` (a ``set_epoch`` before it may make it the one read ahead:
-        Lightning makes its iterator, then sets the epoch); else planned now and asked of the
-        I/O thread."""
-        self._gen += 1
-        span = self._cursor.begin()
-        run.gen, run.span, run.ahead, run.pending = self._gen, span, False, False
-        ahead = self._ahead
-        intact = (ahead is not None
-                  and self._io.handoff.consumed(ahead.stream) == ahead.base)
-        if intact and ahead is not None and ahead.span == span:
-            run.stream, run.base, run.n = ahead.stream, ahead.base, len(ahead.batches)
-            self._io.handoff.command(Need(ahead.stream, ahead.base + run.n))
-        elif intact:
-            run.pending, run.n = True, self._size(span.start).batches_per_rank
-        else:
-            self._request(run)
-
-    def _request(self, run: Run) -> None:
-        """Plan ``run``'s pass and ask the I/O thread for it, as a new generation (anything
-        read ahead is discarded)."""
-        self._ahead = None
-        batches, tags = plan_pass(self.config, self.index.sizes, run.span)
-        run.stream, run.base, run.n, run.pending = self._gen, 0, len(batches), False
-        self._io.handoff.start(StartEpoch(self._gen, batches, 0, tags))
-
-    def _read_ahead(self, run: Run) -> None:
-        """Append the pass that follows ``run`` once it completes (the next epoch, from its
-        start) to ``run``'s generation, so that its first batches are read while ``run`` ends;
-        a loop that does otherwise (a break, another epoch, a resume) discards them."""
-        run.ahead = True
-        span = after(run.span)
-        batches, tags = plan_pass(self.config, self.index.sizes, span)
-        self._ahead = Ahead(span, batches, run.stream, run.base + run.n)
-        self._io.handoff.command(Extend(run.stream, batches, tags))
-
-    def _iterate(self, run: Run) -> Iterator[dict[str, torch.Tensor]]:
-        while run.yielded < run.n:
+    def _iterate(self, token: object) -> Iterator[dict[str, torch.Tensor]]:
+        """The batches of iterator ``token``'s pass (see :mod:`dataflow.client.stream`)."""
+        stream, handoff = self._stream, self._io.handoff
+        while True:
             if not self._finalizer.alive:
                 raise LoaderClosedError("this DataLoader is closed")
-            if run.gen != self._gen:
-                raise StaleIteratorError("this iterator was invalidated: a newer iterator was "
-                                         "started, or set_epoch/load_state_dict was called "
-                                         "after it yielded")
-            if run.pending:
-                self._request(run)
+            if stream.next(token) is None:
+                return
             t0 = perf_counter()
-            index, ready = self._io.handoff.take(run.stream, GET_POLL_S, self._io.is_alive)
+            got, batch = handoff.take(stream.demand.gen, GET_POLL_S, self._io.is_alive)
             if self._meter is not None:
-                self._meter.batch(perf_counter() - t0, ready)
-            if index != run.base + run.yielded:
-                raise InternalError(f"got batch {index}, expected {run.base + run.yielded}")
-            run.yielded += 1
-            if run.yielded == 1 and run.span.start == 0 and self.config.rank == 0:
+                self._meter.batch(perf_counter() - t0, batch)
+            left = stream.took(got, handoff.capacity)
+            if stream.yielded == 1 and stream.span.start == 0 and self.config.rank == 0:
                 # The samples the index lost to damage are missing from every epoch: rank 0
                 # counts them once per pass over an epoch from its start.
-                self._io.handoff.count("skipped", self.index.lost)
-            self._cursor.yielded()
-            if (self.config.read_ahead and not run.ahead
-                    and run.n - run.yielded <= self._io.handoff.window):
-                self._read_ahead(run)
-            yield hand_over(ready)
-        if run.gen == self._gen:  # the iterator reached its end: the pass is complete
-            self._cursor.end()
+                handoff.count("skipped", self.index.lost)
+            yield hand_over(batch)
+            if not left and not stream.current(token):
+                return  # its pass yielded every batch; the loader moved on since: it ends
 
     def stats(self) -> dict[str, int]:
         """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,
@@ -439,10 +383,6 @@ class DataLoader:
 
     # -- resume ---------------------------------------------------------------------------------
 
-    def _plan_inputs(self) -> dict[str, Any]:
-        cfg = self.config
-        return {name: getattr(cfg, name) for name in PLAN_FIELDS}
-
     def state_dict(self) -> dict[str, Any]:
         """Resume state: a few scalars (see :mod:`dataflow.client.state`), the same on every
         rank, valid on any rank and any world size.
@@ -454,15 +394,12 @@ class DataLoader:
         iterator that reached its end completed its epoch: the state resumes at the next one.
         """
         cfg = self.config
-        run = self._pass
-        live = (run is not None and run.gen == self._gen and self._live is not None
-                and self._live() is not None)
-        epoch, start, batches = self._cursor.position(live)
+        epoch, start, batches = self._stream.position(held=self._held())
         done = consumed(start, world_size=cfg.world_size, batch_size=cfg.batch_size,
                         batches_yielded=batches, total=self.index.total,
                         drop_last=cfg.drop_last)
         return make_state(epoch=epoch, consumed=done, total=self.index.total,
-                          fingerprint=self.index.fingerprint, plan=self._plan_inputs(),
+                          fingerprint=self.index.fingerprint, plan=self.config.plan_inputs(),
                           world_size=cfg.world_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -475,7 +412,5 @@ class DataLoader:
                 configuration (names the field).
         """
         epoch, done = read_state(state, total=self.index.total,
-                                 fingerprint=self.index.fingerprint, plan=self._plan_inputs())
-        self._gen += 1
-        self._ahead = None
-        self._cursor.load(epoch, done)
+                                 fingerprint=self.index.fingerprint, plan=self.config.plan_inputs())
+        self._stream.load(epoch, done)

@@ -32,7 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from dataflow.checks import as_int
-from dataflow.client.buffers import Ready
+from dataflow.client.buffers import Received
 from dataflow.errors import ConfigError, MetricsError
 from dataflow.exporter import MetricsExporter, check_metrics_address
 
@@ -68,7 +68,7 @@ class StallMeter:
         self.nbytes += nbytes
         self.h2d_pending += h2d_pending
 
-    def batch(self, blocked_s: float, ready: Ready) -> None:
+    def batch(self, blocked_s: float, ready: Received) -> None:
         """Count one batch handed to the consumer."""
         self.observe(blocked_s, sum(t.nbytes for t in ready.tensors.values()),
                      ready.event is not None and not ready.event.query())

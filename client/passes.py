@@ -1,50 +1,73 @@
-"""What one iterator of a DataLoader reads: its pass, planned, and the pass read ahead after it.
+"""A pass planned for this rank, and the iterator a DataLoader hands out for one.
 
-A pass (:class:`~dataflow.client.cursor.Pass`) is planned with :mod:`dataflow.plan` into this
-rank's batches and their transform tags. Its batches are a stretch of one hand-off generation
-(:mod:`dataflow.client.handoff`): the generation started for it, or the one the pass before it
-was reading when this pass was appended to it ahead of time (:class:`Ahead`).
+A pass (:class:`~dataflow.client.cursor.Pass`: an epoch from a start position) is planned with
+:mod:`dataflow.plan` into this rank's batches, each with the tag its server's transform sees
+(:class:`~dataflow.wire.BatchTag`): a :class:`PassPlan`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from dataflow.client.config import LoaderConfig
+import numpy as np
+
 from dataflow.client.cursor import Pass
-from dataflow.client.handoff import Tags
 from dataflow.errors import InternalError
 from dataflow.plan import Batches, epoch_size, rank_batches
 from dataflow.transform import global_batch_index
+from dataflow.wire import BatchTag
 
-
-@dataclass
-class Run:
-    """The batches one iterator yields, valid while the loader's generation is ``gen``: ``n``
-    batches of pass ``span``, batches ``base``... of the hand-off's generation ``stream``
-    (once requested: ``pending`` until then)."""
-
-    gen: int
-    n: int
-    yielded: int = 0
-    span: Pass = Pass(0, 0)
-    stream: int = 0
-    base: int = 0
-    ahead: bool = False  # the pass after it was appended to ``stream``
-    pending: bool = False  # not requested yet: planned and requested at its first ``next()``
+if TYPE_CHECKING:
+    from dataflow.client.config import LoaderConfig
 
 
 @dataclass(frozen=True)
-class Ahead:
-    """Pass ``span`` (its ``batches``) was appended to the hand-off's generation ``stream``
-    from batch ``base`` on: read while the pass before it ended."""
+class PassPlan:
+    """This rank's batches of pass ``span``: batch ``i`` reads ``batches.rows(i)`` and is
+    global batch ``first + i * stride`` of the epoch (:func:`dataflow.transform.
+    global_batch_index`), read under the loader's ``seed``."""
 
     span: Pass
     batches: Batches
-    stream: int
-    base: int
+    seed: int = 0
+    first: int = 0
+    stride: int = 1
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def rows(self, i: int) -> np.ndarray:
+        """Batch ``i``'s ``(shard, start, stop)`` rows: int64 of shape ``(ranges, 3)``."""
+        return self.batches.rows(i)
+
+    def tag(self, i: int) -> BatchTag:
+        """Batch ``i``'s (seed, epoch, global batch index)."""
+        return BatchTag(self.seed, self.span.epoch, self.first + i * self.stride)
+
+
+def plan_pass(cfg: LoaderConfig, sizes: Sequence[int], span: Pass) -> PassPlan:
+    """This rank's plan of ``span`` over shards of ``sizes`` samples.
+
+    Raises:
+        InternalError: the plan does not have the epoch size's batch count.
+    """
+    batches = rank_batches(sizes, world_size=cfg.world_size, rank=cfg.rank, epoch=span.epoch,
+                           seed=cfg.seed, batch_size=cfg.batch_size, drop_last=cfg.drop_last,
+                           start=span.start, shuffle=cfg.shuffle)
+    expected = epoch_size(sum(sizes), world_size=cfg.world_size, batch_size=cfg.batch_size,
+                          drop_last=cfg.drop_last, start=span.start).batches_per_rank
+    if len(batches) != expected:
+        raise InternalError(f"plan has {len(batches)} batches; expected {expected}")
+    first = global_batch_index(start=span.start, batch_size=cfg.batch_size,
+                               world_size=cfg.world_size, rank=cfg.rank, index=0)
+    return PassPlan(span, batches, cfg.seed, first, cfg.world_size)
+
+
+def after(span: Pass) -> Pass:
+    """The pass that follows ``span`` once it completes: the next epoch, from its start."""
+    return Pass(span.epoch + 1, 0)
 
 
 T = TypeVar("T")
@@ -72,28 +95,3 @@ class PassIterator(Generic[T]):
         except Exception as e:
             self._error = e
             raise
-
-
-def after(span: Pass) -> Pass:
-    """The pass that follows ``span`` once it completes: the next epoch, from its start."""
-    return Pass(span.epoch + 1, 0)
-
-
-def plan_pass(cfg: LoaderConfig, sizes: Sequence[int], span: Pass) -> tuple[Batches, Tags]:
-    """This rank's batches of ``span`` (over shards of ``sizes`` samples) and their tags.
-
-    Raises:
-        InternalError: the plan does not have the epoch size's batch count.
-    """
-    batches = rank_batches(sizes, world_size=cfg.world_size, rank=cfg.rank, epoch=span.epoch,
-                           seed=cfg.seed, batch_size=cfg.batch_size, drop_last=cfg.drop_last,
-                           start=span.start, shuffle=cfg.shuffle,
-                           shuffle_window=cfg.shuffle_window, block_size=cfg.block_size,
-                           window=cfg.window)
-    expected = epoch_size(sum(sizes), world_size=cfg.world_size, batch_size=cfg.batch_size,
-                          drop_last=cfg.drop_last, start=span.start).batches_per_rank
-    if len(batches) != expected:
-        raise InternalError(f"plan has {len(batches)} batches; expected {expected}")
-    return batches, Tags(cfg.seed, span.epoch, global_batch_index(
-        start=span.start, batch_size=cfg.batch_size, world_size=cfg.world_size, rank=cfg.rank,
-        index=0), cfg.world_size)

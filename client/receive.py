@@ -13,7 +13,7 @@ from __future__ import annotations
 import zmq
 
 from dataflow import wire
-from dataflow.client.buffers import CudaSink, HostSink, Ready
+from dataflow.client.buffers import CudaSink, HostSink, Received
 from dataflow.errors import ProtocolError
 
 
@@ -54,7 +54,7 @@ def receive_header(sock: zmq.Socket, endpoint: str) -> wire.Message | None:
 
 
 def receive_batch(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
-                  sink: HostSink | CudaSink) -> Ready:
+                  sink: HostSink | CudaSink) -> Received:
     """Receive the array frames of ``msg`` where ``sink`` lands them and finish the batch.
 
     Every frame of the message is received (those beyond the announced ones are discarded), so

@@ -1,4 +1,4 @@
-"""Plan-order delivery of batches that arrive in any order. Pure, no sockets."""
+"""In-order delivery of batches that arrive in any order. Pure, no sockets."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ T = TypeVar("T")
 
 
 class Reorder(Generic[T]):
-    """Holds early batches of one epoch generation and releases them in plan order.
+    """Holds early batches of one stream generation and releases them in order.
 
     Args:
         first: index of the first batch to release.
-        capacity: most batches held at once (the scheduler's window); more is a bug.
+        capacity: most batches held at once (the scheduler's depth); more is a bug.
 
     Thread invariant: used by the I/O thread only.
     """
@@ -25,7 +25,7 @@ class Reorder(Generic[T]):
         self._early: dict[int, T] = {}
 
     def grow(self, capacity: int) -> None:
-        """Hold up to ``capacity`` batches from now on (the window grew; it never shrinks)."""
+        """Hold up to ``capacity`` batches from now on (the depth grew; it never shrinks)."""
         if capacity < self._capacity:
             raise InternalError(f"reorder capacity {self._capacity} cannot shrink to {capacity}")
         self._capacity = capacity

@@ -4,58 +4,54 @@ The scheduler is driven by the client's I/O thread (:mod:`dataflow.client.iothre
 time passed in, so every rule here is unit-tested with a fake clock:
 
 * **Credits.** A server grants a number of credits in its INDEX reply; the client never has
-  more requests outstanding at a server than that. Requests of an abandoned epoch keep their
+  more requests outstanding at a server than that. Requests of an abandoned generation keep their
   credit until their reply (or error) arrives: the server still holds them.
-* **Window.** At most ``window`` batches of the current epoch are requested but not yet taken
-  by the consumer (received, reordered and waiting count too), so the consumer's hand-off
-  never holds more. ``window`` is the sum of the credits the servers granted at their first
-  join; it grows when a server joins for the first time (also mid-epoch: the loader starts
-  with the first server, and the others' credits count as soon as they join), and never
-  shrinks (servers that left or were lost keep their part: they may come back).
+* **Depth.** At most ``depth`` batches of the consumer's stream are requested but not yet
+  taken by the consumer (received, reordered and waiting count too), so the consumer's
+  hand-off never holds more. ``depth`` is the sum of the credits the servers granted at their
+  first join; it grows when a server joins for the first time (also mid-epoch: the loader
+  starts with the first server, and the others' credits count as soon as they join), and
+  never shrinks (servers that left or were lost keep their part: they may come back).
 * **Membership.** A server found by discovery is :meth:`Scheduler.add`-ed (it joins and then
-  takes requests at once, the epoch's batches not yet requested and re-requests, inside the
-  epoch's window); a removed one is :meth:`Scheduler.retire`-d (GONE: its open batches go to
+  takes requests at once, the stream's batches not yet requested and re-requests, within the
+  depth); a removed one is :meth:`Scheduler.retire`-d (GONE: its open batches go to
   the other servers, as for a lost server, and it is never asked again). Server numbers are
   never reused.
-* **Choice.** Batches are requested in plan order, batches to re-request first, each from the
-  usable server with credit that has the fewest requests outstanding (the first on a tie).
+* **Choice.** Batches are requested in stream order (:mod:`dataflow.client.fetch`), batches to
+  re-request first, each from the usable server with credit that has the fewest requests
+  outstanding (the first on a tie).
 * **Exactly once.** A batch is *open* from its first request until a reply for it is
-  accepted; only the first reply for an open batch of the current epoch is accepted, every
-  other one (a late reply from a server it was taken away from, a duplicate) is discarded.
+  accepted; only the first reply for an open batch of the current generation is accepted,
+  every other one (a late reply from a server it was taken away from, a duplicate, a batch of
+  an abandoned generation) is discarded.
 * **Liveness** is judged by each server's connections, never by how long a reply takes (a
   56 MB reply on a slow link may take longer than ``timeout`` while bytes flow): the rules are
-  :mod:`dataflow.client.servers`.
-* **Late requests.** A batch whose every request at a usable server was sent more than
-  ``request_timeout`` seconds ago, without a reply, is *late* (:meth:`Scheduler.late`): it is
-  requested again, before any new batch, from a usable server that does not hold it (the
-  first reply is accepted, as in failover); when there is none, or that request too is not
-  answered within ``request_timeout`` (counted from when it was decided), the batch fails. A
-  late request says nothing about its server's liveness: the server keeps its other requests
-  and gets new ones. A suspect server gets no new requests and its open batches
-  are re-requested from the other servers at once; if a connection broke meanwhile, replies
-  in flight on it may be gone, so its outstanding requests are forgotten when it is usable
-  again (their late replies are discarded). A lost server's requests are all forgotten, and
-  it must join again (HELLO) before it gets work.
+  :mod:`dataflow.client.servers`. A suspect server gets no new requests and its open
+  batches are re-requested from the other servers at once; if a connection broke meanwhile,
+  replies in flight on it may be gone, so its outstanding requests are forgotten when it is
+  usable again (their late replies are discarded). A lost server's requests are all
+  forgotten, and it must join again (HELLO) before it gets work.
+* **Late requests** (:mod:`dataflow.client.late`): a batch no server answered within
+  ``request_timeout`` is asked of another server, or fails.
 * **Start.** Every server starts DOWN, not connected; it is sent HELLO once its control
   connection is up, and joins when its handshake is done (:meth:`Scheduler.grant`). The loader
   starts as soon as one server joined; the others join whenever they can (a busy, slow or
   not yet started server is asked again with a backoff), as servers found by discovery do.
   When none joined within ``timeout`` seconds of the start,
   :class:`~dataflow.errors.ServerUnavailable` names every endpoint and its state.
-* **Unavailable.** When the current epoch needs a server and none was usable for ``timeout``
+* **Unavailable.** When the consumer needs a server and none was usable for ``timeout``
   seconds, :class:`~dataflow.errors.ServerUnavailable` names every endpoint. Batches of a pass
-  appended ahead are not needed until the consumer begins it (:meth:`Scheduler.need`).
+  read ahead are not needed until the consumer begins it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
-from dataflow.client.epochwork import EpochWork
-from dataflow.client.handoff import NO_TAGS, Tags
+from dataflow.client.fetch import Fetch
+from dataflow.client.late import Late, find_late, late_in
 from dataflow.client.servers import (
     CONTROL,
     ServerRecord,
@@ -65,12 +61,11 @@ from dataflow.client.servers import (
     join_backoff,
     transition,
 )
-from dataflow.client.slots import Assignment, Slot
+from dataflow.client.slots import Slot
+from dataflow.client.stream import Demand
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
-from dataflow.plan import Batches
-from dataflow.wire import BatchTag
 
-__all__ = ["CONTROL", "Assignment", "Late", "Loss", "Scheduler", "Slot", "State"]
+__all__ = ["CONTROL", "Late", "Loss", "Scheduler", "Slot", "State"]
 
 
 class Loss(NamedTuple):
@@ -81,39 +76,19 @@ class Loss(NamedTuple):
     joining: bool
 
 
-@dataclass(frozen=True)
-class Late:
-    """Batch ``index`` of generation ``gen`` (``tag``) got no reply within the request timeout.
-
-    Attributes:
-        asked: ``(server, seconds since its request was sent)`` of each usable server holding
-            a request for it.
-        failed: no other server could take it (or its request again was late too): the batch
-            fails; else it is requested again from another server.
-        again: it was late before (it was requested again already).
-    """
-
-    gen: int
-    index: int
-    tag: BatchTag
-    asked: tuple[tuple[int, float], ...]
-    failed: bool
-    again: bool
-
-
 class Scheduler:
     """Request scheduling and liveness of one DataLoader's servers.
 
     Args:
         endpoints: the servers, in the order their numbers refer to.
-        timeout: seconds the current epoch may wait without a usable server; also the limit
-            of one attempt to join again.
+        timeout: seconds the consumer may wait without a usable server; also the limit of
+            one attempt to join again.
         heartbeat_s: seconds between HEARTBEATs to each server.
         silent_s: seconds a HEARTBEAT may stay unanswered before its server is suspect.
         grace: seconds a server may be suspect before it is lost.
         now: the start (no server joined within ``timeout`` of it: unavailable).
-        request_timeout: seconds a request may go unanswered before its batch is late (see
-            the module); infinite: never.
+        request_timeout: seconds a request may go unanswered before its batch is late
+            (:mod:`dataflow.client.late`); infinite: never.
 
     Thread invariant: used by the I/O thread only.
     """
@@ -125,13 +100,13 @@ class Scheduler:
                                       note="not connected") for e in endpoints]
         self._started = now
         self._admitted = False  # a server joined: the loader started
-        self._window = 0
+        self._depth = 0
         self._timeout = timeout
         self._request_timeout = request_timeout
         self._heartbeat_s = heartbeat_s
         self._silent_s = silent_s
         self._grace = grace
-        self._epoch: EpochWork | None = None
+        self._fetch: Fetch | None = None
         self._req_ids = 0
         self._taken = 0
         self._stalled_since: float | None = None
@@ -153,7 +128,7 @@ class Scheduler:
         s.credits = credits
         s.share = s.share or credits
         self._admitted = True
-        self._window = max(self._window, self._members_window())
+        self._depth = max(self._depth, self._members_depth())
         s.failures, s.note, s.failure = 0, "", ""
         s.unanswered = None
         s.broken = False
@@ -176,8 +151,8 @@ class Scheduler:
         return len(self._servers) - 1
 
     def retire(self, server: int, now: float) -> None:
-        """Server ``server`` was removed by discovery: its open batches of the current epoch
-        are requested from the other servers, its requests forgotten, and it is GONE."""
+        """Server ``server`` was removed by discovery: its open batches are requested from the
+        other servers, its requests forgotten, and it is GONE."""
         self.lost(server, now, hello=False)
         self._servers[server].enter(State.GONE, now)
 
@@ -188,18 +163,24 @@ class Scheduler:
                 return i
         return None
 
-    def _members_window(self) -> int:
+    def _members_depth(self) -> int:
         return sum(s.share for s in self._servers if s.state is not State.GONE)
 
     def state(self, server: int) -> State:
         return self._servers[server].state
 
     @property
-    def window(self) -> int:
-        """Batches of the current epoch requested but not taken, at most (see the module)."""
-        return self._window
+    def depth(self) -> int:
+        """Batches of the stream requested but not taken, at most (see the module)."""
+        return self._depth
+
+    @property
+    def count(self) -> int:
+        """Servers numbered so far (numbers are never reused: GONE ones count)."""
+        return len(self._servers)
 
     def endpoint(self, server: int) -> str:
+        """Server ``server``'s endpoint: the one place a loader keeps them."""
         return self._servers[server].endpoint
 
     def describe(self, server: int) -> str:
@@ -229,44 +210,36 @@ class Scheduler:
         s.failure, s.note = why or s.note or "failed", ""
         s.next_hello = now + join_backoff(s.failures) if retry else float("inf")
 
-    # -- epochs ---------------------------------------------------------------------------------
+    # -- the stream ------------------------------------------------------------------------------
 
-    def start_epoch(self, gen: int, batches: Batches, first: int,
-                    tags: Tags = NO_TAGS) -> None:
-        """Request ``batches`` (the epoch's batches ``first``, ``first + 1``, ..., tagged
-        ``tags``) from now on.
-
-        The previous epoch is abandoned: its outstanding requests stay counted against their
-        servers' credits until answered, and their replies are then reported stale.
-        """
-        if self._epoch is not None and gen <= self._epoch.gen:
-            raise InternalError(f"epoch generation {gen} after {self._epoch.gen}")
-        self._epoch = EpochWork(gen, batches, first, tags)
-        self._taken = 0
-
-    def need(self, gen: int, end: int) -> None:
-        """The consumer began the pass of generation ``gen`` that ends before batch ``end``:
-        waiting for it without a usable server counts toward ``timeout`` (ignored once ``gen``
-        is not current)."""
-        if self._epoch is not None and self._epoch.gen == gen:
-            self._epoch.need(end)
-
-    def extend_epoch(self, gen: int, batches: Batches, tags: Tags) -> bool:
-        """Append the next pass (``batches``, tagged ``tags``) to generation ``gen``: its
-        batches are requested after the current ones, inside the same window.
+    def follow(self, demand: Demand) -> bool:
+        """Request the batches of the consumer's ``demand`` from now on.
 
         Returns:
-            False when ``gen`` is not the current generation (nothing is appended).
+            Whether it starts a new generation: the one before is abandoned (its outstanding
+            requests stay counted against their servers' credits until answered, and their
+            replies are then discarded).
+
+        Raises:
+            InternalError: ``demand`` is of an older generation, or of the same one but drops
+                a batch not received yet.
         """
-        if self._epoch is None or self._epoch.gen != gen:
+        fetch = self._fetch
+        if fetch is not None and demand is fetch.demand:
             return False
-        self._epoch.extend(batches, tags)
+        if fetch is not None and demand.gen == fetch.gen:
+            fetch.follow(demand)
+            return False
+        if fetch is not None and demand.gen < fetch.gen:
+            raise InternalError(f"stream generation {demand.gen} after {fetch.gen}")
+        self._fetch = Fetch(demand)
+        self._taken = 0
         return True
 
     @property
     def gen(self) -> int | None:
-        """Generation of the current epoch, or None before the first."""
-        return None if self._epoch is None else self._epoch.gen
+        """The generation of the stream requested, or None before the first."""
+        return None if self._fetch is None else self._fetch.gen
 
     def _least_loaded(self, holders: set[int]) -> int | None:
         """The usable server with credit and the fewest requests outstanding (first on a tie),
@@ -284,43 +257,43 @@ class Scheduler:
         return {i for i, s in enumerate(self._servers)
                 for slot in s.outstanding.values() if slot.gen == gen and slot.index == index}
 
-    def assignments(self, taken: int, now: float) -> list[Assignment]:
-        """Requests to send now, given that the consumer took ``taken`` batches of this epoch.
+    def assignments(self, taken: int, now: float) -> list[Slot]:
+        """Requests to send now, given that the consumer took ``taken`` batches of the
+        stream's generation (``taken`` is the index of the batch it takes next).
 
         Returns:
-            The assignments, batches to re-request first, then in plan order; the caller
-            must send every one.
+            The requests, batches to re-request first, then in stream order; the caller must
+            send every one (:meth:`Slot.request` to its server).
         """
-        ep = self._epoch
+        fetch = self._fetch
         self._taken = taken
-        out: list[Assignment] = []
-        while ep is not None:
-            index = ep.peek(taken, self.window)
+        out: list[Slot] = []
+        while fetch is not None:
+            index = fetch.peek(taken, self.depth)
             if index is None:
                 break
-            best = self._least_loaded(self._holders(ep.gen, index) if ep.retrying(index)
+            best = self._least_loaded(self._holders(fetch.gen, index) if fetch.retrying(index)
                                       else set())
             if best is None:
                 break
-            retry = ep.claim(index)
+            retry = fetch.claim(index)
             self._req_ids += 1
-            rows, tag = ep.request(index)
-            samples = int((rows[:, 2] - rows[:, 1]).sum())
-            self._servers[best].outstanding[self._req_ids] = Slot(ep.gen, index, samples, retry,
-                                                                  now, tag)
-            out.append(Assignment(best, self._req_ids, index, rows, retry, tag))
+            rows, tag = fetch.batch(index)
+            slot = Slot(best, self._req_ids, fetch.gen, index, rows, tag, retry, now)
+            self._servers[best].outstanding[self._req_ids] = slot
+            out.append(slot)
         return out
 
-    def window_full(self, taken: int) -> bool:
+    def full(self, taken: int) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
-        return self._epoch is not None and self._epoch.full(taken, self.window)
+        return self._fetch is not None and self._fetch.full(taken, self.depth)
 
     def on_reply(self, server: int, req_id: int, now: float) -> Slot | None:
         """A reply (batch or error) to ``req_id`` arrived from ``server``.
 
         Returns:
-            The batch it answers when it is the first reply for an open batch of the current
-            epoch, else None (stale, late or duplicate: discard it).
+            The request it answers when it is the first reply for an open batch of the
+            current generation, else None (stale, late or duplicate: discard it).
 
         Raises:
             ProtocolError: ``server`` has no such request outstanding (nor forgotten).
@@ -333,14 +306,14 @@ class Scheduler:
                 s.forgotten.discard(req_id)
                 return None
             raise ProtocolError(f"{s.endpoint}: reply to unknown request {req_id}")
-        return slot if self._epoch is not None and self._epoch.accept(slot) else None
+        return slot if self._fetch is not None and self._fetch.accept(slot) else None
 
     def undelivered(self, server: int, req_id: int, now: float) -> None:
         """The server could not deliver its reply to ``req_id``: request the batch again."""
         slot = self._servers[server].outstanding.get(req_id)
         if (self.on_reply(server, req_id, now) is not None and slot is not None
-                and self._epoch is not None):
-            self._epoch.again(slot.index)
+                and self._fetch is not None):
+            self._fetch.again(slot.index)
 
     def outstanding(self, server: int) -> int:
         return len(self._servers[server].outstanding)
@@ -361,8 +334,8 @@ class Scheduler:
     def lost(self, server: int, now: float, *, hello: bool = True) -> None:
         """``server`` is lost (stopping, restarted, or suspect for longer than ``grace``).
 
-        Its open batches of the current epoch are requested again from the other servers
-        before any batch not yet requested; every request it held is forgotten. It is asked
+        Its open batches are requested again from the other servers before any batch not yet
+        requested; every request it held is forgotten. It is asked
         to join again at once when ``hello`` and its control connection is up, else once its
         control connection comes up anew.
         """
@@ -377,13 +350,13 @@ class Scheduler:
         s.next_hello = now if hello else float("inf")
 
     def _requeue(self, s: ServerRecord) -> None:
-        ep = self._epoch
-        if ep is None:
+        fetch = self._fetch
+        if fetch is None:
             return
         covered = {slot.index for o in self._servers if o.state is State.UP and o is not s
-                   for slot in o.outstanding.values() if slot.gen == ep.gen}
-        ep.requeue(slot.index for slot in s.outstanding.values()
-                   if slot.gen == ep.gen and slot.index not in covered)
+                   for slot in o.outstanding.values() if slot.gen == fetch.gen}
+        fetch.requeue(slot.index for slot in s.outstanding.values()
+                      if slot.gen == fetch.gen and slot.index not in covered)
 
     def heartbeats_due(self, now: float) -> list[int]:
         """Joined servers to send a HEARTBEAT to now (each is then due again in
@@ -400,7 +373,7 @@ class Scheduler:
 
         Raises:
             ServerUnavailable: no server joined within ``timeout`` of the start, or the
-                current epoch waited ``timeout`` seconds with no usable server; naming every
+                consumer waited ``timeout`` seconds with no usable server; naming every
                 endpoint and its state.
         """
         gone = []
@@ -453,64 +426,17 @@ class Scheduler:
                 f"no server usable for {now - self._stalled_since:.1f} s (timeout "
                 f"{self._timeout} s; states: {', '.join(s.state.value for s in members)})")
 
-    def _held(self) -> dict[int, list[tuple[int, Slot]]]:
-        """Open batches of the current epoch held by usable servers: index -> (server, slot)."""
-        ep = self._epoch
-        held: dict[int, list[tuple[int, Slot]]] = {}
-        if ep is None:
-            return held
-        for i, s in enumerate(self._servers):
-            if s.state is State.UP:
-                for slot in s.outstanding.values():
-                    if slot.gen == ep.gen and slot.index in ep.open:
-                        held.setdefault(slot.index, []).append((i, slot))
-        return held
-
     def late(self, now: float) -> list[Late]:
-        """Apply the request timeout at ``now`` (see the module).
-
-        Returns:
-            The batches found late now, in plan order: requested again (``failed`` False:
-            the next :meth:`assignments` asks another server), or failed (closed: a reply
-            for it is discarded; the caller puts its error in its place).
-        """
-        ep, limit = self._epoch, self._request_timeout
-        if ep is None or math.isinf(limit):
+        """Apply the request timeout at ``now`` (:func:`dataflow.client.late.find_late`): the
+        batches found late, in order; those not ``failed`` are asked of another server by the
+        next :meth:`assignments`."""
+        if self._fetch is None:
             return []
-        out = []
-        for index, holders in sorted(self._held().items()):
-            if any(now - slot.sent <= limit for _, slot in holders):
-                continue
-            since = ep.late.get(index)
-            if since is not None and now - since <= limit:
-                continue  # requested again: waiting for a server's credit
-            asked = tuple((i, now - slot.sent) for i, slot in holders)
-            others = {i for i, s in enumerate(self._servers) if s.state is State.UP}
-            failed = since is not None or not others - {i for i, _ in holders}
-            if failed:
-                ep.close(index)
-            else:
-                ep.late[index] = now
-                ep.requeue([index])
-            out.append(Late(ep.gen, index, holders[0][1].tag, asked, failed, since is not None))
-        return out
-
-    def _late_deadline(self, now: float) -> float:
-        """Seconds until :meth:`late` may find a batch late."""
-        ep, limit = self._epoch, self._request_timeout
-        if ep is None or math.isinf(limit):
-            return math.inf
-        soonest = math.inf
-        for index, holders in self._held().items():
-            due = max(slot.sent for _, slot in holders) + limit
-            if index in ep.late:
-                due = max(due, ep.late[index] + limit)
-            soonest = min(soonest, due - now)
-        return soonest
+        return find_late(self._fetch, self._servers, now, self._request_timeout)
 
     def _waiting(self) -> bool:
-        """Whether the current epoch needs a server now."""
-        return self._epoch is not None and self._epoch.waiting(self._taken, self.window)
+        """Whether the consumer needs a server now."""
+        return self._fetch is not None and self._fetch.waiting(self._taken, self.depth)
 
     def next_deadline(self, now: float) -> float:
         """Seconds until a heartbeat or a liveness rule is due (for the poll)."""
@@ -521,4 +447,7 @@ class Scheduler:
             soonest = min(soonest, self._stalled_since + self._timeout - now)
         if not self._admitted:
             soonest = min(soonest, self._started + self._timeout - now)
-        return max(min(soonest, self._late_deadline(now)), 0.0)
+        if self._fetch is not None:
+            soonest = min(soonest, late_in(self._fetch, self._servers, now,
+                                           self._request_timeout))
+        return max(soonest, 0.0)

@@ -1,35 +1,47 @@
-"""What one outstanding request is for, and one request to send."""
+"""One request to a server, from when the scheduler decides it until its reply."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from dataflow import wire
 from dataflow.errors import ProtocolError
-from dataflow.wire import NO_TAG, BatchTag
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Slot:
-    """What an outstanding request is for: batch ``index`` of epoch generation ``gen``.
+    """Request ``req_id`` to server number ``server``, for batch ``index`` of stream
+    generation ``gen``; it goes on the wire as :meth:`request`.
 
     Attributes:
-        samples: samples the batch holds (the sum of its ranges' ``stop - start``).
-        retry: the request asks again for a batch requested before (from a lost server, or
-            after a request that took longer than ``request_timeout``).
+        ranges: int64 array of shape ``(n, 3)``: the batch's ``(shard, start, stop)`` rows.
+        tag: the batch's (seed, epoch, global batch index), for the server's transform.
+        retry: the batch was requested before (from a lost server, or after a request that
+            took longer than ``request_timeout``).
         sent: when the request was sent (the scheduler's clock).
-        tag: the batch's (seed, epoch, global batch index).
     """
 
+    server: int
+    req_id: int
     gen: int
     index: int
-    samples: int
-    retry: bool = False
-    sent: float = field(default=0.0, compare=False)
-    tag: BatchTag = field(default=NO_TAG, compare=False)
+    ranges: np.ndarray
+    tag: wire.BatchTag
+    retry: bool
+    sent: float
 
-    def check_size(self, endpoint: str, req_id: int, size: int, skipped: int) -> None:
+    @property
+    def samples(self) -> int:
+        """Samples the batch holds (the sum of its ranges' ``stop - start``)."""
+        return int((self.ranges[:, 2] - self.ranges[:, 1]).sum())
+
+    def request(self) -> wire.Request:
+        """The REQUEST message."""
+        return wire.Request(self.req_id, self.ranges, self.tag)
+
+    def check_size(self, endpoint: str, size: int, skipped: int) -> None:
         """Check a BATCH for this request: ``size`` samples served plus ``skipped`` left out
         (damaged, server ``--on-error skip``) must be the samples asked for.
 
@@ -37,23 +49,5 @@ class Slot:
             ProtocolError: naming the endpoint, the request and the counts.
         """
         if size + skipped != self.samples:
-            raise ProtocolError(f"{endpoint}: BATCH {req_id} has {size} samples and {skipped} "
-                                f"skipped; the request asked for {self.samples}")
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Send a REQUEST for batch ``index`` to server number ``server``.
-
-    Attributes:
-        ranges: int64 array of shape ``(n, 3)``: the batch's ``(shard, start, stop)`` rows.
-        retry: the batch was requested before (from a lost server, or a late one).
-        tag: the batch's (seed, epoch, global batch index), for the server's transform.
-    """
-
-    server: int
-    req_id: int
-    index: int
-    ranges: np.ndarray
-    retry: bool
-    tag: BatchTag = NO_TAG
+            raise ProtocolError(f"{endpoint}: BATCH {self.req_id} has {size} samples and "
+                                f"{skipped} skipped; the request asked for {self.samples}")

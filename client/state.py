@@ -8,9 +8,10 @@ the epoch, every remaining sample exactly once.
 
 Version 2 fields: ``version``, ``epoch``, ``consumed`` (samples of the epoch's global order,
 ``total`` once the epoch is complete), ``total``, ``fingerprint`` (the dataset's content
-identity) and the plan inputs that must match (``seed``, ``batch_size``, ``shuffle``,
-``shuffle_window``, ``block_size``, ``window``, ``drop_last``). ``world_size`` records the
-size of the job that saved it; it need not match. Every field is the same on every rank of
+identity) and the plan inputs that must match (``seed``, ``batch_size``, the
+:class:`~dataflow.shuffle.Shuffle`'s ``shuffle``, ``shuffle_window``, ``block_size`` and
+``window``, ``drop_last``). ``world_size`` records the size of the job that saved it; it need
+not match. Every field is the same on every rank of
 that job (a state has no ``rank``; one saved by an earlier release with a ``rank`` loads the
 same), so any rank's state may be saved.
 """
@@ -22,10 +23,10 @@ from typing import Any
 
 from dataflow.checks import check_int
 from dataflow.errors import DatasetMismatchError, StateMismatchError
+from dataflow.shuffle import Shuffle
 
 VERSION = 2
-PLAN_FIELDS = ("seed", "batch_size", "shuffle", "shuffle_window", "block_size", "window",
-               "drop_last")
+PLAN_FIELDS = ("seed", "batch_size", *Shuffle().fields(), "drop_last")
 
 
 def make_state(*, epoch: int, consumed: int, total: int, fingerprint: str,

@@ -33,6 +33,7 @@ from dataflow.plan import (
     epoch_size,
     rank_batches,
 )
+from dataflow.shuffle import Shuffle
 
 __all__ = [
     "Batch",
@@ -53,6 +54,7 @@ __all__ = [
     "Schema",
     "SchemaError",
     "SchemaMismatchError",
+    "Shuffle",
     "ServerStartError",
     "ServerUnavailable",
     "ShardChangedError",

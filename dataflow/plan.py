@@ -1,8 +1,8 @@
 """Epoch plans: which samples each rank reads, in which batches. Pure functions, no I/O.
 
 The plan of an epoch is a deterministic function of (shard sizes, world size, epoch, seed,
-batch size, drop_last, shuffle knobs, start). Every rank computes its own part from the same
-inputs, so ranks agree without talking to each other.
+batch size, drop_last, :class:`~dataflow.shuffle.Shuffle`, start). Every rank computes its own
+part from the same inputs, so ranks agree without talking to each other.
 
 How an epoch is laid out:
 
@@ -48,19 +48,10 @@ import numpy as np
 
 from dataflow.checks import check_int
 from dataflow.errors import ConfigError
-from dataflow.shuffle import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_SHUFFLE_WINDOW,
-    DEFAULT_WINDOW,
-    epoch_order,
-    shard_sizes_array,
-)
+from dataflow.shuffle import Shuffle, epoch_order, shard_sizes_array
 
 __all__ = [
     "Batches",
-    "DEFAULT_BLOCK_SIZE",
-    "DEFAULT_SHUFFLE_WINDOW",
-    "DEFAULT_WINDOW",
     "EpochSize",
     "Range",
     "consumed",
@@ -250,12 +241,11 @@ class Batches(Sequence[list[Range]]):
 
 
 def _order(shard_sizes: Sequence[int] | np.ndarray, *, world_size: int, epoch: int, seed: int,
-          batch_size: int, drop_last: bool, start: int, shuffle: str | bool, shuffle_window: int,
-          block_size: int, window: int) -> tuple[np.ndarray, np.ndarray, EpochSize]:
+           batch_size: int, drop_last: bool, start: int,
+           shuffle: Shuffle | str | bool) -> tuple[np.ndarray, np.ndarray, EpochSize]:
     """The epoch's order, the shards' end ids, and the sizes of its rest after ``start``."""
     sizes = shard_sizes_array(shard_sizes)
-    order = epoch_order(sizes, epoch=epoch, seed=seed, shuffle=shuffle,
-                        shuffle_window=shuffle_window, block_size=block_size, window=window)
+    order = epoch_order(sizes, epoch=epoch, seed=seed, shuffle=shuffle)
     size = epoch_size(len(order), world_size=world_size, batch_size=batch_size,
                       drop_last=drop_last, start=start)
     return order, np.cumsum(sizes), size
@@ -271,10 +261,7 @@ def rank_batches(
     batch_size: int,
     drop_last: bool = False,
     start: int = 0,
-    shuffle: str | bool = "sample",
-    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    window: int = DEFAULT_WINDOW,
+    shuffle: Shuffle | str | bool = "sample",
 ) -> Batches:
     """Rank ``rank``'s batches of the rest of an epoch after ``start`` consumed samples.
 
@@ -288,11 +275,9 @@ def rank_batches(
         drop_last: drop the tail instead of padding it (see the module).
         start: samples of the epoch's global order already consumed (0 for a fresh epoch;
             else the value of :func:`consumed`).
-        shuffle: ``"sample"`` (default), ``"block"``, ``"none"``, or a bool
-            (see :mod:`dataflow.shuffle`).
-        shuffle_window: samples per sample-shuffle window.
-        block_size: samples per block of the block shuffle.
-        window: shards per window of the block shuffle.
+        shuffle: how the epoch's order is drawn: a :class:`~dataflow.shuffle.Shuffle`, or
+            its mode alone (``"sample"``, the default, ``"block"``, ``"none"`` or a bool) with
+            the default knobs.
 
     Returns:
         ``epoch_size(..., start=start).batches_per_rank`` batches (a sequence computed with
@@ -303,7 +288,6 @@ def rank_batches(
     _check_rank(rank, world_size)
     order, ends, size = _order(shard_sizes, world_size=world_size, epoch=epoch, seed=seed,
                                batch_size=batch_size, drop_last=drop_last, start=start,
-                               shuffle=shuffle, shuffle_window=shuffle_window,
-                               block_size=block_size, window=window)
+                               shuffle=shuffle)
     return Batches(*_table(order, start, ends, size, world_size=world_size, rank=rank,
                            batch_size=batch_size))

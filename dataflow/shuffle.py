@@ -5,8 +5,12 @@ An epoch's order is a permutation of the dataset's ``N`` samples, given as flat 
 sizes). It is a deterministic function of (shard sizes, seed, epoch, shuffle mode and its knobs)
 and never depends on the world size, so a job of any size walks the same order.
 
-Modes (the ``shuffle`` argument), measured on class-sorted shards (100 classes x 400 samples
-in 20 shards, batch 256; ``python -m dataflow.bench.experiments.shuffle``):
+How an order is drawn is one frozen value, :class:`Shuffle`: the mode and its knobs (a
+DataLoader's ``shuffle``, ``shuffle_window``, ``block_size`` and ``window`` arguments, the
+same names in its resume state), validated when it is made.
+
+Modes (:attr:`Shuffle.mode`, the ``shuffle`` argument), measured on class-sorted shards (100
+classes x 400 samples in 20 shards, batch 256; ``python -m dataflow.bench.experiments.shuffle``):
 
 ``"sample"`` (the default, also ``True``)
     Shards are permuted, then the concatenated sequence is cut into consecutive windows of
@@ -30,6 +34,7 @@ in 20 shards, batch 256; ``python -m dataflow.bench.experiments.shuffle``):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,6 +56,43 @@ def shuffle_mode(shuffle: str | bool) -> str:
     if shuffle not in MODES:
         raise ConfigError(f"`shuffle` must be a bool or one of {MODES}. Found: {shuffle!r}")
     return shuffle
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """How an epoch's order is drawn (see the module), validated on construction.
+
+    Attributes:
+        mode: ``"sample"`` (the default), ``"block"`` or ``"none"``; True is ``"sample"``,
+            False is ``"none"``.
+        shuffle_window: samples per window of the ``"sample"`` shuffle (>= 1).
+        block_size: samples per block of the ``"block"`` shuffle (>= 1).
+        window: consecutive shards whose blocks the ``"block"`` shuffle mixes (>= 1).
+
+    Raises:
+        ConfigError: the mode or a knob is invalid, naming it (``shuffle`` for the mode).
+    """
+
+    mode: str = "sample"
+    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW
+    block_size: int = DEFAULT_BLOCK_SIZE
+    window: int = DEFAULT_WINDOW
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", shuffle_mode(self.mode))
+        for name in ("shuffle_window", "block_size", "window"):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
+
+    def fields(self) -> dict[str, str | int]:
+        """The knobs by the names a DataLoader takes them and its state keeps them (the mode
+        is ``shuffle``): plain Python scalars."""
+        return {"shuffle": self.mode, "shuffle_window": self.shuffle_window,
+                "block_size": self.block_size, "window": self.window}
+
+
+def as_shuffle(shuffle: Shuffle | str | bool) -> Shuffle:
+    """``shuffle`` as a :class:`Shuffle`: a mode (a name or a bool) gets the default knobs."""
+    return shuffle if isinstance(shuffle, Shuffle) else Shuffle(shuffle_mode(shuffle))
 
 
 def shard_sizes_array(shard_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -104,10 +146,7 @@ def epoch_order(
     *,
     epoch: int,
     seed: int,
-    shuffle: str | bool = "sample",
-    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    window: int = DEFAULT_WINDOW,
+    shuffle: Shuffle | str | bool = "sample",
 ) -> np.ndarray:
     """The epoch's global order of samples.
 
@@ -115,26 +154,21 @@ def epoch_order(
         shard_sizes: samples in each shard, in dataset order.
         epoch: epoch number (>= 0); each epoch has its own order.
         seed: non-negative seed shared by all ranks.
-        shuffle: ``"sample"`` (default), ``"block"``, ``"none"``, or a bool (see the module).
-        shuffle_window: samples per sample-shuffle window (``"sample"``).
-        block_size: samples per block (``"block"``).
-        window: blocks are permuted among this many consecutive shards (``"block"``).
+        shuffle: how: a :class:`Shuffle`, or its mode alone (``"sample"``, the default,
+            ``"block"``, ``"none"`` or a bool) with the default knobs.
 
     Returns:
         int64 array of shape ``(N,)``: a permutation of the flat sample ids ``0..N-1``.
     """
     check_int("epoch", epoch, 0)
     check_int("seed", seed, 0)
-    check_int("shuffle_window", shuffle_window, 1)
-    check_int("block_size", block_size, 1)
-    check_int("window", window, 1)
-    mode = shuffle_mode(shuffle)
+    how = as_shuffle(shuffle)
     sizes = shard_sizes_array(shard_sizes)
     offsets = np.cumsum(sizes) - sizes
-    if mode == "none":
+    if how.mode == "none":
         return np.arange(int(sizes.sum()), dtype=np.int64)
     rng = np.random.Generator(np.random.PCG64([seed, epoch]))
     order = rng.permutation(len(sizes))
-    if mode == "block":
-        return _block_shuffle(sizes, offsets, order, rng, block_size, window)
-    return _sample_shuffle(_shard_ids(sizes, offsets, order), rng, shuffle_window)
+    if how.mode == "block":
+        return _block_shuffle(sizes, offsets, order, rng, how.block_size, how.window)
+    return _sample_shuffle(_shard_ids(sizes, offsets, order), rng, how.shuffle_window)

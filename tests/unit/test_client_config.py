@@ -10,6 +10,7 @@ from dataflow import wire
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.discovery import parse_servers
 from dataflow.errors import ConfigError
+from dataflow.shuffle import Shuffle
 
 
 def _cfg(**kw) -> LoaderConfig:
@@ -33,7 +34,6 @@ def _cfg(**kw) -> LoaderConfig:
     (dict(seed=-1), "seed"),
     (dict(seed=np.bool_(True)), "seed"),
     (dict(shuffle="random"), "shuffle"),
-    (dict(shuffle_window=0), "shuffle_window"),
     (dict(servers=("tcp://a:1",)), "servers"),
     (dict(resolve_interval=0), "resolve_interval"),
     (dict(resolve_interval=True), "resolve_interval"),
@@ -122,3 +122,13 @@ def test_dist_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_request_timeout_is_the_timeout_unless_given() -> None:
     assert _cfg(timeout=8).request_limit == 8.0
     assert _cfg(timeout=8, request_timeout=120).request_limit == 120.0
+
+
+def test_the_shuffle_is_one_value_and_the_plan_inputs_carry_it_by_the_state_s_names() -> None:
+    assert _cfg().shuffle == Shuffle() and _cfg(shuffle=False).shuffle == Shuffle("none")
+    with pytest.raises(ConfigError, match="`shuffle_window`"):
+        _cfg(shuffle=Shuffle(shuffle_window=0))
+    cfg = _cfg(shuffle=Shuffle("block", block_size=4, window=2), seed=3, drop_last=True)
+    assert cfg.plan_inputs() == {"seed": 3, "batch_size": 4, "shuffle": "block",
+                                 "shuffle_window": Shuffle().shuffle_window, "block_size": 4,
+                                 "window": 2, "drop_last": True}

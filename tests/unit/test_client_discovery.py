@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from dataflow.client import DataLoader
+from dataflow.client.cursor import Pass
 from dataflow.client.discovery import (
     ServerSource,
     Watcher,
@@ -19,7 +20,9 @@ from dataflow.client.discovery import (
     servers_setting,
 )
 from dataflow.client.membership import Changes, Membership
+from dataflow.client.passes import PassPlan
 from dataflow.client.scheduler import CONTROL, Scheduler, State
+from dataflow.client.stream import Demand
 from dataflow.errors import ConfigError, InternalError, ServerUnavailable
 from dataflow.plan import Batches, Range
 
@@ -268,25 +271,25 @@ def _sched(*credits: int) -> Scheduler:
     return s
 
 
-def test_a_server_joining_mid_epoch_takes_unrequested_batches_inside_the_window() -> None:
+def test_a_server_joining_mid_epoch_takes_unrequested_batches_within_the_depth() -> None:
     s = _sched(2)
-    s.start_epoch(1, _batches(10), first=0)
+    assert s.follow(Demand(1, (PassPlan(Pass(0, 0), _batches(10)),)))
     assert [a.index for a in s.assignments(taken=0, now=0)] == [0, 1]
     new = s.add("tcp://new:1", now=1)
     assert s.hellos_due(1) == [] and s.state(new) is State.DOWN  # not connected yet
     s.link(new, CONTROL, up=True, now=1)
     assert s.hellos_due(1) == [new] and s.state(new) is State.JOINING
     assert s.grant(new, 3, now=2)  # its first join
-    assert s.window == 5  # its credits count at once
+    assert s.depth == 5  # its credits count at once
     assert [(a.server, a.index) for a in s.assignments(taken=1, now=2)] == [
         (new, 2), (new, 3), (new, 4)]  # server 0 holds its 2 credits' worth
-    s.start_epoch(2, _batches(10), first=0)
-    assert s.window == 5  # the next epoch counts the new server's credits
+    assert s.follow(Demand(2, (PassPlan(Pass(0, 0), _batches(10)),)))
+    assert s.depth == 5  # the next epoch counts the new server's credits
 
 
 def test_a_retired_server_gives_its_open_batches_to_the_others() -> None:
     s = _sched(2, 2)
-    s.start_epoch(1, _batches(6), first=0)
+    assert s.follow(Demand(1, (PassPlan(Pass(0, 0), _batches(6)),)))
     got = s.assignments(taken=0, now=0)
     assert [(a.server, a.index) for a in got] == [(0, 0), (1, 1), (0, 2), (1, 3)]
     s.retire(1, now=1)
@@ -306,7 +309,7 @@ def test_a_retired_server_gives_its_open_batches_to_the_others() -> None:
 
 def test_every_server_gone_names_no_endpoint_but_says_so() -> None:
     s = _sched(1)
-    s.start_epoch(1, _batches(3), first=0)
+    assert s.follow(Demand(1, (PassPlan(Pass(0, 0), _batches(3)),)))
     s.assignments(taken=0, now=0)
     s.retire(0, now=0)
     s.check(1)
@@ -320,7 +323,7 @@ def test_joins_and_leaves_at_random_keep_every_batch_exactly_once(seed: int) -> 
     rng = random.Random(seed)
     s = _sched(2, 1)
     n = 40
-    s.start_epoch(1, _batches(n), first=0)
+    assert s.follow(Demand(1, (PassPlan(Pass(0, 0), _batches(n)),)))
     accepted: list[int] = []
     pending: list[tuple[int, int]] = []  # (server, req_id) sent and not answered
     now, taken, names = 0.0, 0, 2

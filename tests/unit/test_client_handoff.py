@@ -1,4 +1,5 @@
-"""The consumer <-> I/O thread hand-off: generations, bounded delivery, failures, wake-ups."""
+"""The consumer <-> I/O thread hand-off: demands and generations, bounded delivery, failures,
+wake-ups."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import threading
 
 import pytest
 
-from dataflow.client.handoff import COUNTERS, Extend, Failed, Handoff, StartEpoch, Stop, Tags
+from dataflow.client.cursor import Pass
+from dataflow.client.handoff import COUNTERS, Failed, Handoff
+from dataflow.client.passes import PassPlan
+from dataflow.client.stream import Demand
 from dataflow.errors import (
     DataflowError,
     InternalError,
@@ -15,10 +19,13 @@ from dataflow.errors import (
     ServerUnavailable,
 )
 from dataflow.plan import Batches
-from dataflow.transform import global_batch_index
-from dataflow.wire import NO_TAG, BatchTag, ErrorKind
+from dataflow.wire import ErrorKind
 
-NONE = Batches.of([])
+NONE = PassPlan(Pass(0, 0), Batches.of([]))
+
+
+def _demand(gen: int) -> Demand:
+    return Demand(gen, (NONE,))
 
 
 class _Waker:
@@ -40,22 +47,24 @@ def _alive() -> bool:
     return True
 
 
-def test_start_discards_older_generations_and_queues_the_command() -> None:
+def test_a_new_generation_discards_older_ones_and_the_io_thread_sees_the_latest() -> None:
     h, waker = _handoff()
-    h.start(StartEpoch(1, NONE, 0))
+    assert h.wanted() == Demand()
+    h.want(_demand(1))
     assert h.deliver(1, 0, "a")
-    h.start(StartEpoch(2, NONE, 0))
+    h.want(_demand(2))
     assert not h.deliver(1, 1, "late")  # stale on arrival
     assert h.deliver(2, 0, "b")
     assert h.take(2, 0.01, _alive) == (0, "b")
-    assert [c.gen for c in h.commands() if isinstance(c, StartEpoch)] == [1, 2]
-    assert h.commands() == [] and waker.count == 2
+    assert h.wanted() == _demand(2) and waker.count == 2
+    with pytest.raises(InternalError, match="generation 1 after 2"):
+        h.want(_demand(1))
 
 
 def test_many_abandoned_generations_never_overflow() -> None:
     h, _ = _handoff(capacity=2)
     for gen in range(1, 50):
-        h.start(StartEpoch(gen, NONE, 0))
+        h.want(_demand(gen))
         h.deliver(gen, 0, f"g{gen}")
         h.deliver(gen, 1, f"g{gen}")
     assert h.take(49, 0.01, _alive) == (0, "g49")
@@ -74,7 +83,7 @@ def test_io_thread_counters_add_up() -> None:
 
 def test_delivery_beyond_capacity_is_loud() -> None:
     h, _ = _handoff(capacity=1)
-    h.start(StartEpoch(1, NONE, 0))
+    h.want(_demand(1))
     h.deliver(1, 0, "a")
     with pytest.raises(InternalError, match="capacity 1"):
         h.deliver(1, 1, "b")
@@ -82,22 +91,22 @@ def test_delivery_beyond_capacity_is_loud() -> None:
 
 def test_taken_counts_the_current_generation_and_wakes_only_when_asked() -> None:
     h, waker = _handoff(capacity=4)
-    h.start(StartEpoch(1, NONE, 0))
+    h.want(_demand(1))
     for i in range(3):
         h.deliver(1, i, str(i))
     before = waker.count
     h.take(1, 0.01, _alive)
-    assert waker.count == before and h.taken(1, window_full=True) == 1
+    assert waker.count == before and h.taken(1, full=True) == 1
     h.take(1, 0.01, _alive)
-    assert waker.count == before + 1 and h.taken(1, window_full=False) == 2
+    assert waker.count == before + 1 and h.taken(1, full=False) == 2
     h.take(1, 0.01, _alive)
     assert waker.count == before + 1
-    assert h.taken(0, window_full=False) == 0
+    assert h.taken(0, full=False) == 0
 
 
 def test_failure_reaches_a_waiting_consumer_and_stays() -> None:
     h, _ = _handoff()
-    h.start(StartEpoch(1, NONE, 0))
+    h.want(_demand(1))
     got: list[BaseException] = []
 
     def consume() -> None:
@@ -125,56 +134,49 @@ def test_foreign_exceptions_are_wrapped_and_a_dead_thread_is_noticed() -> None:
     quiet, _ = _handoff()
     with pytest.raises(InternalError, match="I/O thread has stopped"):
         quiet.take(0, 0.01, lambda: False)
-    assert quiet.commands() == []
-    quiet.command(Stop())
-    assert quiet.commands() == [Stop()]
+    assert not quiet.stopping
+    quiet.close()
+    assert quiet.stopping
 
 
-@pytest.mark.parametrize("world, start", [(1, 0), (3, 0), (2, 12)])
-def test_tags_give_each_rank_its_global_batches(world: int, start: int) -> None:
-    tags = [Tags(9, 4, global_batch_index(start=start, batch_size=4, world_size=world, rank=r,
-                                          index=0), world) for r in range(world)]
-    got = sorted(t.of(j) for t in tags for j in range(5))
-    assert got == [BatchTag(9, 4, start // 4 + g) for g in range(5 * world)]
-    assert StartEpoch(1, NONE, 0).tags.of(7) == BatchTag(0, 0, 7) != NO_TAG
-
-
-def test_an_extension_is_a_command_of_the_same_generation_and_takes_count_on() -> None:
+def test_a_demand_of_the_same_generation_keeps_its_batches_and_takes_count_on() -> None:
     h, waker = _handoff(capacity=2)
-    h.start(StartEpoch(1, NONE, 0))
-    assert h.consumed(1) == 0 and h.consumed(2) is None and h.window == 2
+    h.want(_demand(1))
+    assert h.taken(1, full=False) == 0 and h.capacity == 2
     assert h.deliver(1, 0, "a") and h.take(1, 0.01, _alive) == (0, "a")
-    h.command(Extend(1, NONE, Tags(0, 1, 0, 1)))
-    assert [type(c) for c in h.commands()] == [StartEpoch, Extend] and waker.count == 2
-    assert h.deliver(1, 1, "next epoch's first") and h.take(1, 0.01, _alive)[0] == 1
-    assert h.consumed(1) == 2
-    h.start(StartEpoch(2, NONE, 0))
-    assert h.consumed(1) is None and h.consumed(2) == 0
+    assert h.deliver(1, 1, "b")
+    ahead = Demand(1, (NONE, PassPlan(Pass(1, 0), Batches.of([]))))
+    h.want(ahead)  # the next pass read ahead: the same generation
+    assert h.wanted() is ahead and waker.count == 2
+    assert h.take(1, 0.01, _alive) == (1, "b")
+    assert h.deliver(1, 2, "next epoch's first") and h.take(1, 0.01, _alive)[0] == 2
+    assert h.taken(1, full=False) == 3
+    h.want(_demand(2))
+    assert h.taken(1, full=False) == 0 and h.taken(2, full=False) == 0
 
 
 def test_a_failed_batch_raises_in_its_place_and_a_dropped_generation_drops_it() -> None:
     h, _ = _handoff(capacity=3)
-    h.start(StartEpoch(1, NONE, 0))
+    h.want(_demand(1))
     h.deliver(1, 0, "a")
     h.deliver(1, 1, Failed(RemoteError("tcp://x:1", ErrorKind.READ_FAILED, "boom")))
-    h.start(StartEpoch(2, NONE, 0))  # the loop went elsewhere: nothing is raised
+    h.want(_demand(2))  # the loop went elsewhere: nothing is raised
     h.deliver(2, 0, "b")
     error = RemoteError("tcp://x:1", ErrorKind.READ_FAILED, "bad shard")
     h.deliver(2, 1, Failed(error))
     h.deliver(2, 2, "c")
-    assert h.take(2, 0.01, _alive) == (0, "b") and not h.failed
-    h.commands()
+    assert h.take(2, 0.01, _alive) == (0, "b") and not h.failed and not h.stopping
     with pytest.raises(RemoteError, match="bad shard"):
         h.take(2, 0.01, _alive)
     assert h.failed and h.failure is error
-    assert h.commands() == [Stop()]  # the I/O thread says BYE and ends
+    assert h.stopping  # the I/O thread says BYE and ends
     with pytest.raises(RemoteError, match="bad shard"):  # the loader is failed from then on
         h.take(2, 0.01, _alive)
 
 
 def test_close_makes_a_waiting_and_every_later_take_raise_loader_closed() -> None:
     h, _ = _handoff()
-    h.start(StartEpoch(1, NONE, 0))
+    h.want(_demand(1))
     got: list[BaseException] = []
 
     def consume() -> None:

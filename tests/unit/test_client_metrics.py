@@ -6,7 +6,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from dataflow.client.buffers import Ready
+from dataflow.client.buffers import Received
 from dataflow.client.metrics import BUCKETS, LoaderCollector, LoaderMetrics, StallMeter
 from dataflow.errors import ConfigError, MetricsError
 
@@ -29,7 +29,7 @@ def test_bounds_must_increase() -> None:
 
 def test_a_cpu_batch_counts_its_tensor_bytes_and_no_pending_copy() -> None:
     meter = StallMeter()
-    meter.batch(0.5, Ready({"x": torch.zeros(4, 3, dtype=torch.float32),
+    meter.batch(0.5, Received({"x": torch.zeros(4, 3, dtype=torch.float32),
                             "y": torch.zeros(4, dtype=torch.int64)}))
     assert meter.nbytes == 4 * 3 * 4 + 4 * 8 and meter.h2d_pending == 0
     assert sum(meter.counts) == 1

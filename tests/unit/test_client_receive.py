@@ -20,7 +20,7 @@ import zmq
 
 from dataflow import wire
 from dataflow.batch import Ragged
-from dataflow.client.buffers import CudaSink, HostSink, Ready, hand_over, typed_views
+from dataflow.client.buffers import CudaSink, HostSink, Received, hand_over, typed_views
 from dataflow.client.receive import receive_batch, receive_header
 from dataflow.errors import ProtocolError
 
@@ -119,7 +119,7 @@ def _frames(batch: dict, req_id: int = 7) -> list[bytes]:
     return [bytes(f) for f in wire.encode(wire.batch_to_message(req_id, batch))]
 
 
-def _ready(b: zmq.Socket, sink: HostSink | CudaSink) -> Ready:
+def _ready(b: zmq.Socket, sink: HostSink | CudaSink) -> Received:
     assert b.poll(10_000)
     msg = receive_header(b, ENDPOINT)
     assert isinstance(msg, wire.BatchMsg)

@@ -1,12 +1,14 @@
-"""The client's request scheduler: credits, window, choice of server, liveness and failover
+"""The client's request scheduler: credits, depth, choice of server, liveness and failover
 (fake clock)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dataflow.client.handoff import Tags
+from dataflow.client.cursor import Pass
+from dataflow.client.passes import PassPlan
 from dataflow.client.scheduler import CONTROL, Loss, Scheduler, Slot, State
+from dataflow.client.stream import Demand
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches, Range
 from dataflow.wire import BatchTag
@@ -16,6 +18,21 @@ EPS = ("tcp://a:1", "tcp://b:2")
 
 def _batches(n: int) -> Batches:
     return Batches.of([[Range(0, 4 * i, 4 * i + 4)] for i in range(n)])
+
+
+def _plan(batches: Batches, *, seed: int = 0, epoch: int = 0) -> PassPlan:
+    return PassPlan(Pass(epoch, 0), batches, seed)
+
+
+def _start(s: Scheduler, gen: int, batches: Batches, first: int = 0, *, seed: int = 0,
+           epoch: int = 0) -> None:
+    """The consumer wants generation ``gen``: one pass of ``batches`` from batch ``first``."""
+    assert s.follow(Demand(gen, (_plan(batches, seed=seed, epoch=epoch),), first))
+
+
+def _key(slot: Slot | None) -> tuple[int, int, int, bool] | None:
+    """What a request is for: ``(gen, index, samples, retry)``."""
+    return None if slot is None else (slot.gen, slot.index, slot.samples, slot.retry)
 
 
 def _sched(credits=(2, 2), timeout: float = 10.0, grace: float = 5.0) -> Scheduler:
@@ -30,7 +47,7 @@ def _sched(credits=(2, 2), timeout: float = 10.0, grace: float = 5.0) -> Schedul
 
 def test_requests_in_plan_order_spread_over_least_loaded_servers() -> None:
     s = _sched()
-    s.start_epoch(1, _batches(10), first=0)
+    _start(s, 1, _batches(10))
     got = s.assignments(taken=0, now=0.0)
     assert [a.index for a in got] == [0, 1, 2, 3]
     assert [a.server for a in got] == [0, 1, 0, 1]
@@ -40,58 +57,59 @@ def test_requests_in_plan_order_spread_over_least_loaded_servers() -> None:
 
 def test_credits_bound_outstanding_per_server() -> None:
     s = _sched(credits=(1, 3))
-    s.start_epoch(1, _batches(10), first=0)
+    _start(s, 1, _batches(10))
     got = s.assignments(taken=0, now=0.0)
     assert [a.server for a in got] == [0, 1, 1, 1]
     assert s.outstanding(0) == 1 and s.outstanding(1) == 3
     assert s.assignments(taken=4, now=0.0) == []  # every credit in use
-    assert s.on_reply(0, got[0].req_id, now=0.1) == Slot(1, 0, 4)
+    assert _key(s.on_reply(0, got[0].req_id, now=0.1)) == (1, 0, 4, False)
     (nxt,) = s.assignments(taken=4, now=0.1)
     assert nxt.server == 0 and nxt.index == 4
 
 
-def test_window_counts_batches_not_taken_by_the_consumer() -> None:
+def test_depth_counts_batches_not_taken_by_the_consumer() -> None:
     s = _sched()
-    s.start_epoch(1, _batches(10), first=0)
+    _start(s, 1, _batches(10))
     first = s.assignments(taken=0, now=0.0)
     for a in first:
         s.on_reply(a.server, a.req_id, now=0.0)
-    assert s.window == 4
-    assert s.assignments(taken=0, now=0.0) == [] and s.window_full(0)
+    assert s.depth == 4
+    assert s.assignments(taken=0, now=0.0) == [] and s.full(0)
     more = s.assignments(taken=3, now=0.0)
-    assert [a.index for a in more] == [4, 5, 6] and s.window_full(3)
-    assert not s.window_full(7)
+    assert [a.index for a in more] == [4, 5, 6] and s.full(3)
+    assert not s.full(7)
 
 
 def test_epoch_resumes_at_first_and_ends() -> None:
     s = _sched()
-    s.start_epoch(1, _batches(3)[1:], first=1)
+    _start(s, 1, _batches(3)[1:], 1)
     got = s.assignments(taken=0, now=0.0)
     assert [a.index for a in got] == [1, 2]
-    assert not s.window_full(0)
+    assert not s.full(0)
 
 
 def test_abandoned_epoch_keeps_credits_until_answered_and_is_stale() -> None:
     s = _sched(credits=(1,))
-    s.start_epoch(1, _batches(5), first=0)
+    _start(s, 1, _batches(5))
     (old,) = s.assignments(taken=0, now=0.0)
-    s.start_epoch(2, _batches(5), first=0)
+    _start(s, 2, _batches(5))
     assert s.assignments(taken=0, now=0.0) == []  # the server still holds the old request
     assert s.on_reply(0, old.req_id, now=0.1) is None
     (new,) = s.assignments(taken=0, now=0.1)
-    assert new.index == 0 and s.on_reply(0, new.req_id, now=0.2) == Slot(2, 0, 4)
+    assert new.index == 0 and _key(s.on_reply(0, new.req_id, now=0.2)) == (2, 0, 4, False)
 
 
 def test_generations_only_grow() -> None:
     s = _sched()
-    s.start_epoch(3, _batches(2), first=0)
-    with pytest.raises(InternalError):
-        s.start_epoch(3, _batches(2), first=0)
+    _start(s, 3, _batches(2))
+    assert not s.follow(Demand(3, (_plan(_batches(2)),)))  # the same generation: no new start
+    with pytest.raises(InternalError, match="generation 2 after 3"):
+        s.follow(Demand(2, (_plan(_batches(2)),)))
 
 
 def test_unknown_reply_is_a_protocol_error() -> None:
     s = _sched()
-    s.start_epoch(1, _batches(2), first=0)
+    _start(s, 1, _batches(2))
     with pytest.raises(ProtocolError, match="tcp://a:1.*unknown request 99"):
         s.on_reply(0, 99, now=0.0)
 
@@ -111,7 +129,7 @@ def test_heartbeats_are_due_every_interval() -> None:
 
 
 def _running(s: Scheduler, n: int = 10, now: float = 0.0):
-    s.start_epoch(1, _batches(n), first=0)
+    _start(s, 1, _batches(n))
     return s.assignments(taken=0, now=now)
 
 
@@ -151,11 +169,11 @@ def test_each_batch_is_accepted_once_whoever_answers_first() -> None:
     again = s.assignments(taken=0, now=1.0)  # server 0 has credit for nothing: 0, 2 held
     assert again == []
     # the suspect server answers after all (a short cut): accepted, nothing re-requested
-    assert s.on_reply(1, first[1].req_id, now=1.5) == Slot(1, 1, 4)
+    assert _key(s.on_reply(1, first[1].req_id, now=1.5)) == (1, 1, 4, False)
     s.on_reply(0, first[0].req_id, now=1.5)
     (nxt,) = s.assignments(taken=0, now=1.5)
     assert (nxt.index, nxt.retry) == (3, True)
-    assert s.on_reply(1, first[3].req_id, now=1.6) == Slot(1, 3, 4)
+    assert _key(s.on_reply(1, first[3].req_id, now=1.6)) == (1, 3, 4, False)
     assert s.on_reply(0, nxt.req_id, now=1.7) is None  # the duplicate
 
 
@@ -190,7 +208,7 @@ def test_silent_server_is_suspect_until_it_answers_and_keeps_its_requests() -> N
     s.heard(0, now=4.5)  # an answer: the connection never broke, its requests still count
     s.check(4.5)
     assert s.state(0) is State.UP and s.outstanding(0) == 2
-    assert s.on_reply(0, a.req_id, now=4.6) == Slot(1, 0, 4)
+    assert _key(s.on_reply(0, a.req_id, now=4.6)) == (1, 0, 4, False)
 
 
 def test_a_slow_reply_is_not_a_dead_server_while_heartbeats_are_answered() -> None:
@@ -200,7 +218,7 @@ def test_a_slow_reply_is_not_a_dead_server_while_heartbeats_are_answered() -> No
         s.heartbeats_due(float(t))
         s.heard(0, now=t + 0.1)
         assert s.check(t + 0.2) == [] and s.state(0) is State.UP
-    assert s.on_reply(0, a.req_id, now=200.0) == Slot(1, 0, 4)
+    assert _key(s.on_reply(0, a.req_id, now=200.0)) == (1, 0, 4, False)
 
 
 def test_suspect_longer_than_grace_is_lost_and_joins_again_when_reconnected() -> None:
@@ -215,7 +233,7 @@ def test_suspect_longer_than_grace_is_lost_and_joins_again_when_reconnected() ->
     assert s.hellos_due(8.0) == [1] and s.state(1) is State.JOINING
     assert s.hellos_due(8.1) == []
     s.grant(1, 3, now=8.5)
-    assert s.state(1) is State.UP and s.window == 4  # the window is the first join's
+    assert s.state(1) is State.UP and s.depth == 4  # the depth is the first join's
     assert s.on_reply(1, first[1].req_id, now=8.6) is None  # forgotten when lost
     for a in first:
         if a.server == 0:
@@ -293,14 +311,14 @@ def test_the_loader_starts_with_the_first_server_and_the_others_join_later() -> 
     s.link(0, CONTROL, up=True, now=0.1)
     s.hellos_due(0.1)
     assert s.grant(0, 2, now=0.2)  # the first server: nothing waits for the other
-    s.start_epoch(1, _batches(10), first=0)
+    _start(s, 1, _batches(10))
     assert [a.server for a in s.assignments(taken=0, now=0.3)] == [0, 0]
     for t in (5.0, 10.1, 60.0):  # the other is not up: no error, however long
         assert s.check(t) == []
     s.link(1, CONTROL, up=True, now=61.0)
     s.hellos_due(61.0)
     assert s.grant(1, 2, now=61.5)
-    assert s.window == 4  # its credits count at once
+    assert s.depth == 4  # its credits count at once
     assert [a.server for a in s.assignments(taken=0, now=61.6)] == [1, 1]
 
 
@@ -330,7 +348,7 @@ def test_undeliverable_reply_is_requested_again() -> None:
     s.undelivered(0, a.req_id, now=1.0)
     (again,) = s.assignments(taken=0, now=1.0)
     assert (again.index, again.retry) == (0, True)
-    assert s.on_reply(0, again.req_id, now=1.1) == Slot(1, 0, 4, retry=True)
+    assert _key(s.on_reply(0, again.req_id, now=1.1)) == (1, 0, 4, True)
 
 
 def test_unavailable_only_after_timeout_with_no_usable_server_and_work_left() -> None:
@@ -371,7 +389,7 @@ def test_consumer_not_taking_is_not_a_stall() -> None:
     s.on_reply(0, a.req_id, now=0.5)
     s.link(0, CONTROL, up=False, now=1.0)
     s.check(1.0)
-    s.check(60.0)  # window full (1 batch received, not taken): no server is needed now
+    s.check(60.0)  # as deep as allowed (1 batch received, not taken): no server is needed now
 
 
 def test_exactly_once_over_random_failures() -> None:
@@ -379,7 +397,7 @@ def test_exactly_once_over_random_failures() -> None:
     for trial in range(30):
         s = _sched(credits=(2, 3), grace=2.0)
         n = 40
-        s.start_epoch(1, _batches(n), first=0)
+        _start(s, 1, _batches(n))
         got: list[int] = []
         now = 0.0
         while len(got) < n:
@@ -406,13 +424,13 @@ def test_batch_size_plus_skipped_must_be_the_request() -> None:
     s = _sched(credits=(1,))
     (a,) = _running(s)
     slot = s.on_reply(0, a.req_id, now=0.1)
-    slot.check_size("tcp://a:1", a.req_id, 4, 0)
-    slot.check_size("tcp://a:1", a.req_id, 1, 3)  # short under --on-error skip
+    slot.check_size("tcp://a:1", 4, 0)
+    slot.check_size("tcp://a:1", 1, 3)  # short under --on-error skip
     with pytest.raises(ProtocolError, match=r"tcp://a:1: BATCH 1 has 3 samples and 0 skipped; "
                                             r"the request asked for 4"):
-        slot.check_size("tcp://a:1", a.req_id, 3, 0)
+        slot.check_size("tcp://a:1", 3, 0)
     with pytest.raises(ProtocolError, match="asked for 4"):
-        slot.check_size("tcp://a:1", a.req_id, 4, 1)
+        slot.check_size("tcp://a:1", 4, 1)
 
 
 def _rows(batches: Batches) -> list[list[list[int]]]:
@@ -422,75 +440,83 @@ def _rows(batches: Batches) -> list[list[list[int]]]:
 def test_an_appended_pass_is_requested_after_the_current_one_with_its_own_rows_and_tags(
         ) -> None:
     s = _sched(credits=(2, 2))
-    s.start_epoch(1, _batches(3), first=0, tags=Tags(7, 0, 0, 1))
+    current_pass = _plan(_batches(3), seed=7)
+    assert s.follow(Demand(1, (current_pass,)))
     current = s.assignments(taken=0, now=0)
     assert [a.index for a in current] == [0, 1, 2]  # nothing after
     nxt = Batches.of([[Range(1, 10 * i, 10 * i + 2)] for i in range(4)])
-    assert not s.extend_epoch(2, nxt, Tags(7, 1, 0, 1))  # not the current generation
-    assert s.extend_epoch(1, nxt, Tags(7, 1, 0, 1))
+    with pytest.raises(InternalError, match="generation 1"):
+        s.follow(Demand(1, ()))  # a demand of the same generation never drops a wanted batch
+    assert not s.follow(Demand(1, (current_pass, _plan(nxt, seed=7, epoch=1))))
     got = s.assignments(taken=0, now=0)
-    assert [a.index for a in got] == [3]  # the window (4) counts batches not taken
+    assert [a.index for a in got] == [3]  # the depth (4) counts batches not taken
     for a in current + got:
         assert s.on_reply(a.server, a.req_id, now=1) is not None
     got += s.assignments(taken=3, now=1)
     assert [a.index for a in got] == [3, 4, 5, 6]
     assert [a.ranges.tolist() for a in got] == _rows(nxt)
     assert [a.tag for a in got] == [BatchTag(7, 1, i) for i in range(4)]
-    assert s.assignments(taken=7, now=0) == [] and not s.window_full(7)
+    assert s.assignments(taken=7, now=0) == [] and not s.full(7)
 
 
-def test_extending_forgets_finished_passes_but_can_still_request_open_batches_again() -> None:
+def test_a_demand_that_advances_drops_the_pass_taken_and_open_batches_are_asked_again(
+        ) -> None:
     s = _sched(credits=(1, 1))
-    s.start_epoch(1, _batches(2), first=0)
+    a, b = _plan(_batches(2)), _plan(_batches(2), epoch=1)
+    _start(s, 1, _batches(2))
     first = s.assignments(taken=0, now=0)
-    assert [(a.server, a.index) for a in first] == [(0, 0), (1, 1)]
-    assert s.extend_epoch(1, _batches(2), Tags(0, 1, 0, 1))
+    assert [(x.server, x.index) for x in first] == [(0, 0), (1, 1)]
+    assert not s.follow(Demand(1, (a, b)))  # read ahead: the same generation
     s.on_reply(0, first[0].req_id, now=1)
     s.lost(1, now=1)  # batch 1 of the first pass is open: asked again of server 0
     again = s.assignments(taken=1, now=1)
-    assert [(a.server, a.index, a.retry) for a in again] == [(0, 1, True)]
+    assert [(x.server, x.index, x.retry) for x in again] == [(0, 1, True)]
     assert again[0].ranges.tolist() == [[0, 4, 8]] and again[0].tag == BatchTag(0, 0, 1)
+    with pytest.raises(InternalError, match="batch 1 not received"):
+        s.follow(Demand(1, (b,), first=2))  # no consumer begins b before batch 1 arrived
     s.on_reply(0, again[0].req_id, now=2)
-    assert s.extend_epoch(1, _batches(3), Tags(0, 2, 0, 1))  # the first pass is forgotten now
+    c = _plan(_batches(3), epoch=2)
+    assert not s.follow(Demand(1, (b, c), first=2))  # b begun, the first pass dropped
     nxt = s.assignments(taken=2, now=2)
-    assert [(a.index, a.tag) for a in nxt] == [(2, BatchTag(0, 1, 0))]
+    assert [(x.index, x.tag) for x in nxt] == [(2, BatchTag(0, 1, 0))]
 
 
-def test_the_window_grows_when_a_server_joins_mid_epoch_and_never_shrinks() -> None:
+def test_the_depth_grows_when_a_server_joins_mid_epoch_and_never_shrinks() -> None:
     s = _sched(credits=(2,))
-    s.start_epoch(1, _batches(8), first=0)
-    assert len(s.assignments(taken=0, now=0.5)) == 2 and s.window_full(0)
+    current = _plan(_batches(8))
+    assert s.follow(Demand(1, (current,)))
+    assert len(s.assignments(taken=0, now=0.5)) == 2 and s.full(0)
     new = s.add("tcp://new:1", now=1)
     s.link(new, CONTROL, up=True, now=1)
     s.hellos_due(1)
-    assert s.grant(new, 3, now=1) and s.window == 5
+    assert s.grant(new, 3, now=1) and s.depth == 5
     assert [(a.server, a.index) for a in s.assignments(taken=0, now=1.1)] == [
         (new, 2), (new, 3), (new, 4)]
-    assert s.extend_epoch(1, _batches(4), Tags()) and s.window == 5
+    assert not s.follow(Demand(1, (current, _plan(_batches(4))))) and s.depth == 5
     s.retire(new, now=2)
     s.lost(0, now=2)
     s.hellos_due(2)
     s.grant(0, 1, now=3)  # joined again with fewer credits: its share is its first join's
-    assert s.window == 5
+    assert s.depth == 5
 
 
-def test_a_pass_appended_ahead_is_not_waited_for_until_the_consumer_needs_it() -> None:
+def test_a_pass_read_ahead_is_not_waited_for_until_the_consumer_begins_it() -> None:
     s = _sched(credits=(2,), timeout=5.0, grace=1000.0)
-    s.start_epoch(1, _batches(2), first=0)
-    assert s.extend_epoch(1, _batches(3), Tags(0, 1, 0, 1))
+    a, b = _plan(_batches(2)), _plan(_batches(3), epoch=1)
+    assert s.follow(Demand(1, (a,)))
+    assert not s.follow(Demand(1, (a, b)))
     got = s.assignments(taken=0, now=0.0)
-    assert [a.index for a in got] == [0, 1]
-    for a in got:
-        s.on_reply(0, a.req_id, now=0.0)
-    assert [a.index for a in s.assignments(taken=2, now=0.0)] == [2, 3]  # read ahead
+    assert [x.index for x in got] == [0, 1]
+    for x in got:
+        s.on_reply(0, x.req_id, now=0.0)
+    assert [x.index for x in s.assignments(taken=2, now=0.0)] == [2, 3]  # read ahead
     s.link(0, CONTROL, up=False, now=1.0)
     for t in (1.0, 10.0, 100.0):  # the consumer finished its pass: nothing it needs waits
         s.check(t)
-    with pytest.raises(InternalError, match="needed"):
-        s.need(1, 6)  # beyond the generation
-    s.need(2, 5)  # another generation: ignored
+    with pytest.raises(InternalError, match="batch 2 not received"):
+        s.follow(Demand(1, (b,), first=3))  # beyond the pass's start
     s.check(200.0)
-    s.need(1, 5)  # the consumer began the pass read ahead
+    assert not s.follow(Demand(1, (b,), first=2))  # the consumer began the pass read ahead
     s.check(200.0)
     with pytest.raises(ServerUnavailable, match="no server usable for 5.1 s"):
         s.check(205.1)
@@ -515,7 +541,7 @@ def _alive(s: Scheduler, now: float) -> None:
 
 def test_a_late_batch_is_asked_of_another_server_and_the_first_reply_wins() -> None:
     s = _late_sched()
-    s.start_epoch(1, _batches(6), first=0, tags=Tags(9, 2, 0, 1))
+    _start(s, 1, _batches(6), seed=9, epoch=2)
     first = s.assignments(taken=0, now=0.0)
     assert [(a.index, a.server) for a in first] == [(0, 0), (1, 1), (2, 0), (3, 1)]
     for a in first[1:]:  # every batch but 0 is answered at once
@@ -530,14 +556,14 @@ def test_a_late_batch_is_asked_of_another_server_and_the_first_reply_wins() -> N
     assert [(a.index, a.server, a.retry) for a in again][0] == (0, 1, True)  # not server 0
     _alive(s, 5.5)
     assert s.state(0) is State.UP  # a late request says nothing of its server's liveness
-    assert s.on_reply(1, again[0].req_id, now=6.0) == Slot(1, 0, 4, retry=True)
+    assert _key(s.on_reply(1, again[0].req_id, now=6.0)) == (1, 0, 4, True)
     assert s.on_reply(0, first[0].req_id, now=7.0) is None  # the late reply: discarded
     assert 0 not in [r.index for r in s.late(100.0)]  # done with: never late again
 
 
 def test_a_late_batch_fails_when_no_other_server_can_take_it() -> None:
     s = _late_sched(credits=(2,))
-    s.start_epoch(1, _batches(4), first=0, tags=Tags(9, 0, 0, 1))
+    _start(s, 1, _batches(4), seed=9)
     a, b = s.assignments(taken=0, now=0.0)
     s.on_reply(0, b.req_id, now=1.0)
     _alive(s, 5.0)
@@ -549,7 +575,7 @@ def test_a_late_batch_fails_when_no_other_server_can_take_it() -> None:
 
 def test_a_late_batch_asked_again_fails_when_that_request_is_late_too() -> None:
     s = _late_sched()
-    s.start_epoch(1, _batches(4), first=0)
+    _start(s, 1, _batches(4))
     first = s.assignments(taken=0, now=0.0)
     for a in first[1:]:
         s.on_reply(a.server, a.req_id, now=0.1)
@@ -566,7 +592,7 @@ def test_a_late_batch_asked_again_fails_when_that_request_is_late_too() -> None:
 
 def test_a_late_batch_waiting_for_credit_fails_after_the_timeout() -> None:
     s = _late_sched(credits=(1, 1))
-    s.start_epoch(1, _batches(4), first=0)
+    _start(s, 1, _batches(4))
     a, b = s.assignments(taken=0, now=0.0)  # both servers hold one batch each, never answered
     late = s.late(5.01)
     assert [(x.index, x.failed) for x in late] == [(0, False), (1, False)]
@@ -577,7 +603,7 @@ def test_a_late_batch_waiting_for_credit_fails_after_the_timeout() -> None:
 
 def test_no_request_timeout_means_no_late_batch() -> None:
     s = _late_sched(request_timeout=float("inf"))
-    s.start_epoch(1, _batches(4), first=0)
+    _start(s, 1, _batches(4))
     s.assignments(taken=0, now=0.0)
     assert s.late(1e9) == []
 
@@ -589,7 +615,7 @@ def test_late_requests_at_random_keep_every_batch_once_answered_or_failed(seed: 
     rng = __import__("random").Random(seed)
     s = _late_sched(credits=(2, 1, 2), request_timeout=2.0)
     n = 30
-    s.start_epoch(1, _batches(n), first=0)
+    _start(s, 1, _batches(n))
     due: dict[tuple[int, int], float] = {}  # (server, req_id) -> when its reply comes
     accepted: list[int] = []
     failed: list[int] = []

@@ -17,6 +17,7 @@ from dataflow.plan import (
     epoch_size,
     rank_batches,
 )
+from dataflow.shuffle import Shuffle
 
 
 def _size_vectors() -> list[list[int]]:
@@ -80,8 +81,8 @@ def test_exactly_once_equal_counts(world_size: int, drop_last: bool, shuffle: st
         for batch_size in BATCHES:
             for epoch in (0, 3):
                 kw = dict(world_size=world_size, epoch=epoch, seed=7, batch_size=batch_size,
-                          shuffle=shuffle, drop_last=drop_last, shuffle_window=50,
-                          block_size=5, window=3)
+                          shuffle=Shuffle(shuffle, shuffle_window=50, block_size=5, window=3),
+                          drop_last=drop_last)
                 ranks = _all_ranks(sizes, **kw)
                 size = epoch_size(total, world_size=world_size, batch_size=batch_size,
                                   drop_last=drop_last)
@@ -118,7 +119,7 @@ def _run(sizes: list[int], world_size: int, start: int, k: int | None, drop_last
     Returns the sample ids it read, the new start, and its epoch size.
     """
     kw = dict(world_size=world_size, epoch=2, seed=11, batch_size=batch_size,
-              drop_last=drop_last, shuffle_window=40)
+              drop_last=drop_last, shuffle=Shuffle(shuffle_window=40))
     total = int(sum(sizes))
     size = epoch_size(total, world_size=world_size, batch_size=batch_size, drop_last=drop_last,
                       start=start)
@@ -129,7 +130,7 @@ def _run(sizes: list[int], world_size: int, start: int, k: int | None, drop_last
     new_start = consumed(start, world_size=world_size, batch_size=batch_size,
                          batches_yielded=k, total=total, drop_last=drop_last)
     if k < size.batches_per_rank:
-        order = epoch_order(sizes, epoch=2, seed=11, shuffle_window=40)
+        order = epoch_order(sizes, epoch=2, seed=11, shuffle=Shuffle(shuffle_window=40))
         assert sorted(ids.tolist()) == sorted(order[start:new_start].tolist())
     return ids, new_start, size
 
@@ -220,7 +221,7 @@ def test_a_resume_on_the_same_world_size_reads_the_uninterrupted_batches(
         total = int(sum(sizes))
         for batch_size in (1, 3, 8):
             kw = dict(world_size=world_size, epoch=1, seed=4, batch_size=batch_size,
-                      drop_last=drop_last, shuffle_window=30)
+                      drop_last=drop_last, shuffle=Shuffle(shuffle_window=30))
             whole = _all_ranks(sizes, **kw)
             n = len(whole[0])
             for k in sorted({0, min(1, n), n // 2, max(n - 1, 0), n}):
@@ -244,7 +245,7 @@ def test_identity_order_without_shuffle() -> None:
 @pytest.mark.parametrize("shuffle", ["sample", "block"])
 def test_deterministic_and_epochs_differ(seed: int, shuffle: str) -> None:
     sizes = [300, 17, 250, 0, 90, 400]
-    kw = dict(world_size=4, seed=seed, batch_size=16, block_size=8, shuffle=shuffle)
+    kw = dict(world_size=4, seed=seed, batch_size=16, shuffle=Shuffle(shuffle, block_size=8))
     a = _all_ranks(sizes, epoch=1, **kw)
     assert a == _all_ranks(sizes, epoch=1, **kw)
     assert a != _all_ranks(sizes, epoch=2, **kw)
@@ -297,9 +298,6 @@ def test_few_ranges_for_large_shards() -> None:
         (dict(batch_size=0), "batch_size"),
         (dict(seed=-1), "seed"),
         (dict(epoch=-2), "epoch"),
-        (dict(block_size=0), "block_size"),
-        (dict(window=0), "window"),
-        (dict(shuffle_window=0), "shuffle_window"),
         (dict(shuffle="blocks"), "shuffle"),
         (dict(start=-1), "start"),
         (dict(start=8), "start"),

@@ -10,6 +10,7 @@ import pytest
 
 from dataflow.plan import rank_batches
 from dataflow.server.admission import range_problem
+from dataflow.shuffle import Shuffle
 
 SIZES = np.array([10, 0, 7], dtype=np.int64)
 NAMES = ("a.arrow", "empty.arrow", "b.arrow")
@@ -67,6 +68,6 @@ def test_every_batch_of_a_plan_is_a_valid_request(world_size, batch_size, drop_l
         for start in (0, 11, 27):
             batches = rank_batches(sizes, world_size=world_size, rank=rank, epoch=1, seed=3,
                                    batch_size=batch_size, drop_last=drop_last, start=start,
-                                   shuffle=shuffle, block_size=2)
+                                   shuffle=Shuffle(shuffle, block_size=2))
             for i in range(len(batches)):
                 assert range_problem(batches.rows(i), sizes, names, batch_size) is None

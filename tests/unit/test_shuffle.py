@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from dataflow.bench.experiments.mixing import distinct_classes, kept_pairs
+from dataflow.errors import ConfigError
 from dataflow.plan import Range, rank_batches
-from dataflow.shuffle import epoch_order
+from dataflow.shuffle import Shuffle, as_shuffle, epoch_order
 
 CLASSES, PER_CLASS, SHARDS, BATCH = 100, 400, 20, 256
 SIZES = [CLASSES * PER_CLASS // SHARDS] * SHARDS  # class-sorted: shard s holds 5 classes
@@ -58,7 +59,7 @@ def test_default_positions_are_uniform_per_class() -> None:
 
 
 def test_block_mode_quality_as_documented() -> None:
-    kw = dict(shuffle="block", block_size=64, window=8)
+    kw = dict(shuffle=Shuffle("block", block_size=64, window=8))
     assert 3 < _distinct_classes(_plan_batches(0, **kw)) < 8
     assert _kept_pairs(_plan_batches(0, **kw), _plan_batches(1, **kw)) > 0.1
 
@@ -67,7 +68,7 @@ def test_block_mode_quality_as_documented() -> None:
 def test_sample_mode_stays_within_its_window(window: int) -> None:
     """Each sample moves less than one window from its place in the shuffled-shard order."""
     sizes = [0, 3000, 12000, 0, 25000]
-    order = epoch_order(sizes, epoch=2, seed=4, shuffle_window=window)
+    order = epoch_order(sizes, epoch=2, seed=4, shuffle=Shuffle(shuffle_window=window))
     shard_order = np.random.Generator(np.random.PCG64([4, 2])).permutation(len(sizes))
     offsets = np.cumsum(sizes) - sizes
     unshuffled = np.concatenate([np.arange(offsets[s], offsets[s] + sizes[s])
@@ -85,10 +86,34 @@ def test_sample_mode_stays_within_its_window(window: int) -> None:
 
 def test_window_boundaries_move_between_epochs() -> None:
     def head(epoch: int) -> int:
-        order = epoch_order([100, 100, 100], epoch=epoch, seed=0, shuffle_window=64)
+        order = epoch_order([100, 100, 100], epoch=epoch, seed=0,
+                            shuffle=Shuffle(shuffle_window=64))
         rng = np.random.Generator(np.random.PCG64([0, epoch]))
         shards = rng.permutation(3)
         first = np.arange(shards[0] * 100, shards[0] * 100 + 64)
         return int(np.isin(order[:64], first).sum())
 
     assert len({head(epoch) for epoch in range(8)}) > 1
+
+
+@pytest.mark.parametrize("knobs, field", [
+    (dict(block_size=0), "block_size"),
+    (dict(window=0), "window"),
+    (dict(shuffle_window=0), "shuffle_window"),
+    (dict(shuffle_window=True), "shuffle_window"),
+    (dict(block_size=2.0), "block_size"),
+    (dict(mode="blocks"), "shuffle"),
+])
+def test_a_shuffle_is_validated_when_made_naming_the_knob(knobs: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=f"`{field}`.*Found"):
+        Shuffle(**knobs)
+
+
+def test_a_shuffle_is_one_value_with_the_state_s_names_and_plain_scalars() -> None:
+    how = Shuffle(True, shuffle_window=np.int64(64), block_size=4, window=2)
+    assert how == Shuffle("sample", 64, 4, 2) and how.mode == "sample"
+    assert how.fields() == {"shuffle": "sample", "shuffle_window": 64, "block_size": 4,
+                            "window": 2}
+    assert all(type(v) in (str, int) for v in how.fields().values())
+    assert as_shuffle(False) == Shuffle("none") and as_shuffle(how) is how
+    assert hash(how) == hash(Shuffle("sample", 64, 4, 2))  # frozen: a dict key, a set member

@@ -1,0 +1,128 @@
+"""Fetching what the consumer wants: which batches are requested, open, late, or to ask again.
+Pure, no sockets.
+
+The consumer's :class:`~dataflow.client.stream.Demand` names the batches of one stream
+generation; a :class:`Fetch` follows it while it grows (a pass appended, read ahead) and
+advances (the consumer began that pass), and a new generation gets a new :class:`Fetch`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dataflow.client.slots import Slot
+from dataflow.client.stream import Demand
+from dataflow.errors import InternalError
+from dataflow.wire import BatchTag
+
+
+@dataclass
+class Fetch:
+    """The requests for ``demand``'s batches: which are requested, which are *open*
+    (requested, no reply accepted yet) and which to request again.
+
+    Batches are requested in order from ``demand.first``, at most ``depth`` of them requested
+    and not taken by the consumer (who took ``taken``: the index of the batch it takes next).
+
+    Thread invariant: used by the I/O thread only (through the scheduler).
+    """
+
+    demand: Demand
+    next_request: int = field(init=False)
+    open: set[int] = field(default_factory=set)
+    retry: list[int] = field(default_factory=list)  # a heap of open batches to request again
+    late: dict[int, float] = field(default_factory=dict)  # open batch -> when it was re-asked
+    # for want of a reply within the request timeout
+
+    def __post_init__(self) -> None:
+        self.next_request = self.demand.first
+
+    @property
+    def gen(self) -> int:
+        return self.demand.gen
+
+    def follow(self, demand: Demand) -> None:
+        """The consumer's demand of this generation changed: a pass was appended, or the
+        consumer began it (the pass before it, taken whole, is dropped).
+
+        Raises:
+            InternalError: ``demand`` is of another generation, drops a batch not received
+                yet, or ends before a batch already wanted.
+        """
+        lowest = min(self.open, default=self.next_request)
+        if (demand.gen != self.gen or not self.demand.first <= demand.first <= lowest
+                or demand.end < self.demand.end):
+            raise InternalError(f"demand of generation {demand.gen} for batches "
+                                f"[{demand.first}, {demand.end}) after generation {self.gen}'s "
+                                f"[{self.demand.first}, {self.demand.end}) with batch {lowest} "
+                                "not received")
+        self.demand = demand
+
+    def batch(self, index: int) -> tuple[np.ndarray, BatchTag]:
+        """Batch ``index``'s ``(shard, start, stop)`` rows and its tag."""
+        return self.demand.batch(index)
+
+    def _unsent_due(self, taken: int, depth: int) -> bool:
+        return self.next_request < self.demand.end and self.next_request - taken < depth
+
+    def peek(self, taken: int, depth: int) -> int | None:
+        """The batch to request next, or None: the lowest open batch to request again, else
+        the next in order while fewer than ``depth`` are requested and not taken."""
+        while self.retry and self.retry[0] not in self.open:
+            heapq.heappop(self.retry)
+        if self.retry:
+            return self.retry[0]
+        return self.next_request if self._unsent_due(taken, depth) else None
+
+    def retrying(self, index: int) -> bool:
+        """Whether :meth:`peek`'s ``index`` is a batch to request again."""
+        return bool(self.retry) and self.retry[0] == index
+
+    def claim(self, index: int) -> bool:
+        """The batch :meth:`peek` gave is requested now; returns whether it is a re-request."""
+        if self.retry and self.retry[0] == index:
+            heapq.heappop(self.retry)
+            return True
+        self.next_request += 1
+        self.open.add(index)
+        return False
+
+    def full(self, taken: int, depth: int) -> bool:
+        """True when only the consumer taking batches lets more requests go out."""
+        return (not self.retry and self.next_request < self.demand.end
+                and self.next_request - taken >= depth)
+
+    def waiting(self, taken: int, depth: int) -> bool:
+        """Whether a server is needed now: batches of the pass the consumer reads open, or
+        due to be requested (not those of a pass read ahead that it has not begun)."""
+        needed = self.demand.needed
+        return (any(i < needed for i in self.open)
+                or (self._unsent_due(taken, depth) and self.next_request < needed))
+
+    def accept(self, slot: Slot) -> bool:
+        """A reply for ``slot`` arrived: True when it is the first for an open batch of this
+        generation (the batch is then closed)."""
+        if slot.gen != self.gen or slot.index not in self.open:
+            return False
+        self.close(slot.index)
+        return True
+
+    def close(self, index: int) -> None:
+        """Batch ``index`` is done with (answered, or failed): later replies are discarded."""
+        self.open.discard(index)
+        self.late.pop(index, None)
+
+    def again(self, index: int) -> None:
+        """A reply accepted for ``index`` could not be delivered: request it again."""
+        self.open.add(index)
+        heapq.heappush(self.retry, index)
+
+    def requeue(self, indexes: Iterable[int]) -> None:
+        """Request these batches again, those still open and not queued already."""
+        for index in indexes:
+            if index in self.open and index not in self.retry:
+                heapq.heappush(self.retry, index)

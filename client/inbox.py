@@ -1,0 +1,194 @@
+"""What the client's I/O thread does with each message a server sends.
+
+BATCH replies are received into the sink, checked against their request and handed over in
+stream order; request errors either re-queue the batch or raise; session errors lose the server
+(its batches go to the others). Messages of a server that is joining go to its join
+(:mod:`dataflow.client.joins`); once it joined, the hand-off makes room for its credits and
+admits it (the first one starts the loader: :meth:`Handoff.admitted`). Decisions are the
+scheduler's (:mod:`dataflow.client.scheduler`); this is the glue between it and the sockets.
+
+Thread invariant: used by the client's I/O thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from dataflow import wire
+from dataflow.client.buffers import CudaSink, HostSink, Received
+from dataflow.client.handoff import Failed, Handoff
+from dataflow.client.joins import Joins
+from dataflow.client.links import Links
+from dataflow.client.receive import drain, receive_batch, receive_header
+from dataflow.client.reorder import Reorder
+from dataflow.client.scheduler import Late, Scheduler, State
+from dataflow.client.stream import Demand
+from dataflow.errors import ProtocolError, RemoteError, RequestTimeout
+from dataflow.wire import ErrorKind
+
+log = logging.getLogger("dataflow.client")
+
+DRAIN_PER_WAKE = 64
+# Replies to these request errors are not the request's answer: the batch goes elsewhere.
+SERVER_GONE = (ErrorKind.SERVER_STOPPING, ErrorKind.UNKNOWN_CLIENT)
+
+
+class Inbox:
+    """What one loader's I/O thread does with the servers' messages. Servers are known by
+    their numbers; their endpoints are the scheduler's."""
+
+    def __init__(self, scheduler: Scheduler, handoff: Handoff[Received], joins: Joins,
+                 links: Links, sink: HostSink | CudaSink) -> None:
+        self._scheduler = scheduler
+        self._handoff = handoff
+        self._joins = joins
+        self._data = links.data
+        self._sink = sink
+        self._reorder: Reorder[Received | Failed] = Reorder(0, 0)
+
+    def _endpoint(self, server: int) -> str:
+        return self._scheduler.endpoint(server)
+
+    def follow(self, demand: Demand) -> None:
+        """Fetch what the consumer wants read now; batches of an older generation held for
+        reordering are dropped."""
+        if self._scheduler.follow(demand):
+            self._reorder.clear()
+            self._reorder = Reorder(demand.first, self._scheduler.depth)
+
+    def close(self) -> None:
+        """Release the batches held for reordering."""
+        self._reorder.clear()
+
+    def receive_all(self, sock: zmq.Socket, server: int, reader: int) -> None:
+        for _ in range(DRAIN_PER_WAKE):
+            if sock not in self._data and reader >= 0:
+                return  # closed: its server was lost while its messages were read
+            msg = receive_header(sock, self._endpoint(server))
+            if msg is None:
+                return
+            self._on_message(sock, server, reader, msg)
+
+    # -- messages -------------------------------------------------------------------------------
+
+    def _on_message(self, sock: zmq.Socket, server: int, reader: int,
+                    msg: wire.Message) -> None:
+        """A message from ``server`` (``reader`` -1: its control connection)."""
+        now = time.monotonic()
+        state = self._scheduler.state(server)
+        if isinstance(msg, wire.BatchMsg):
+            self._on_batch(sock, server, msg, now)
+        elif (isinstance(msg, wire.ErrorMsg) and msg.req_id >= 0
+              and msg.kind not in SERVER_GONE):
+            self._on_request_error(server, msg, now)
+        elif state is State.JOINING:
+            index = self._joins.on_message(server, reader, msg, now)
+            if index is not None:
+                self._grow()
+                self._handoff.admitted(self._endpoint(server), index)
+        elif isinstance(msg, wire.Heartbeat):
+            self._scheduler.heard(server, now)
+        elif isinstance(msg, wire.Index) and state is State.DOWN:
+            log.debug("%s: INDEX after its join was given up (ignored)", self._endpoint(server))
+        elif isinstance(msg, wire.Index):
+            self._on_index_again(server, msg, now)
+        elif isinstance(msg, wire.ErrorMsg):
+            self._on_server_error(server, msg, now)
+        else:
+            raise ProtocolError(f"{self._endpoint(server)}: unexpected "
+                                f"{wire.kind_of(msg).name} message")
+
+    def _on_index_again(self, server: int, msg: wire.Index, now: float) -> None:
+        """An INDEX from a joined server: the answer to a HELLO of an earlier, given-up join
+        (the same session: nothing to do), or a new session (this one is gone: join again)."""
+        if msg.session != self._joins.session(server):
+            self._lose(server, now, "it answered with a new session", hello=True)
+
+    def _on_batch(self, sock: zmq.Socket, server: int, msg: wire.BatchMsg, now: float) -> None:
+        endpoint = self._endpoint(server)
+        slot = self._scheduler.on_reply(server, msg.req_id, now)
+        if slot is None:
+            drain(sock)
+            return
+        try:
+            slot.check_size(endpoint, msg.size, msg.skipped)
+        except ProtocolError:
+            drain(sock)
+            raise
+        ready = receive_batch(sock, endpoint, msg, self._sink)
+        if msg.skipped:
+            self._handoff.count("skipped", msg.skipped)
+        if slot.retry:
+            self._handoff.count("recovered")
+        self._hand_over(slot.gen, slot.index, ready)
+
+    def _on_request_error(self, server: int, msg: wire.ErrorMsg, now: float) -> None:
+        """A request failed: the batch is requested again (undeliverable), or its error takes
+        its place in stream order, raised when the consumer reaches it."""
+        if msg.kind is ErrorKind.UNDELIVERABLE:
+            self._scheduler.undelivered(server, msg.req_id, now)
+            return
+        slot = self._scheduler.on_reply(server, msg.req_id, now)
+        if slot is not None:
+            self._hand_over(slot.gen, slot.index,
+                            Failed(RemoteError(self._endpoint(server), msg.kind,
+                                               msg.message)))
+
+    def late(self, late: Late, *, request_timeout: float) -> None:
+        """A batch got no reply within ``request_timeout``: log its request to another server,
+        or put its :class:`~dataflow.errors.RequestTimeout` in its place."""
+        asked = ", ".join(f"{self._endpoint(i)} (transform "
+                          f"{self._joins.transform(i)}, asked {age:.1f} s ago)"
+                          for i, age in late.asked)
+        what = f"batch {late.tag.batch} of epoch {late.tag.epoch}"
+        if not late.again:
+            self._handoff.count("late")
+        if not late.failed:
+            log.warning("%s: no reply within request_timeout %g s from %s; asking another "
+                        "server", what, request_timeout, asked)
+            return
+        why = ("asked of another server too" if late.again
+               else "no other server could take it")
+        error = RequestTimeout(", ".join(self._endpoint(i) for i, _ in late.asked),
+                               f"no reply within request_timeout {request_timeout:g} s to "
+                               f"{what} (global batch index) from {asked}; {why}",
+                               epoch=late.tag.epoch, batch=late.tag.batch)
+        self._hand_over(late.gen, late.index, Failed(error))
+
+    def _hand_over(self, gen: int, index: int, item: Received | Failed) -> None:
+        for i, due in self._reorder.add(index, item):
+            self._handoff.deliver(gen, i, due)
+
+    def _on_server_error(self, server: int, msg: wire.ErrorMsg, now: float) -> None:
+        """An ERROR about the session, not about one request."""
+        joined = self._scheduler.state(server) in (State.UP, State.SUSPECT)
+        if msg.kind is ErrorKind.SERVER_STOPPING and joined:
+            self._lose(server, now, f"stopping ({msg.message})", hello=False)
+        elif msg.kind is ErrorKind.SERVER_STOPPING:
+            self._joins.failed(server, now, RemoteError(self._endpoint(server), msg.kind,
+                                                        msg.message))
+        elif msg.kind is ErrorKind.UNKNOWN_CLIENT:
+            if joined:
+                self._lose(server, now, f"it lost this client's session ({msg.message})",
+                           hello=True)
+        elif not joined:
+            log.debug("%s: %s after its join was given up (ignored): %s",
+                      self._endpoint(server), msg.kind, msg.message)
+        else:
+            raise RemoteError(self._endpoint(server), msg.kind, msg.message)
+
+    def _lose(self, server: int, now: float, why: str, *, hello: bool) -> None:
+        log.warning("%s: lost: %s; its batches go to the other servers",
+                    self._endpoint(server), why)
+        self._scheduler.lost(server, now, hello=hello)
+        self._joins.drop_data(server)
+        self._handoff.count("servers_lost")
+
+    def _grow(self) -> None:
+        """The scheduler's depth may have grown (a server joined): the reorder buffer and the
+        hand-off hold that many from now on."""
+        self._reorder.grow(self._scheduler.depth)
+        self._handoff.set_capacity(self._scheduler.depth)

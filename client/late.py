@@ -1,0 +1,95 @@
+"""Requests that take too long: the request timeout's rule. Pure, no sockets.
+
+A batch whose every request at a usable server was sent more than ``request_timeout`` seconds
+ago, without a reply, is *late*: it is requested again, before any new batch, from a usable
+server that does not hold it (the first reply is accepted, as in failover); when there is
+none, or that request too is not answered within ``request_timeout`` (counted from when it was
+decided), the batch fails. A late request says nothing about its server's liveness: the server
+keeps its other requests and gets new ones. Applied by :meth:`~dataflow.client.scheduler.
+Scheduler.late` to its records, with the time passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dataflow.client.fetch import Fetch
+from dataflow.client.servers import ServerRecord, State
+from dataflow.client.slots import Slot
+from dataflow.wire import BatchTag
+
+
+@dataclass(frozen=True)
+class Late:
+    """Batch ``index`` of generation ``gen`` (``tag``) got no reply within the request timeout.
+
+    Attributes:
+        asked: ``(server, seconds since its request was sent)`` of each usable server holding
+            a request for it.
+        failed: no other server could take it (or its request again was late too): the batch
+            fails; else it is requested again from another server.
+        again: it was late before (it was requested again already).
+    """
+
+    gen: int
+    index: int
+    tag: BatchTag
+    asked: tuple[tuple[int, float], ...]
+    failed: bool
+    again: bool
+
+
+def _held(fetch: Fetch, servers: Sequence[ServerRecord]) -> dict[int, list[Slot]]:
+    """Open batches of ``fetch`` with requests at usable servers: index -> those requests."""
+    held: dict[int, list[Slot]] = {}
+    for s in servers:
+        if s.state is State.UP:
+            for slot in s.outstanding.values():
+                if slot.gen == fetch.gen and slot.index in fetch.open:
+                    held.setdefault(slot.index, []).append(slot)
+    return held
+
+
+def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
+              limit: float) -> list[Late]:
+    """Apply the request timeout ``limit`` (seconds; infinite: never) at ``now``.
+
+    Returns:
+        The batches found late now, in order: requested again (``failed`` False: queued in
+        ``fetch`` to be asked of another server), or failed (closed: a reply for it is
+        discarded; the caller puts its error in its place).
+    """
+    if math.isinf(limit):
+        return []
+    out = []
+    up = {i for i, s in enumerate(servers) if s.state is State.UP}
+    for index, holders in sorted(_held(fetch, servers).items()):
+        if any(now - slot.sent <= limit for slot in holders):
+            continue
+        since = fetch.late.get(index)
+        if since is not None and now - since <= limit:
+            continue  # requested again: waiting for a server's credit
+        failed = since is not None or not up - {slot.server for slot in holders}
+        if failed:
+            fetch.close(index)
+        else:
+            fetch.late[index] = now
+            fetch.requeue([index])
+        asked = tuple((slot.server, now - slot.sent) for slot in holders)
+        out.append(Late(fetch.gen, index, holders[0].tag, asked, failed, since is not None))
+    return out
+
+
+def late_in(fetch: Fetch, servers: Sequence[ServerRecord], now: float, limit: float) -> float:
+    """Seconds until :func:`find_late` may find a batch late."""
+    if math.isinf(limit):
+        return math.inf
+    soonest = math.inf
+    for index, holders in _held(fetch, servers).items():
+        due = max(slot.sent for slot in holders) + limit
+        if index in fetch.late:
+            due = max(due, fetch.late[index] + limit)
+        soonest = min(soonest, due - now)
+    return soonest
