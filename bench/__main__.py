@@ -19,7 +19,7 @@ from dataflow.demo import FORMATS
 from dataflow.errors import DataflowError
 
 QUICK = {"warmup": 5, "steps": 100, "repeats": 1}
-DEMO_DEFAULTS = {"shards": 8, "samples_per_shard": 1000}
+DEMO_DEFAULTS = {"shards": 8, "samples_per_shard": 1000, "image_shape": (3, 64, 64)}
 
 STEP_HELP = (
     "step mode. gpu: calibrated fp16 matmul chain on the default CUDA stream, wait and "
@@ -56,6 +56,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="demo dataset shards (default: %(default)s)")
     g.add_argument("--samples-per-shard", type=int, default=DEMO_DEFAULTS["samples_per_shard"],
                    help="demo dataset samples per shard (default: %(default)s)")
+    g.add_argument("--image-shape", type=lambda t: tuple(_csv(int, t)),
+                   default=DEMO_DEFAULTS["image_shape"], metavar="C,H,W",
+                   help="demo dataset image shape, uint8 (default: 3,64,64; 3,224,224 is the "
+                   "large-sample preset, 150 KB a sample)")
     g.add_argument("--loaders", type=_loaders, default=list(d.loaders),
                    help=f"comma-separated, from {','.join(LOADERS)}; peers not installed are "
                    f"skipped with a message (default: {','.join(d.loaders)})")
@@ -226,11 +230,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The :class:`BenchConfig` for parsed arguments, writing the demo data when needed."""
     data = list(args.data)
     if not data:
+        shape = ("" if args.image_shape == DEMO_DEFAULTS["image_shape"]
+                 else "-" + "x".join(map(str, args.image_shape)))
         demo_dir = os.path.join(args.out, f"demo-{args.format}-{args.shards}x"
-                                f"{args.samples_per_shard}")
+                                f"{args.samples_per_shard}{shape}")
         print(f"demo data: {demo_dir}", flush=True)
         data = [ensure_demo(demo_dir, fmt=args.format, shards=args.shards,
-                            samples_per_shard=args.samples_per_shard)]
+                            samples_per_shard=args.samples_per_shard,
+                            image_shape=args.image_shape)]
     timing = dict(QUICK) if args.quick or args.command == "demo" else {
         "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats}
     return BenchConfig(

@@ -95,7 +95,8 @@ def warm_page_cache(data: BenchData) -> str:
     return state
 
 
-def ensure_demo(out: str, *, fmt: str, shards: int, samples_per_shard: int) -> str:
+def ensure_demo(out: str, *, fmt: str, shards: int, samples_per_shard: int,
+                image_shape: tuple[int, ...] = DemoSpec.image_shape) -> str:
     """Write the demo dataset into ``out`` unless the same one is already there.
 
     Args:
@@ -103,13 +104,15 @@ def ensure_demo(out: str, *, fmt: str, shards: int, samples_per_shard: int) -> s
         fmt: ``arrow``, ``tar`` or ``parquet``.
         shards: shard count.
         samples_per_shard: mean samples per shard (sizes are uneven, as in real datasets).
+        image_shape: each sample's uint8 image shape.
 
     Returns:
         The directory, usable as a dataset spec.
     """
-    spec = DemoSpec(fmt=fmt, shards=shards, samples_per_shard=samples_per_shard, uneven=True)
+    spec = DemoSpec(fmt=fmt, shards=shards, samples_per_shard=samples_per_shard, uneven=True,
+                    image_shape=tuple(image_shape))
     wanted = {"format": fmt, "shards": shards, "samples_per_shard": samples_per_shard,
-              "uneven": spec.uneven}
+              "uneven": spec.uneven, "image_shape": list(spec.image_shape)}
     marker = os.path.join(out, _DEMO_MARKER)
     try:
         with open(marker) as f:

@@ -13,6 +13,7 @@ from dataflow.bench.config import BenchConfig
 from dataflow.bench.session import free_tag
 from dataflow.bench.sweep import point_config
 from dataflow.errors import ConfigError
+from dataflow.readers import open_shard
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,6 +78,16 @@ def test_cli_parses_into_config(tmp_path):
     cfg = config_from_args(args)
     assert cfg.loaders == ("torch", "dataflow")
     assert (cfg.step, cfg.step_ms, cfg.repeats, cfg.steps) == ("cpu", 3.0, 1, 100)
+
+
+def test_image_shape_makes_its_own_demo_dataset(tmp_path):
+    args = build_parser().parse_args(
+        ["run", "--format", "arrow", "--shards", "2", "--samples-per-shard", "3",
+         "--image-shape", "3,8,4", "--out", str(tmp_path)])
+    cfg = config_from_args(args)
+    assert cfg.data == (str(tmp_path / "demo-arrow-2x3-3x8x4"),)
+    reader = open_shard(sorted(Path(cfg.data[0]).glob("*.arrow"))[0].as_posix())
+    assert reader.read(0, 2)["image"].shape == (2, 3, 8, 4)
 
 
 def test_cli_rejects_unknown_loader(capsys):
