@@ -52,7 +52,7 @@ from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex
 from dataflow.security import ClientCurve, generate_keys, secure_client
 from dataflow.server import ServerHandle, launch
-from dataflow.server.config import parse_args
+from dataflow.server.flags import parse_args
 from dataflow.server.memory import MemoryBound, memory_bound
 
 ATTACKS = ("router", "data", "zmtp", "flood")

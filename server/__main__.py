@@ -20,7 +20,8 @@ from dataflow.indexcache import load_index
 from dataflow.remote import session
 from dataflow.scan import ScanOptions, resolve_dataset
 from dataflow.server import health
-from dataflow.server.config import ServerConfig, parse_args
+from dataflow.server.config import ServerConfig
+from dataflow.server.flags import parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.metrics import ServerMetrics
 from dataflow.server.pool import WorkerPool

@@ -21,7 +21,7 @@ from manifests import (
     render,
 )
 
-from dataflow.server.config import build_parser as server_parser
+from dataflow.server.flags import build_parser as server_parser
 from dataflow.server.health import build_parser as health_parser
 
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")

@@ -138,7 +138,7 @@ def test_serving_options_mask_or_refuse_nulls() -> None:
 
 
 def test_server_flags_make_read_options(capsys: pytest.CaptureFixture[str]) -> None:
-    from dataflow.server.config import parse_args
+    from dataflow.server.flags import parse_args
 
     config = parse_args(["--data", "d", "--columns", "image", "id", "--drop-columns",
                          "image.path", "--fill-value", "label=-1", "--nulls", "fill",

@@ -7,7 +7,7 @@ import pytest
 from dataflow.errors import ConfigError
 from dataflow.remote import RemoteConfig, parse_size, parse_storage_options
 from dataflow.remoteerrors import describe, endpoint_of, is_throttle
-from dataflow.server.config import parse_args
+from dataflow.server.flags import parse_args
 
 
 def test_flags_override_the_environment_and_values_are_json_when_they_parse() -> None:

@@ -22,7 +22,7 @@ from dataflow.security import (
     handshake_failure,
     server_curve,
 )
-from dataflow.server.config import parse_args
+from dataflow.server.flags import parse_args
 
 
 @pytest.fixture

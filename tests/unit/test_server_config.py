@@ -6,7 +6,7 @@ import pytest
 
 from dataflow.errors import ConfigError
 from dataflow.server import ServerConfig
-from dataflow.server.config import build_parser, parse_args
+from dataflow.server.flags import build_parser, parse_args
 
 
 def test_caps_have_defaults_that_fit_together() -> None:

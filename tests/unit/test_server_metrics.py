@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dataflow.errors import ConfigError, InternalError
 from dataflow.server import ServerConfig
-from dataflow.server.config import build_parser, parse_args
+from dataflow.server.flags import build_parser, parse_args
 from dataflow.server.frontend import COUNTERS
 from dataflow.server.metrics import (
     METRICS,
