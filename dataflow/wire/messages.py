@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import IntEnum
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from dataflow.errors import ProtocolError
+from dataflow.errors import ErrorKind, ProtocolError
 
 MAGIC = "dataflow"
 VERSION = 1
@@ -40,48 +40,6 @@ class Kind(IntEnum):
     BYE = 7
     STATS = 8
     STATS_REPLY = 9
-
-
-class ErrorKind(str, Enum):
-    """What failed, the ``kind`` of an ERROR message (str-valued: ``kind == "UnknownClient"``).
-
-    Attributes:
-        PROTOCOL: the peer sent a malformed or refused message (also: over credits, duplicate
-            request id, invalid ranges).
-        UNKNOWN_CLIENT: no session for this client (never opened, freed, or server restarted).
-        WORKER_DIED: the reader process holding the request exited.
-        WORKER_UNAVAILABLE: no reader could take the request.
-        UNDELIVERABLE: the reply could not be handed to the client's data connection.
-        READ_FAILED: reading or transforming the data failed (a damaged or changed shard, an
-            I/O error, the transform, a batch over ``--max-reply-bytes``); the message starts
-            with the server-side exception class name (``"ShardReadError: ..."``).
-        INTERNAL: serving the request met a bug of the server (an impossible state, or an
-            exception nobody foresaw); the message starts with the exception class name
-            (``"KeyError: ..."``) and the server logged its traceback. Added after protocol
-            version 1 shipped: a client that predates it refuses such an ERROR as malformed
-            (naming the field and the value).
-        SERVER_STOPPING: the server is shutting down (SIGTERM/SIGINT); sent once to every
-            session with ``req_id == -1`` before it closes. Outstanding requests will not be
-            answered: send them to another server now.
-        SERVER_BUSY: HELLO refused: the server already holds ``--max-sessions`` sessions
-            (``req_id == -1``); try another server or later.
-    """
-
-    PROTOCOL = "ProtocolError"
-    UNKNOWN_CLIENT = "UnknownClient"
-    WORKER_DIED = "WorkerDied"
-    WORKER_UNAVAILABLE = "WorkerUnavailable"
-    UNDELIVERABLE = "Undeliverable"
-    READ_FAILED = "ReadFailed"
-    INTERNAL = "InternalError"
-    SERVER_STOPPING = "ServerStopping"
-    SERVER_BUSY = "ServerBusy"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 @dataclass(frozen=True)
