@@ -1,5 +1,5 @@
 """Helpers for integration tests: a raw protocol client, /proc probes, a /metrics scrape, raw
-ZMTP (:func:`zmtp_connect`, :func:`zmtp_frame`, from :mod:`dataflow.bench.zmtp`)."""
+ZMTP (:func:`zmtp_connect`, :func:`zmtp_frame`, from :mod:`dataflow.bench.fuzz.zmtp`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from dataflow import wire
-from dataflow.bench.zmtp import zmtp_connect as zmtp_connect
-from dataflow.bench.zmtp import zmtp_frame as zmtp_frame
+from dataflow.bench.fuzz.zmtp import zmtp_connect as zmtp_connect
+from dataflow.bench.fuzz.zmtp import zmtp_frame as zmtp_frame
 
 
 class RawClient:

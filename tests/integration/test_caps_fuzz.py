@@ -1,7 +1,7 @@
 """A seeded, structure-aware fuzzer against both server sockets (short: the long one is
 ``python -m dataflow.bench fuzz``).
 
-The messages and the oracle are :mod:`dataflow.bench.fuzzgen`'s: every message kind encoded,
+The messages and the oracle are :mod:`dataflow.bench.fuzz.gen`'s: every message kind encoded,
 then mutated; the expected outcome of each message is computed with the wire module itself, so
 the server's counters are checked exactly; afterwards the server is alive, its memory bounded,
 and a real DataLoader gets an exact epoch.
@@ -18,7 +18,7 @@ import zmq
 from srvtools import pid_alive, rss_bytes, wait_for
 
 from dataflow import wire
-from dataflow.bench.fuzzgen import data_outcome, messages, router_outcome
+from dataflow.bench.fuzz.gen import data_outcome, messages, router_outcome
 from dataflow.client import DataLoader
 from dataflow.index import DatasetIndex
 

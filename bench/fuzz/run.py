@@ -2,7 +2,7 @@
 
 For each target (a server in clear text, then one with CURVE keys), a real server with 2 reader
 processes serves a small demo dataset while, for its share of ``--minutes``, the attacks of
-:mod:`dataflow.bench.fuzzattacks` run side by side, one thread each, round after round (round
+:mod:`dataflow.bench.fuzz.attacks` run side by side, one thread each, round after round (round
 ``r`` of an attack draws from seed ``--seed + r``), and a legitimate DataLoader reads epoch
 after epoch. Then it checks, and any miss is a violation (exit status 1):
 
@@ -36,7 +36,7 @@ import numpy as np
 import zmq
 
 from dataflow import wire
-from dataflow.bench.fuzzattacks import (
+from dataflow.bench.fuzz.attacks import (
     Round,
     Tally,
     Target,

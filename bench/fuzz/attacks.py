@@ -1,11 +1,11 @@
 """The long fuzzer's attacks: one seeded round each, against a running server.
 
-* :func:`router_round`: structure-aware messages (:mod:`dataflow.bench.fuzzgen`) on the
+* :func:`router_round`: structure-aware messages (:mod:`dataflow.bench.fuzz.gen`) on the
   client-facing socket from a fresh DEALER, the server's malformed count predicted per message;
   the round ends with a BYE, so it leaves no session behind.
 * :func:`data_round`: the same on a reader's data socket, in lockstep: the reader must answer
   each message, with an ERROR or (for a HEARTBEAT) a HEARTBEAT, as predicted.
-* :func:`zmtp_round`: raw ZMTP (:mod:`dataflow.bench.zmtp`) on either socket: mutated
+* :func:`zmtp_round`: raw ZMTP (:mod:`dataflow.bench.fuzz.zmtp`) on either socket: mutated
   greetings and READYs, commands (PING with any TTL and context), partial frames, unfinished
   multipart messages, wire messages framed by hand, connections reset mid-way; on a CURVE
   server also DEALERs whose keys it does not allow.
@@ -28,8 +28,8 @@ import numpy as np
 import zmq
 
 from dataflow import wire
-from dataflow.bench import zmtp
-from dataflow.bench.fuzzgen import (
+from dataflow.bench.fuzz import zmtp
+from dataflow.bench.fuzz.gen import (
     data_may_cut,
     data_outcome,
     labelled_messages,
@@ -194,7 +194,7 @@ def router_round(r: Round) -> None:
 
 def data_round(r: Round) -> None:
     """:data:`DATA_MESSAGES` mutated messages on one reader's data socket, in lockstep: each
-    answered as :func:`~dataflow.bench.fuzzgen.data_outcome` predicts, except that a message
+    answered as :func:`~dataflow.bench.fuzz.gen.data_outcome` predicts, except that a message
     over the reader's inbound limit may instead cut the connection (then the DEALER
     reconnects)."""
     t, rng = r.target, r.rng
