@@ -13,7 +13,7 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import SpecError
 from dataflow.readers import detect_format
 from dataflow.scan import build_index
-from dataflow.sources import is_local, local_path, open_file
+from dataflow.storage.sources import is_local, local_path, open_file
 
 _READ_CHUNK = 8 << 20
 _MAGIC_BYTES = 512

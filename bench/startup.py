@@ -106,7 +106,7 @@ def write_shards(directory: str, shards: int, samples: int) -> list[str]:
 
 
 def _drop_tar_indexes(paths: Sequence[str]) -> None:
-    from dataflow.sources import INDEX_SUFFIX
+    from dataflow.storage.sources import INDEX_SUFFIX
 
     for p in paths:
         if os.path.exists(p + INDEX_SUFFIX):

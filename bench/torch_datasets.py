@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, default_collate
 from dataflow.batch import FieldSpec, Ragged, Schema
 from dataflow.convert import from_arrow
 from dataflow.errors import ShardReadError
-from dataflow.sources import local_path
+from dataflow.storage.sources import local_path
 
 SHUFFLE_BUFFER = 1000
 _NPY_SUFFIX = ".npy"

@@ -34,7 +34,7 @@ class DatasetIndex:
         schema: the fields every shard has.
         identities: per shard, what its file system says of its content, same order: byte
             size and mtime (local files) or ETag/modification stamp (object stores), as
-            :func:`dataflow.readers.cache.identity` gives it.
+            :func:`dataflow.storage.cache.identity` gives it.
         nulls: per shard, ``(field, null count)`` for its fields holding nulls (``name[]``:
             null items inside the field's lists); empty: none anywhere.
         read: how every reader of the dataset converts its columns (user options completed

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from dataflow.checks import check_int
 from dataflow.errors import ConfigError, DataflowError, IndexCacheError, OutdatedIndex
 from dataflow.index import DatasetIndex
-from dataflow.readers.cache import default_cache_dir, identity, write_atomic
-from dataflow.remote import RemoteConfig
 from dataflow.scan import (
     DEFAULT_SCAN,
     MAX_OPEN_WORKERS,
@@ -35,7 +33,9 @@ from dataflow.scan import (
     log_skips,
     scan_shards,
 )
-from dataflow.sources import is_local
+from dataflow.storage.cache import default_cache_dir, identity, write_atomic
+from dataflow.storage.remote import RemoteConfig
+from dataflow.storage.sources import is_local
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +161,10 @@ def load_index(
     """The dataset index of ``shards``: from the cache when current, else built and cached.
 
     Args:
-        shards: the resolved shard list (:func:`dataflow.sources.resolve`).
+        shards: the resolved shard list (:func:`dataflow.storage.sources.resolve`).
         cache_dir, on_error, max_workers, progress: as for
             :func:`dataflow.scan.build_index`; ``cache_dir`` also holds the index cache
-            (default :func:`~dataflow.readers.cache.default_cache_dir`).
+            (default :func:`~dataflow.storage.cache.default_cache_dir`).
         how: as for :func:`dataflow.scan.scan_shards`.
 
     Raises:

@@ -17,11 +17,11 @@ from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard
 from dataflow.readers.base import SkipRecord, check_on_error
-from dataflow.readers.cache import identity
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
-from dataflow.remote import RemoteConfig
-from dataflow.sources import is_local
 from dataflow.splits import dataset_shards
+from dataflow.storage.cache import identity
+from dataflow.storage.remote import RemoteConfig
+from dataflow.storage.sources import is_local
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def build_index(
     zero samples with its damage logged.
 
     Args:
-        specs: dataset spec(s), see :func:`dataflow.sources.resolve`.
+        specs: dataset spec(s), see :func:`dataflow.storage.sources.resolve`.
         cache_dir: passed to :func:`dataflow.readers.open_shard`.
         on_error: passed to :func:`dataflow.readers.open_shard`. Under ``"skip"``, every shard
             that dropped samples or met damage while opening is logged (its count and first

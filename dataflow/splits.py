@@ -17,8 +17,8 @@ from functools import partial
 import fsspec
 
 from dataflow.errors import ConfigError, RemoteFailure, SpecError
-from dataflow.remote import RemoteConfig, session
-from dataflow.sources import is_local, local_path, resolve
+from dataflow.storage.remote import RemoteConfig, session
+from dataflow.storage.sources import is_local, local_path, resolve
 
 DICT_FILE = "dataset_dict.json"
 STATE_FILE = "state.json"
@@ -87,7 +87,7 @@ def _state_files(spec: str, fs: fsspec.AbstractFileSystem, path: str) -> list[st
 
 def dataset_shards(specs: str | Sequence[str], split: str | None = None,
                    remote: RemoteConfig | None = None) -> tuple[list[str], str | None]:
-    """Resolve specs like :func:`dataflow.sources.resolve`, honouring HF layouts.
+    """Resolve specs like :func:`dataflow.storage.sources.resolve`, honouring HF layouts.
 
     Returns:
         The shards, and the directory a single directory spec names (the root hive

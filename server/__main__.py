@@ -17,7 +17,6 @@ import zmq
 
 from dataflow.errors import DataflowError, ServerStartError
 from dataflow.indexcache import load_index
-from dataflow.remote import session
 from dataflow.scan import ScanOptions, resolve_dataset
 from dataflow.server import health
 from dataflow.server.config import ServerConfig
@@ -28,7 +27,8 @@ from dataflow.server.pool import WorkerPool
 from dataflow.server.tasks import WorkerSpec, indexed_shards
 from dataflow.server.transform import load_transform
 from dataflow.server.worker import DataCaps
-from dataflow.sources import is_local
+from dataflow.storage.remote import session
+from dataflow.storage.sources import is_local
 
 log = logging.getLogger("dataflow.server")
 

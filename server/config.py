@@ -12,9 +12,9 @@ from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError
 from dataflow.exporter import check_metrics_address
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
-from dataflow.remote import RemoteConfig
 from dataflow.security import ServerCurve
 from dataflow.server.ledger import CREDIT_SLACK
+from dataflow.storage.remote import RemoteConfig
 from dataflow.wire import MAX_BATCH_SIZE
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataflow.errors import ConfigError
 from dataflow.readers.tar import TarOptions
 from dataflow.readers.tarindex import MISSING_FIELD
-from dataflow.remote import ENV_STORAGE_OPTIONS, RemoteConfig, parse_size, parse_storage_options
 from dataflow.security import server_curve
 from dataflow.server.config import (
     DEFAULT_BIND,
@@ -35,6 +34,12 @@ from dataflow.server.config import (
     default_workers,
 )
 from dataflow.server.dataflags import add_data_flags, read_options
+from dataflow.storage.remote import (
+    ENV_STORAGE_OPTIONS,
+    RemoteConfig,
+    parse_size,
+    parse_storage_options,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

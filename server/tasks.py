@@ -20,9 +20,9 @@ from dataflow.errors import DataflowError, InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar import DEFAULT_OPTIONS
-from dataflow.remote import RemoteConfig
 from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
+from dataflow.storage.remote import RemoteConfig
 from dataflow.subset import select
 from dataflow.transform import TransformContext, batch_seed
 from dataflow.wire import BatchTag, ErrorKind

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from dataflow.columns import ReadOptions
 from dataflow.errors import ShardChangedError, ShardReadError
 from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_on_error
-from dataflow.readers.cache import default_cache_dir
 from dataflow.readers.guard import FileGuard, IndexedShard, changed
 from dataflow.readers.lost import LostShard
 from dataflow.readers.multi import read_ranges
-from dataflow.readers.remotefile import buffered, open_blob
 from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions, TarReader
-from dataflow.remote import RemoteConfig
-from dataflow.sources import is_local
+from dataflow.storage.cache import default_cache_dir
+from dataflow.storage.remote import RemoteConfig
+from dataflow.storage.remotefile import buffered, open_blob
+from dataflow.storage.sources import is_local
 
 if TYPE_CHECKING:
     from dataflow.readers.arrow import ArrowFileReader, ArrowStreamReader
@@ -121,7 +121,7 @@ def open_shard(
 
     Local shards are memory-mapped, their files held open and checked against their identity
     on every read (see :mod:`dataflow.readers.guard`). Remote ones are read through the
-    bounded block cache (:mod:`dataflow.readers.remotefile`): Parquet and Arrow by ranged
+    bounded block cache (:mod:`dataflow.storage.remotefile`): Parquet and Arrow by ranged
     reads, plain tars by each sample's byte span; only a gzipped tar is decompressed whole
     into ``cache_dir``.
 

@@ -1,7 +1,7 @@
 """Remote Arrow IPC shards (file or stream), read by record batch rather than downloaded.
 
 On open the shard is walked once, message by message, through a buffered
-:class:`~dataflow.readers.remotefile.RemoteStream` (8 MiB ranged reads, blocks kept in the
+:class:`~dataflow.storage.remotefile.RemoteStream` (8 MiB ranged reads, blocks kept in the
 bounded cache): the reader keeps only each record batch's byte span and row count. A read
 fetches the spans of the record batches it touches (from the cache when they are there),
 decodes them and keeps the last :data:`KEEP_BATCHES` decoded, so memory stays a few record
@@ -27,7 +27,7 @@ from dataflow.columns import ReadOptions
 from dataflow.convert import DEFAULT
 from dataflow.errors import ShardReadError
 from dataflow.readers.arrow import ArrowBatches
-from dataflow.readers.remotefile import RemoteBlob, buffered
+from dataflow.storage.remotefile import RemoteBlob, buffered
 
 KEEP_BATCHES = 4
 _FILE_MAGIC_BYTES = 8

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from dataflow.batch import Schema
 from dataflow.errors import ShardChangedError, ShardReadError
-from dataflow.readers.cache import stat_identity
-from dataflow.sources import local_path
+from dataflow.storage.cache import stat_identity
+from dataflow.storage.sources import local_path
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class IndexedShard:
 
     Attributes:
         identity: the shard's identity when it was indexed
-            (:func:`~dataflow.readers.cache.identity`).
+            (:func:`~dataflow.storage.cache.identity`).
         samples: its sample count.
         schema: the schema every shard of the dataset serves.
     """

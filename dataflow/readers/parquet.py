@@ -58,7 +58,7 @@ from dataflow.readers.base import (
 )
 from dataflow.readers.gather import take_rows
 from dataflow.readers.guard import FileGuard
-from dataflow.sources import open_file
+from dataflow.storage.sources import open_file
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ A gzipped tar is first decompressed once into ``cache_dir`` as an uncompressed c
 to a record of the shard's identity and replaced when the shard changes; that copy is then
 memory-mapped. A plain remote tar is not copied: reads fetch the byte span of each sample they
 need (:meth:`TarReader._fetch`) through the bounded block cache
-(:mod:`dataflow.readers.remotefile`). Only indexing a remote tar without a cached index needs
+(:mod:`dataflow.storage.remotefile`). Only indexing a remote tar without a cached index needs
 the whole tar once: it is streamed into a temporary file, indexed and deleted. A cached index
 of a remote tar is verified with :data:`REMOTE_VERIFY_HEADERS` exact ranged reads of sampled
 headers.
@@ -52,16 +52,16 @@ from dataflow.errors import (
     ShardReadError,
 )
 from dataflow.readers.base import ShardReader, range_rows
-from dataflow.readers.cache import cache_name, local_copy, write_atomic
 from dataflow.readers.guard import FileGuard, changed
-from dataflow.readers.remotefile import RemoteBlob
 from dataflow.readers.tarbuild import build_index
 from dataflow.readers.tarindex import MISSING_FIELD, TarIndex, gather_fixed, split_name
 from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
 from dataflow.readers.tarwalk import BLOCK as TAR_BLOCK
 from dataflow.readers.tarwalk import member_name
-from dataflow.remote import RemoteConfig
-from dataflow.sources import INDEX_SUFFIX, is_local, local_path
+from dataflow.storage.cache import cache_name, local_copy, write_atomic
+from dataflow.storage.remote import RemoteConfig
+from dataflow.storage.remotefile import RemoteBlob
+from dataflow.storage.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
 

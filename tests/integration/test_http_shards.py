@@ -16,10 +16,10 @@ from dataflow.client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardReadError
 from dataflow.readers import open_shard
-from dataflow.readers.remotefile import BLOCK_BYTES
-from dataflow.remote import RemoteConfig
 from dataflow.scan import build_index
 from dataflow.server import launch
+from dataflow.storage.remote import RemoteConfig
+from dataflow.storage.remotefile import BLOCK_BYTES
 
 
 @pytest.fixture

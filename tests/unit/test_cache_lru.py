@@ -8,7 +8,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from dataflow.errors import ConfigError
-from dataflow.readers.lru import DiskLru, Entry, evictions
+from dataflow.storage.lru import DiskLru, Entry, evictions
 
 
 def test_nothing_evicted_while_it_fits() -> None:

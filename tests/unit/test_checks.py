@@ -12,9 +12,9 @@ from dataflow.checks import as_int, check_int
 from dataflow.errors import ConfigError, FieldError, ProtocolError, StateMismatchError
 from dataflow.index import DatasetIndex
 from dataflow.plan import rank_batches
-from dataflow.remote import RemoteConfig
 from dataflow.server.config import ServerConfig
-from dataflow.throttle import Backoff
+from dataflow.storage.remote import RemoteConfig
+from dataflow.storage.throttle import Backoff
 from dataflow.transform import TransformContext, batch_seed
 from dataflow.wire.fields import integer
 

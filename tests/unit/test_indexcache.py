@@ -13,7 +13,7 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ConfigError, ShardReadError
 from dataflow.indexcache import cache_path, load_index
 from dataflow.scan import scan_shards
-from dataflow.sources import resolve
+from dataflow.storage.sources import resolve
 
 SPEC = DemoSpec(fmt="tar", shards=6, samples_per_shard=12, image_shape=(2,))
 

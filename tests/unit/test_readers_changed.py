@@ -17,9 +17,9 @@ from dataflow import wire
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardChangedError
 from dataflow.readers import IndexedShard, LostShard, ShardReader, open_shard
-from dataflow.readers.cache import identity
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import Transform
+from dataflow.storage.cache import identity
 from dataflow.wire.internal import Task
 
 N = 40

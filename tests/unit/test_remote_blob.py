@@ -9,8 +9,8 @@ import fsspec
 import numpy as np
 import pytest
 
-from dataflow.readers.remotefile import BLOCK_BYTES, BLOCKS_DIR, buffered, open_blob
-from dataflow.remote import RemoteConfig
+from dataflow.storage.remote import RemoteConfig
+from dataflow.storage.remotefile import BLOCK_BYTES, BLOCKS_DIR, buffered, open_blob
 
 URL = "memory://blob-test/f.bin"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dataflow.errors import ConfigError
-from dataflow.remote import RemoteConfig, parse_size, parse_storage_options
-from dataflow.remoteerrors import describe, endpoint_of, is_throttle
 from dataflow.server.flags import parse_args
+from dataflow.storage.remote import RemoteConfig, parse_size, parse_storage_options
+from dataflow.storage.remoteerrors import describe, endpoint_of, is_throttle
 
 
 def test_flags_override_the_environment_and_values_are_json_when_they_parse() -> None:

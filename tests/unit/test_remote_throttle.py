@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from dataflow.errors import ConfigError, RemoteFailure
-from dataflow.remote import CONNECT_RETRIES, Remote, RemoteConfig
-from dataflow.throttle import AdaptiveLimit, Backoff, Gate
+from dataflow.storage.remote import CONNECT_RETRIES, Remote, RemoteConfig
+from dataflow.storage.throttle import AdaptiveLimit, Backoff, Gate
 
 
 def test_backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() -> None:

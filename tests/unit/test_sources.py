@@ -8,7 +8,7 @@ import fsspec
 import pytest
 
 from dataflow.errors import SpecError
-from dataflow.sources import expand_braces, is_local, open_file, resolve
+from dataflow.storage.sources import expand_braces, is_local, open_file, resolve
 
 
 def _touch(root, *names: str) -> list[str]:

@@ -1,8 +1,8 @@
 """What went wrong reaching a remote store, from an fsspec/botocore/aiohttp exception.
 
 :func:`is_throttle` and :func:`is_connect_failure` decide what the retry loop of
-:class:`~dataflow.remote.Remote` does; :func:`describe` turns any failure into one line naming
-the endpoint or bucket and the likely fix. Decisions read structured fields (botocore's
+:class:`~dataflow.storage.remote.Remote` does; :func:`describe` turns any failure into one
+line naming the endpoint or bucket and the likely fix. Decisions read structured fields (botocore's
 ``Error.Code``, HTTP statuses) along the cause chain, never digits in a message, so a shard
 named ``train-000503.tar`` is not a 503.
 """

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import IO, NamedTuple
 
 from dataflow.errors import RemoteFailure, ShardReadError
-from dataflow.remote import RemoteConfig, session
-from dataflow.sources import is_local, local_path
+from dataflow.storage.remote import RemoteConfig, session
+from dataflow.storage.sources import is_local, local_path
 
 _COPY_CHUNK = 8 << 20
 _GUNZIP_STEP = 16 << 10

@@ -1,8 +1,8 @@
 """A remote shard's bytes, read in blocks through the bounded local cache.
 
 :class:`RemoteBlob` splits a remote file into :data:`BLOCK_BYTES` blocks. A read fetches the
-blocks it lacks with ranged GETs (in parallel, through :class:`~dataflow.remote.Remote`),
-stores them in the :class:`~dataflow.readers.lru.DiskLru` and reads only the bytes it needs
+blocks it lacks with ranged GETs (in parallel, through :class:`~dataflow.storage.remote.Remote`),
+stores them in the :class:`~dataflow.storage.lru.DiskLru` and reads only the bytes it needs
 from them, so memory holds what a read returns, not whole blocks or files. Blocks are keyed by
 the URL and the shard's identity: a changed shard never serves old blocks.
 
@@ -28,9 +28,9 @@ from typing import IO
 import numpy as np
 
 from dataflow.errors import RangeUnsupported, RemoteFailure, ShardReadError
-from dataflow.readers.cache import info_identity
-from dataflow.readers.lru import DiskLru
-from dataflow.remote import Remote, RemoteConfig, session
+from dataflow.storage.cache import info_identity
+from dataflow.storage.lru import DiskLru
+from dataflow.storage.remote import Remote, RemoteConfig, session
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class RemoteBlob:
     Attributes:
         fetched: bytes this blob fetched from the remote (not from the cache).
         identity: the file's identity when the blob was made (size and ETag or time, see
-            :func:`~dataflow.readers.cache.info_identity`).
+            :func:`~dataflow.storage.cache.info_identity`).
     """
 
     def __init__(self, remote: Remote, url: str, size: int, identity: str, lru: DiskLru) -> None:

@@ -25,7 +25,7 @@ from typing import IO
 from braceexpand import braceexpand
 
 from dataflow.errors import ConfigError, RemoteFailure, SpecError
-from dataflow.remote import Remote, RemoteConfig, session
+from dataflow.storage.remote import Remote, RemoteConfig, session
 
 SHARD_EXTENSIONS = (".arrow", ".feather", ".ipc", ".parquet", ".tar", ".tar.gz", ".tgz")
 INDEX_SUFFIX = ".dfidx"

@@ -5,7 +5,7 @@ through :class:`Remote`, one per process and :class:`RemoteConfig` (:func:`sessi
 
 * **storage options** (``--storage-option KEY=VALUE``, ``DATAFLOW_STORAGE_OPTIONS``) are passed
   to the fsspec filesystem of every remote URL (``endpoint_url``, ``anon``, ``key``...);
-* **ranged reads** (:meth:`Remote.read_range`) go through a :class:`~dataflow.throttle.Gate`
+* **ranged reads** (:meth:`Remote.read_range`) go through a :class:`~dataflow.storage.throttle.Gate`
   whose limit adapts to throttling replies (S3 ``503 SlowDown``), and are retried with
   exponential backoff; connection failures are retried only :data:`CONNECT_RETRIES` times, so
   a wrong endpoint fails fast. For S3, s3fs's and botocore's own retries are turned off
@@ -36,8 +36,8 @@ from fsspec import AbstractFileSystem
 
 from dataflow.checks import check_int
 from dataflow.errors import ConfigError, RangeUnsupported, RemoteFailure
-from dataflow.remoteerrors import describe, is_connect_failure, is_throttle
-from dataflow.throttle import AdaptiveLimit, Backoff, Gate
+from dataflow.storage.remoteerrors import describe, is_connect_failure, is_throttle
+from dataflow.storage.throttle import AdaptiveLimit, Backoff, Gate
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from dataflow.errors import ConfigError
-from dataflow.readers.cache import write_atomic
+from dataflow.storage.cache import write_atomic
 
 LOW_WATER = 0.9
 _LOCK = ".lock"
