@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from dataflow.columns import ReadOptions
 from dataflow.errors import ShardChangedError, ShardReadError
-from dataflow.readers.base import MAX_SKIP_LOG, ShardReader, SkipRecord, check_on_error
+from dataflow.readers.base import ShardReader
+from dataflow.readers.damage import MAX_SKIP_LOG, SkipRecord, check_on_error
 from dataflow.readers.guard import FileGuard, IndexedShard, changed
 from dataflow.readers.lost import LostShard
 from dataflow.readers.multi import read_ranges

@@ -10,7 +10,7 @@ several is concatenated (one copy). :meth:`read_many` converts each touched reco
 Arrow IPC stores no checksums, so damage is found only where it breaks the structure. A
 record batch that cannot be read fails the open (under ``on_error="skip"``: a file's batch
 is dropped, and its rows cannot be counted, which a
-:class:`~dataflow.readers.base.SkipRecord` of count 0 says; a stream's remaining batches are
+:class:`~dataflow.readers.damage.SkipRecord` of count 0 says; a stream's remaining batches are
 lost: the rows of the first one are counted when its metadata is readable, as in a stream
 cut short, those of any after it cannot be). A record batch is fully validated (offsets in
 bounds, UTF-8, ...) the first time a read touches it; a read asking for rows of one that
@@ -33,14 +33,9 @@ from dataflow.columns import Census, ReadOptions
 from dataflow.convert import DEFAULT, census, check_selection, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.arrowmeta import record_batch_meta
-from dataflow.readers.base import (
-    ShardReader,
-    empty_batch,
-    overlapping,
-    range_rows,
-    split_damaged,
-)
-from dataflow.readers.gather import take_rows
+from dataflow.readers.base import ShardReader, empty_batch
+from dataflow.readers.damage import split_damaged
+from dataflow.readers.gather import overlapping, range_rows, take_rows
 from dataflow.readers.guard import FileGuard
 
 log = logging.getLogger(__name__)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
 import logging
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -15,7 +13,8 @@ import numpy as np
 
 from dataflow.batch import Batch, Ragged, Schema, batch_len, concat
 from dataflow.columns import Census, ReadOptions, hive_columns
-from dataflow.errors import ConfigError, DataflowError, ShardChangedError, ShardReadError
+from dataflow.errors import DataflowError, ShardChangedError, ShardReadError
+from dataflow.readers.damage import MAX_SKIP_LOG, SkipRecord, check_on_error
 from dataflow.readers.guard import FileGuard
 
 if TYPE_CHECKING:
@@ -24,50 +23,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DEFAULT = ReadOptions()
-
-ON_ERROR = ("raise", "skip")
-MAX_SKIP_LOG = 1000
-"""Most :class:`SkipRecord` a reader keeps (the latest ones)."""
-
-
-@dataclass(frozen=True)
-class SkipRecord:
-    """Samples of one shard not served because of damage (``on_error="skip"``).
-
-    Attributes:
-        shard: the shard's URL or path.
-        index: the first sample of the damaged unit (a Parquet row group, an Arrow record
-            batch: its row in the reader; a tar sample: its position among the tar's samples,
-            dropped ones included); ``None`` if unknown (damage between tar members).
-        offset: byte offset of the damage (of the decompressed tar for a gzipped one), when
-            known.
-        count: samples not served because of it: by one read (Parquet, Arrow), or dropped
-            from the shard when it was indexed (tar). 0 when the damage lost nothing that can
-            be counted (see the message).
-        message: what is wrong, naming the shard and the sample and/or byte offset.
-    """
-
-    shard: str
-    index: int | None
-    offset: int | None
-    count: int
-    message: str
-
-    @classmethod
-    def of(cls, err: ShardReadError, count: int) -> SkipRecord:
-        """The record of ``count`` samples lost to the damage ``err`` describes."""
-        return cls(err.shard, err.index, err.offset, count, str(err))
-
-
-def check_on_error(on_error: str) -> str:
-    """Validate an ``on_error`` policy.
-
-    Raises:
-        ConfigError: ``on_error`` is not ``"raise"`` or ``"skip"``.
-    """
-    if on_error not in ON_ERROR:
-        raise ConfigError(f"`on_error` must be one of {ON_ERROR}. Found: {on_error!r}")
-    return on_error
 
 
 class ShardReader(ABC):
@@ -294,27 +249,6 @@ class ShardReader(ABC):
         return f"{type(self).__name__}({self.url!r}, samples={len(self)})"
 
 
-def split_damaged(rows: np.ndarray, bounds: np.ndarray,
-                  damaged: Mapping[int, object]) -> tuple[np.ndarray, dict[int, int]]:
-    """The rows outside damaged units, and how many rows fell in each damaged unit.
-
-    Args:
-        rows: int64 of shape ``(n,)``: rows of the shard, any order, repeats allowed.
-        bounds: int64 of shape ``(units + 1,)``: cumulative unit lengths with a leading 0.
-        damaged: the damaged units (keys).
-
-    Returns:
-        ``rows`` without those in damaged units (order kept), and ``{unit: rows lost}`` for
-        every damaged unit that held some of ``rows``.
-    """
-    if not damaged:
-        return rows, {}
-    unit = np.searchsorted(bounds, rows, side="right") - 1
-    bad = np.isin(unit, np.fromiter(damaged, dtype=np.int64, count=len(damaged)))
-    units, counts = np.unique(unit[bad], return_counts=True)
-    return rows[~bad], dict(zip(units.tolist(), counts.tolist(), strict=True))
-
-
 def empty_batch(schema: Schema) -> Batch:
     """A batch of zero samples with the columns ``schema`` describes."""
     out: Batch = {}
@@ -324,26 +258,3 @@ def empty_batch(schema: Schema) -> Batch:
         else:
             out[f.name] = Ragged(np.empty(0, dtype=f.dtype), np.zeros(1, dtype=np.int64), f.ragged)
     return out
-
-
-def range_rows(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """The rows of ranges ``[starts[i], stops[i])`` back to back: int64 of shape
-    ``(sum(stops - starts),)``, without a loop over the ranges."""
-    lengths = stops - starts
-    ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(
-        starts - (ends - lengths), lengths
-    )
-
-
-def overlapping(bounds: Sequence[int], start: int, stop: int) -> range:
-    """Indices of the chunks that overlap rows ``[start, stop)``.
-
-    Args:
-        bounds: cumulative chunk lengths with a leading 0, shape ``(chunks + 1,)``.
-        start: first row.
-        stop: one past the last row; ``stop > start``.
-    """
-    first = bisect.bisect_right(bounds, start) - 1
-    last = bisect.bisect_left(bounds, stop) - 1
-    return range(first, last + 1)

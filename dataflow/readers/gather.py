@@ -1,8 +1,10 @@
-"""Rows gathered by index out of a shard's chunks (Arrow record batches, decoded row groups)."""
+"""Rows of a shard: ranges as row indices, the chunks a range overlaps, and rows gathered by
+index out of a shard's chunks (Arrow record batches, decoded row groups)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -78,3 +80,26 @@ def _ragged(name: str, kind: str, parts: dict[int, Batch], runs: list[tuple[int,
     offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in pieces], out=offsets[1:])
     return Ragged(np.concatenate(pieces), offsets, kind)
+
+
+def range_rows(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The rows of ranges ``[starts[i], stops[i])`` back to back: int64 of shape
+    ``(sum(stops - starts),)``, without a loop over the ranges."""
+    lengths = stops - starts
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(
+        starts - (ends - lengths), lengths
+    )
+
+
+def overlapping(bounds: Sequence[int], start: int, stop: int) -> range:
+    """Indices of the chunks that overlap rows ``[start, stop)``.
+
+    Args:
+        bounds: cumulative chunk lengths with a leading 0, shape ``(chunks + 1,)``.
+        start: first row.
+        stop: one past the last row; ``stop > start``.
+    """
+    first = bisect.bisect_right(bounds, start) - 1
+    last = bisect.bisect_left(bounds, stop) - 1
+    return range(first, last + 1)

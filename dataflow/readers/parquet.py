@@ -49,14 +49,9 @@ from dataflow.convert import (
     wanted_columns,
 )
 from dataflow.errors import DataflowError, ShardReadError
-from dataflow.readers.base import (
-    ShardReader,
-    empty_batch,
-    overlapping,
-    range_rows,
-    split_damaged,
-)
-from dataflow.readers.gather import take_rows
+from dataflow.readers.base import ShardReader, empty_batch
+from dataflow.readers.damage import split_damaged
+from dataflow.readers.gather import overlapping, range_rows, take_rows
 from dataflow.readers.guard import FileGuard
 from dataflow.storage.sources import open_file
 

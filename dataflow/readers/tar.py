@@ -51,7 +51,8 @@ from dataflow.errors import (
     ShardChangedError,
     ShardReadError,
 )
-from dataflow.readers.base import ShardReader, range_rows
+from dataflow.readers.base import ShardReader
+from dataflow.readers.gather import range_rows
 from dataflow.readers.guard import FileGuard, changed
 from dataflow.readers.tarbuild import build_index
 from dataflow.readers.tarindex import MISSING_FIELD, TarIndex, gather_fixed, split_name

@@ -20,7 +20,7 @@ import numpy as np
 
 from dataflow.batch import FieldSpec
 from dataflow.errors import ShardReadError
-from dataflow.readers.base import MAX_SKIP_LOG, SkipRecord
+from dataflow.readers.damage import MAX_SKIP_LOG, SkipRecord
 from dataflow.readers.tarindex import FILL_INT, TarIndex, field_of, gather_fixed, split_name
 from dataflow.readers.tarwalk import Damage, Member, walk
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dataflow.batch import Schema
-from dataflow.readers.base import SkipRecord
+from dataflow.readers.damage import SkipRecord
 from dataflow.readers.tarwalk import valid_header
 
 VERIFY_HEADERS = 64
@@ -79,7 +79,7 @@ class TarIndex:
         skipped: samples dropped while building with ``on_error="skip"``, one per occurrence
             (a bad sample, a sample that lost members to damage, a repeated key, a keyless
             member).
-        skips: what was dropped, the latest :data:`~dataflow.readers.base.MAX_SKIP_LOG`.
+        skips: what was dropped, the latest :data:`~dataflow.readers.damage.MAX_SKIP_LOG`.
         identity: identity of the shard the index was built from.
     """
 

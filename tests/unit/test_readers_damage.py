@@ -25,7 +25,7 @@ import pytest
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardReadError
 from dataflow.readers import ShardReader, open_shard
-from dataflow.readers.base import split_damaged
+from dataflow.readers.damage import split_damaged
 from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
 from dataflow.scan import build_index
 
