@@ -17,7 +17,7 @@ from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard
 from dataflow.readers.damage import SkipRecord, check_on_error
-from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
+from dataflow.readers.tar.options import DEFAULT_OPTIONS, TarOptions
 from dataflow.splits import dataset_shards
 from dataflow.storage.cache import identity
 from dataflow.storage.remote import RemoteConfig

@@ -11,7 +11,7 @@ from dataflow.checks import check_int
 from dataflow.columns import ReadOptions
 from dataflow.errors import ConfigError
 from dataflow.exporter import check_metrics_address
-from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions
+from dataflow.readers.tar.options import DEFAULT_OPTIONS, TarOptions
 from dataflow.security import ServerCurve
 from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.storage.remote import RemoteConfig

@@ -7,8 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from dataflow.errors import ConfigError
-from dataflow.readers.tar import TarOptions
-from dataflow.readers.tarindex import MISSING_FIELD
+from dataflow.readers.tar.options import MISSING_FIELD, TarOptions
 from dataflow.security import server_curve
 from dataflow.server.config import (
     DEFAULT_BIND,

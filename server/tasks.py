@@ -19,7 +19,7 @@ from dataflow.columns import ReadOptions
 from dataflow.errors import DataflowError, InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
-from dataflow.readers.tar import DEFAULT_OPTIONS
+from dataflow.readers.tar.options import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
 from dataflow.server.transform import Transform, apply_transform
 from dataflow.storage.remote import RemoteConfig

@@ -18,7 +18,8 @@ from dataflow.readers.damage import MAX_SKIP_LOG, SkipRecord, check_on_error
 from dataflow.readers.guard import FileGuard, IndexedShard, changed
 from dataflow.readers.lost import LostShard
 from dataflow.readers.multi import read_ranges
-from dataflow.readers.tar import DEFAULT_OPTIONS, TarOptions, TarReader
+from dataflow.readers.tar.options import DEFAULT_OPTIONS, TarOptions
+from dataflow.readers.tar.reader import TarReader
 from dataflow.storage.cache import default_cache_dir
 from dataflow.storage.remote import RemoteConfig
 from dataflow.storage.remotefile import buffered, open_blob

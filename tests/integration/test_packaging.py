@@ -47,8 +47,13 @@ def test_wheel_holds_only_the_dataflow_package(wheel: Path) -> None:
     assert {t for t in top if not t.endswith(".dist-info")} == {"dataflow"}
     for module in ("dataflow/server/__main__.py", "dataflow/client/loader.py",
                    "dataflow/bench/__main__.py", "dataflow/bench/experiments/transport.py",
-                   "dataflow/readers/tar.py"):
+                   "dataflow/readers/tar/reader.py"):
         assert module in names
+    # Every package of the source tree, however deep, is in the wheel (pyproject lists each).
+    for folder, package in (("dataflow", "dataflow"), ("server", "dataflow/server"),
+                            ("client", "dataflow/client"), ("bench", "dataflow/bench")):
+        for init in (REPO / folder).rglob("__init__.py"):
+            assert f"{package}/{init.relative_to(REPO / folder).as_posix()}" in names, init
 
 
 @pytest.mark.timeout(150)

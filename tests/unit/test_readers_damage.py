@@ -26,7 +26,7 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardReadError
 from dataflow.readers import ShardReader, open_shard
 from dataflow.readers.damage import split_damaged
-from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
+from dataflow.readers.tar.indexfile import load_tar_index, save_tar_index
 from dataflow.scan import build_index
 
 TAR_SPEC = DemoSpec(fmt="tar", shards=1, samples_per_shard=234, uneven=False,

@@ -16,7 +16,7 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ConfigError, InternalError, ShardReadError
 from dataflow.readers import ShardReader, open_shard, read_ranges
 from dataflow.readers.multi import describe_ranges
-from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
+from dataflow.readers.tar.indexfile import load_tar_index, save_tar_index
 
 KINDS = ["arrow-file", "arrow-stream", "parquet", "tar"]
 

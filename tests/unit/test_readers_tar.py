@@ -19,8 +19,8 @@ from dataflow.batch import FieldSpec
 from dataflow.demo import DemoSpec, demo_samples, make_demo
 from dataflow.errors import ShardReadError
 from dataflow.readers import TarReader, open_shard
-from dataflow.readers.tarindex import field_of, gather_fixed, split_name
-from dataflow.readers.tarindexfile import load_tar_index
+from dataflow.readers.tar.index import field_of, gather_fixed, split_name
+from dataflow.readers.tar.indexfile import load_tar_index
 from dataflow.storage.cache import default_cache_dir
 
 SPEC = DemoSpec(fmt="tar", shards=2, samples_per_shard=40, image_shape=(3, 4, 5), seed=1)

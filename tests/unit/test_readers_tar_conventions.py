@@ -16,7 +16,7 @@ import webdataset as wds
 
 from dataflow.errors import ConfigError, ShardReadError
 from dataflow.readers import TarOptions, open_shard
-from dataflow.readers.tarindex import FILL_INT
+from dataflow.readers.tar.index import FILL_INT
 
 LONG = "d" * 120 + "/"
 

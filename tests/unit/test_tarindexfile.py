@@ -13,8 +13,8 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import IndexCacheError, OutdatedIndex
 from dataflow.readers import open_shard
 from dataflow.readers.base import SkipRecord
-from dataflow.readers.tarindex import TarIndex
-from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
+from dataflow.readers.tar.index import TarIndex
+from dataflow.readers.tar.indexfile import load_tar_index, save_tar_index
 
 SPEC = DemoSpec(fmt="tar", shards=1, samples_per_shard=40, image_shape=(2, 3))
 

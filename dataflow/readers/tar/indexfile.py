@@ -31,7 +31,7 @@ import numpy as np
 from dataflow.batch import schema_from_json, schema_to_json
 from dataflow.errors import IndexCacheError, OutdatedIndex
 from dataflow.readers.damage import SkipRecord
-from dataflow.readers.tarindex import TarIndex
+from dataflow.readers.tar.index import TarIndex
 
 INDEX_VERSION = 3
 MAGIC = b"DFTARIX\n"

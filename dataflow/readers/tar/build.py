@@ -1,5 +1,5 @@
-"""Build the member index of a WebDataset tar (:class:`~dataflow.readers.tarindex.TarIndex`)
-by walking its headers once (:mod:`dataflow.readers.tarwalk`).
+"""Build the member index of a WebDataset tar (:class:`~dataflow.readers.tar.index.TarIndex`)
+by walking its headers once (:mod:`dataflow.readers.tar.walk`).
 
 Under ``on_error="skip"``, damage to the tar's structure does not end the walk: it resumes at
 the next valid header, so only the samples whose members were damaged are lost. Those
@@ -9,7 +9,6 @@ counted, one per occurrence.
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import mmap
@@ -21,47 +20,11 @@ import numpy as np
 from dataflow.batch import FieldSpec
 from dataflow.errors import ShardReadError
 from dataflow.readers.damage import MAX_SKIP_LOG, SkipRecord
-from dataflow.readers.tarindex import FILL_INT, TarIndex, field_of, gather_fixed, split_name
-from dataflow.readers.tarwalk import Damage, Member, walk
+from dataflow.readers.tar.index import FILL_INT, TarIndex, field_of, gather_fixed, split_name
+from dataflow.readers.tar.npy import read_npy_header
+from dataflow.readers.tar.walk import Damage, Member, walk
 
 log = logging.getLogger(__name__)
-
-
-class _NpyHeader(NamedTuple):
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    length: int
-
-
-def _npy_header(raw: bytes) -> _NpyHeader:
-    """Parse the header of a ``.npy`` member (versions 1 and 2); ValueError if invalid."""
-    f = io.BytesIO(raw)
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
-        raise ValueError(f"unsupported .npy version {version}")
-    if fortran and len(shape) > 1:
-        raise ValueError("Fortran-ordered arrays are not supported")
-    if dtype.hasobject:
-        raise ValueError("object arrays are not supported")
-    return _NpyHeader(dtype, tuple(shape), f.tell())
-
-
-_NPY_PREFIX = 12
-
-
-def _read_npy_header(mm: bytes | mmap.mmap, offset: int, size: int) -> _NpyHeader:
-    head = mm[offset : offset + min(size, _NPY_PREFIX)]
-    if len(head) < 10 or head[:6] != b"\x93NUMPY":
-        raise ValueError("not a .npy file")
-    hlen = int.from_bytes(head[8:10] if head[6] == 1 else head[8:12], "little")
-    total = (10 if head[6] == 1 else 12) + hlen
-    if total > size:
-        raise ValueError(".npy header runs past the member")
-    return _npy_header(mm[offset : offset + total])
 
 
 class _Sample(NamedTuple):
@@ -249,7 +212,7 @@ class _Builder:
         ref = 0
         while True:
             try:
-                first = _read_npy_header(self.mm, int(offs[ref]), int(sizes[ref]))
+                first = read_npy_header(self.mm, int(offs[ref]), int(sizes[ref]))
                 payload = first.dtype.itemsize * math.prod(first.shape)
                 if first.length + payload != sizes[ref]:
                     raise ValueError(".npy size does not match its header")
@@ -269,7 +232,7 @@ class _Builder:
         same[same] = (gather_fixed(self.buf, offs[same], first.length) == head).all(axis=1)
         for i in np.flatnonzero(~same & ok).tolist():
             try:
-                h = _read_npy_header(self.mm, int(offs[i]), int(sizes[i]))
+                h = read_npy_header(self.mm, int(offs[i]), int(sizes[i]))
                 if (h.dtype, h.shape) != (first.dtype, first.shape):
                     raise ValueError(f"dtype {h.dtype} shape {h.shape}, the shard's first sample "
                                      f"has dtype {first.dtype} shape {first.shape}")

@@ -1,7 +1,7 @@
 """The member index of a WebDataset tar: where every field of every sample lies.
 
-Built once by walking the tar headers (:mod:`dataflow.readers.tarbuild`), then saved as one
-flat binary file with a SHA-256 digest of its content (:mod:`dataflow.readers.tarindexfile`),
+Built once by walking the tar headers (:mod:`dataflow.readers.tar.build`), then saved as one
+flat binary file with a SHA-256 digest of its content (:mod:`dataflow.readers.tar.indexfile`),
 and reused while the shard's identity (size, mtime or ETag) is unchanged, the digest matches,
 and the index fits the tar (:meth:`TarIndex.problem`).
 
@@ -21,17 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataflow.batch import Schema
+from dataflow.batch import Ragged, Schema
+from dataflow.errors import ShardReadError
 from dataflow.readers.damage import SkipRecord
-from dataflow.readers.tarwalk import valid_header
+from dataflow.readers.tar.walk import member_name, valid_header
 
 VERIFY_HEADERS = 64
 """Sample headers checked when a cached index is loaded (see :meth:`TarIndex.problem`)."""
 INT_CODECS = frozenset({"cls", "cls2", "index", "inx", "id", "label"})
 TEXT_CODECS = frozenset({"txt", "text"})
-MISSING_FIELD = ("error", "skip", "fill")
-"""What becomes of a sample lacking some of the shard's fields (see
-:meth:`dataflow.readers.tarbuild._Builder.fits`)."""
 FILL_INT = -1
 """The value of an integer field a sample lacks, under ``missing_field="fill"``."""
 
@@ -119,6 +117,7 @@ class TarIndex:
                 return f"no valid tar header at byte offset {self.headers[i]} (sample {i})"
         return None
 
+
 def gather_fixed(buf: np.ndarray, offsets: np.ndarray, size: int) -> np.ndarray:
     """Copy ``size`` bytes at each of ``offsets`` out of ``buf``, in one numpy pass.
 
@@ -140,3 +139,45 @@ def gather_fixed(buf: np.ndarray, offsets: np.ndarray, size: int) -> np.ndarray:
         buf[lo:], shape=(int(offsets.max()) - lo + 1, size), strides=(1, 1), writeable=False
     )
     return view[offsets - lo]
+
+
+def gather_ragged(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Ragged:
+    """Rows ``buf[offs[i]:offs[i] + sizes[i]]`` copied back to back (one ``np.concatenate``
+    of views)."""
+    bounds = np.zeros(len(offs) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    values = np.concatenate(
+        [buf[o : o + s] for o, s in zip(offs.tolist(), sizes.tolist(), strict=True)]
+        or [np.empty(0, dtype=np.uint8)]
+    )
+    return Ragged(values, bounds, kind)
+
+
+def sample_keys(url: str, data: bytes | mmap.mmap, headers: np.ndarray) -> Ragged:
+    """The WebDataset key of every sample, read from its first member's tar header.
+
+    Args:
+        url: the shard, for messages.
+        data: the tar, or what gives its slices (a remote tar's
+            :class:`~dataflow.readers.tar.remote.HeaderProbe`, the headers prefetched).
+        headers: int64 of shape ``(n,)``: where each sample's first header lies.
+
+    Returns:
+        ``n`` rows of ``str``.
+
+    Raises:
+        ShardReadError: a header whose member name cannot be read or holds no key, naming
+            the sample and the header's offset.
+    """
+    raw = []
+    for i, pos in enumerate(headers.tolist()):
+        try:
+            parts = split_name(member_name(data, pos))
+        except ValueError as e:
+            raise ShardReadError(url, f"sample key: {e}", offset=pos, index=i) from e
+        if parts is None:
+            raise ShardReadError(url, "sample key: the member has none", offset=pos, index=i)
+        raw.append(parts[0].encode("utf-8", "surrogateescape"))
+    bounds = np.zeros(len(raw) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in raw], out=bounds[1:])
+    return Ragged(np.frombuffer(b"".join(raw), dtype=np.uint8), bounds, "str")

@@ -1,8 +1,8 @@
 """WebDataset tar shards (plain or gzipped, local or remote), read through a member index.
 
-On open, the reader loads the shard's member index (see :mod:`dataflow.readers.tarindex`)
-or builds and caches it: beside the shard as ``<shard>.dfidx`` when that directory is
-writable, else in ``cache_dir``. It then memory-maps the tar and collates any sample range
+On open, the reader loads the shard's member index (see :mod:`dataflow.readers.tar.index`)
+from where it is kept (:mod:`dataflow.readers.tar.indexcache`), or builds and keeps it. It
+then memory-maps the tar and collates any sample range
 with vectorized gathers: ``.npy`` fields become one ``(n, *shape)`` array, integer fields come
 from the index itself, text and bytes fields become :class:`~dataflow.batch.Ragged` columns.
 
@@ -12,7 +12,8 @@ memory-mapped. A plain remote tar is not copied: reads fetch the byte span of ea
 need (:meth:`TarReader._fetch`) through the bounded block cache
 (:mod:`dataflow.storage.remotefile`). Only indexing a remote tar without a cached index needs
 the whole tar once: it is streamed into a temporary file, indexed and deleted. A cached index
-of a remote tar is verified with :data:`REMOTE_VERIFY_HEADERS` exact ranged reads of sampled
+of a remote tar is verified with
+:data:`~dataflow.readers.tar.remote.REMOTE_VERIFY_HEADERS` exact ranged reads of sampled
 headers.
 
 A tar holding only its end-of-archive blocks is a shard of zero samples and no fields (a
@@ -24,127 +25,42 @@ index was built for, and that each sample read still starts with a tar header at
 offset (the first and last bytes of the ``ustar`` magic), so a tar rewritten in place is
 refused rather than read at stale offsets.
 
-Damage is dealt with when the index is built (see :mod:`dataflow.readers.tarbuild`): under
+Damage is dealt with when the index is built (see :mod:`dataflow.readers.tar.build`): under
 ``on_error="skip"`` the damaged samples are left out of the index and counted once, so reads
-never meet them. A cached index is trusted only when it verifies (identity, digest, fit to
-the tar, sampled headers); one that does not is rebuilt, with a warning when the shard's
-identity matched (a damaged or tampered index).
+never meet them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import mmap
 import os
 import tempfile
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 
 from dataflow.batch import Batch, FieldSpec, Ragged
-from dataflow.errors import (
-    ConfigError,
-    IndexCacheError,
-    OutdatedIndex,
-    ShardChangedError,
-    ShardReadError,
-)
+from dataflow.errors import ShardChangedError, ShardReadError
 from dataflow.readers.base import ShardReader
 from dataflow.readers.gather import range_rows
 from dataflow.readers.guard import FileGuard, changed
-from dataflow.readers.tarbuild import build_index
-from dataflow.readers.tarindex import MISSING_FIELD, TarIndex, gather_fixed, split_name
-from dataflow.readers.tarindexfile import load_tar_index, save_tar_index
-from dataflow.readers.tarwalk import BLOCK as TAR_BLOCK
-from dataflow.readers.tarwalk import member_name
-from dataflow.storage.cache import cache_name, local_copy, write_atomic
+from dataflow.readers.tar.build import build_index
+from dataflow.readers.tar.index import TarIndex, gather_fixed, gather_ragged, sample_keys
+from dataflow.readers.tar.indexcache import find_index, index_paths, save_index
+from dataflow.readers.tar.options import DEFAULT_OPTIONS, KEY_FIELD, TarOptions
+from dataflow.readers.tar.remote import HeaderProbe, remote_problem
+from dataflow.storage.cache import local_copy
 from dataflow.storage.remote import RemoteConfig
 from dataflow.storage.remotefile import RemoteBlob
-from dataflow.storage.sources import INDEX_SUFFIX, is_local, local_path
 
 log = logging.getLogger(__name__)
-
-REMOTE_VERIFY_HEADERS = 8
-"""Sample headers checked when the cached index of a remote tar is loaded (a local tar's
-check reads up to 64): each costs a ranged GET per shard at every start, and the index is
-already tied to the shard's size and ETag or modification time."""
 
 _MAGIC_AT = 257
 _MAGIC_FIRST, _MAGIC_LAST = ord("u"), ord("r")
 """Where a tar header holds its magic ``ustar`` (ustar, GNU and PAX headers), and the
 magic's first and last bytes, which a read checks (two gathers cost ~6 us per 256 samples,
 the whole magic ~40 us)."""
-
-KEY_FIELD = "__key__"
-"""The field holding each sample's WebDataset key (``TarOptions(keys=True)``)."""
-
-
-@dataclass(frozen=True)
-class TarOptions:
-    """WebDataset conventions a tar reader follows.
-
-    Attributes:
-        keys: add each sample's key (its members' path up to the first dot of the base name,
-            ``dir/000017`` for ``dir/000017.jpg``) as the ``str`` field ``__key__``.
-        missing_field: a sample lacking some of the fields most samples of its shard have:
-            ``"error"`` (damaged: ``on_error`` decides), ``"skip"`` (left out and counted as
-            skipped, whatever ``on_error``) or ``"fill"`` (served with the field empty:
-            ``b""`` / ``""`` for bytes and text, :data:`~dataflow.readers.tarindex.FILL_INT`
-            for integers, zeros for ``.npy`` arrays).
-    """
-
-    keys: bool = False
-    missing_field: str = "error"
-
-    def __post_init__(self) -> None:
-        if self.missing_field not in MISSING_FIELD:
-            raise ConfigError(f"`missing_field` must be one of {MISSING_FIELD}. "
-                              f"Found: {self.missing_field!r}")
-
-
-DEFAULT_OPTIONS = TarOptions()
-
-
-def _gather_ragged(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Ragged:
-    """Rows ``buf[offs[i]:offs[i] + sizes[i]]`` copied back to back (one ``np.concatenate``
-    of views)."""
-    bounds = np.zeros(len(offs) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=bounds[1:])
-    values = np.concatenate(
-        [buf[o : o + s] for o, s in zip(offs.tolist(), sizes.tolist(), strict=True)]
-        or [np.empty(0, dtype=np.uint8)]
-    )
-    return Ragged(values, bounds, kind)
-
-
-def _index_paths(url: str, cache_dir: str, missing_field: str) -> list[str]:
-    """Candidate index locations, preferred first: beside a local shard, then in cache_dir.
-    Indexes built under another ``missing_field`` than ``"error"`` have their own name."""
-    suffix = INDEX_SUFFIX if missing_field == "error" else f".{missing_field}{INDEX_SUFFIX}"
-    cached = os.path.join(cache_dir, cache_name(url, suffix))
-    return [local_path(url) + suffix, cached] if is_local(url) else [cached]
-
-
-def save_index(index: TarIndex, paths: list[str]) -> str | None:
-    """Save ``index`` at the first of ``paths`` whose directory accepts the write.
-
-    Writability is decided by trying: a directory that refuses the file (permissions, a
-    read-only filesystem) passes the index on to the next candidate.
-
-    Returns:
-        Where the index was saved, or ``None`` if no candidate accepted it (logged).
-    """
-    for path in paths:
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            write_atomic(path, lambda f: save_tar_index(index, f))
-            return path
-        except OSError as e:
-            log.debug("cannot write tar index %s: %s", path, e)
-    log.warning("tar index not cached: none of %s is writable", paths)
-    return None
 
 
 class TarReader(ShardReader):
@@ -180,9 +96,11 @@ class TarReader(ShardReader):
         self._buf = np.empty(0, dtype=np.uint8)
         self._blob = source if isinstance(source, RemoteBlob) and not gzipped else None
         ident = source.identity
-        paths = _index_paths(url, cache_dir, options.missing_field)
+        paths = index_paths(url, cache_dir, options.missing_field)
         if self._blob is not None:
-            self.index_path, index = self._find_index(paths, ident, _HeaderProbe(self._blob))
+            probe = HeaderProbe(self._blob)
+            self.index_path, index = find_index(url, paths, ident, self.on_error,
+                                                lambda ix: remote_problem(ix, probe))
             self.index_built = index is None
             if index is None:
                 index = self._index_remote(self._blob, cache_dir, ident)
@@ -206,7 +124,8 @@ class TarReader(ShardReader):
             self._damaged(ShardReadError(url, f"{damage}: the rest of the shard, from the first "
                                          "damage the tar walk meets, is lost (its samples "
                                          "cannot be counted)"))
-        self.index_path, index = self._find_index(paths, ident, data)
+        self.index_path, index = find_index(url, paths, ident, self.on_error,
+                                            lambda ix: ix.problem(data))
         self.index_built = index is None
         if index is None:
             try:
@@ -266,36 +185,6 @@ class TarReader(ShardReader):
         self.skipped = index.skipped
         self.skip_log.extend(index.skips)
 
-    def _find_index(
-        self, paths: list[str], ident: str, data: bytes | mmap.mmap | _HeaderProbe
-    ) -> tuple[str | None, TarIndex | None]:
-        """The first cached index that is current and verifies against the tar, with its
-        path; a rejected one that claims to be current is logged."""
-        for path in paths:
-            try:
-                index = load_tar_index(path, self.url)
-            except FileNotFoundError:
-                continue
-            except OutdatedIndex as e:
-                log.info("cached tar index outdated, rebuilding: %s", e)
-                continue
-            except IndexCacheError as e:
-                log.warning("cached tar index rejected, rebuilding: %s", e)
-                continue
-            if index.identity != ident:
-                log.debug("%s: cached tar index %s is of another version of the shard",
-                          self.url, path)
-                continue
-            if self.on_error == "raise" and index.skips:
-                continue  # built under "skip": it hides damage that must raise
-            problem = (_remote_problem(index, data) if isinstance(data, _HeaderProbe)
-                       else index.problem(data))
-            if problem is None:
-                return path, index
-            log.warning("%s: cached tar index %s rejected, rebuilding: %s", self.url, path,
-                        problem)
-        return None, None
-
     def __len__(self) -> int:
         return len(self._index)
 
@@ -328,7 +217,7 @@ class TarReader(ShardReader):
                     arr[sizes[:, j] < 0] = 0
                 out[spec.name] = arr
             else:
-                out[spec.name] = _gather_ragged(buf, offs, np.maximum(sizes[:, j], 0)
+                out[spec.name] = gather_ragged(buf, offs, np.maximum(sizes[:, j], 0)
                                                 if self._filled[j] else sizes[:, j], codec)
         if self.tar.keys and ix.schema:
             out[KEY_FIELD] = self._key_rows(rows)
@@ -357,28 +246,15 @@ class TarReader(ShardReader):
         """The ``__key__`` of ``rows``, read from the samples' tar headers on first use (a
         remote tar's headers are fetched then, in parallel)."""
         if self._keys is None:
-            data: bytes | mmap.mmap | _HeaderProbe = self._mm if self._mm is not None else b""
+            data: bytes | mmap.mmap | HeaderProbe = self._mm if self._mm is not None else b""
             if self._blob is not None:
-                data = _HeaderProbe(self._blob)
+                data = HeaderProbe(self._blob)
                 data.prefetch(self._index.headers)
-            raw = []
-            for i, pos in enumerate(self._index.headers.tolist()):
-                try:
-                    parts = split_name(member_name(cast(bytes, data), pos))
-                except ValueError as e:
-                    raise ShardReadError(self.url, f"sample key: {e}", offset=pos,
-                                         index=i) from e
-                if parts is None:
-                    raise ShardReadError(self.url, "sample key: the member has none",
-                                         offset=pos, index=i)
-                raw.append(parts[0].encode("utf-8", "surrogateescape"))
-            bounds = np.zeros(len(raw) + 1, dtype=np.int64)
-            np.cumsum([len(r) for r in raw], out=bounds[1:])
-            self._keys = Ragged(np.frombuffer(b"".join(raw), dtype=np.uint8), bounds, "str")
+            self._keys = sample_keys(self.url, cast(bytes, data), self._index.headers)
         keys = self._keys
         starts = keys.offsets[:-1][rows]
         stops = keys.offsets[1:][rows]
-        return _gather_ragged(keys.values, starts, stops - starts, "str")
+        return gather_ragged(keys.values, starts, stops - starts, "str")
 
     def _fetch(self, blob: RemoteBlob, offsets: np.ndarray,
                sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -420,43 +296,3 @@ class TarReader(ShardReader):
                 mm.close()
             except BufferError:
                 log.debug("%s: arrays still view the map; it is unmapped when they go", self.url)
-
-
-def _remote_problem(index: TarIndex, probe: _HeaderProbe) -> str | None:
-    """:meth:`TarIndex.problem` for a remote tar: every field within the tar, and the headers
-    of :data:`REMOTE_VERIFY_HEADERS` evenly spread samples (first and last included), fetched
-    in parallel."""
-    n = len(index)
-    if n and (index.offsets.min() < 0 or (index.offsets + index.sizes).max() > len(probe)):
-        return f"a field lies outside the tar's {len(probe)} bytes"
-    picks = np.unique(np.linspace(0, max(n - 1, 0), min(n, REMOTE_VERIFY_HEADERS)).astype(
-        np.int64))
-    sampled = dataclasses.replace(index, offsets=index.offsets[picks],
-                                  sizes=index.sizes[picks], ints=index.ints[picks],
-                                  headers=index.headers[picks])
-    probe.prefetch(sampled.headers)
-    return sampled.problem(cast(bytes, probe))  # problem() takes only len() and slices
-
-
-class _HeaderProbe:
-    """The length and slices of a remote tar, enough to check a cached index without
-    fetching the tar: headers are fetched by exact ranged reads (from the block cache when it
-    holds them)."""
-
-    def __init__(self, blob: RemoteBlob) -> None:
-        self._blob = blob
-        self._got: dict[tuple[int, int], bytes] = {}
-
-    def prefetch(self, headers: np.ndarray) -> None:
-        """Fetch the tar header block at each of ``headers`` (byte offsets), in parallel."""
-        spans = [(h, h + TAR_BLOCK) for h in headers.tolist()]
-        got = self._blob.remote.pool.map(lambda s: self._blob.read_exact(*s), spans)
-        self._got = dict(zip(spans, got, strict=True))
-
-    def __len__(self) -> int:
-        return self._blob.size
-
-    def __getitem__(self, at: slice) -> bytes:
-        start, stop, _ = at.indices(self._blob.size)
-        found = self._got.get((start, stop))
-        return found if found is not None else self._blob.read_exact(start, stop)
