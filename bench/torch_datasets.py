@@ -23,7 +23,7 @@ import webdataset as wds
 from torch.utils.data import Dataset, default_collate
 
 from dataflow.batch import FieldSpec, Ragged, Schema
-from dataflow.convert import from_arrow
+from dataflow.convert.tables import from_arrow
 from dataflow.errors import ShardReadError
 from dataflow.storage.sources import local_path
 

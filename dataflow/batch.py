@@ -6,7 +6,7 @@ A batch is a ``dict[str, Column]`` where a column is either
 * a :class:`Ragged` column for a variable-length field (bytes, text, variable lists),
   Arrow style: one flat ``values`` array and ``offsets`` of shape ``(n + 1,)``.
 
-This module needs numpy only; the conversion from Arrow is :mod:`dataflow.convert`.
+This module needs numpy only; the conversion from Arrow is :mod:`dataflow.convert.tables`.
 """
 
 from __future__ import annotations

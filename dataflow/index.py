@@ -14,7 +14,7 @@ from typing import Any
 
 from dataflow.batch import FieldSpec, Schema
 from dataflow.checks import check_int
-from dataflow.columns import ReadOptions
+from dataflow.convert.columns import ReadOptions
 from dataflow.errors import ConfigError, SchemaMismatchError
 
 

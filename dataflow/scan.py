@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from dataflow.batch import Schema
 from dataflow.checks import check_int
-from dataflow.columns import ReadOptions, serving_options, with_extras, with_hive
+from dataflow.convert.columns import ReadOptions, serving_options, with_extras, with_hive
 from dataflow.errors import ConfigError
 from dataflow.index import DatasetIndex, check_schemas
 from dataflow.readers import open_shard

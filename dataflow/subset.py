@@ -1,7 +1,7 @@
 """A client's column subset: which fields of a batch it keeps.
 
 A HELLO may name ``columns``: served field names or parent names, matched as the server's
-``--columns`` matches them (:func:`dataflow.columns.is_under`): ``image`` keeps
+``--columns`` matches them (:func:`dataflow.convert.columns.is_under`): ``image`` keeps
 ``image.bytes`` and ``image.path``. What goes with a field is named under it, so it is kept
 with it: a nullable field's ``.valid`` mask, a nested list's ``.lengths<j>``, and, in a
 client's batch, a ragged field's ``.offsets`` (a server's batch holds those inside the field's
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
-from dataflow.columns import is_under
+from dataflow.convert.columns import is_under
 from dataflow.errors import SchemaError
 
 T = TypeVar("T")

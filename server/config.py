@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from dataflow.checks import check_int
-from dataflow.columns import ReadOptions
+from dataflow.convert.columns import ReadOptions
 from dataflow.errors import ConfigError
 from dataflow.exporter import check_metrics_address
 from dataflow.readers.tar.options import DEFAULT_OPTIONS, TarOptions
@@ -109,7 +109,7 @@ class ServerConfig:
         metrics_port: TCP port of the Prometheus ``/metrics`` endpoint (0: a free one); None:
             no endpoint.
         metrics_bind: IP address the metrics endpoint listens on.
-        read: which columns are served and how (:mod:`dataflow.columns`).
+        read: which columns are served and how (:mod:`dataflow.convert.columns`).
         split: the split of a Hugging Face DatasetDict root.
         remote: storage options and local cache size for remote shards.
         index_workers: shards opened at once while the dataset index is built.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dataflow.columns import DECIMAL, DICTIONARY, NULLS, ReadOptions, parse_fill
+from dataflow.convert.columns import DECIMAL, DICTIONARY, NULLS, ReadOptions, parse_fill
 
 
 def add_data_flags(p: argparse.ArgumentParser) -> None:

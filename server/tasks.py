@@ -15,7 +15,7 @@ import numpy as np
 
 from dataflow import wire
 from dataflow.batch import batch_len
-from dataflow.columns import ReadOptions
+from dataflow.convert.columns import ReadOptions
 from dataflow.errors import DataflowError, InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges

@@ -11,7 +11,7 @@ import os
 import struct
 from typing import TYPE_CHECKING, Any
 
-from dataflow.columns import ReadOptions
+from dataflow.convert.columns import ReadOptions
 from dataflow.errors import ShardChangedError, ShardReadError
 from dataflow.readers.base import ShardReader
 from dataflow.readers.damage import MAX_SKIP_LOG, SkipRecord, check_on_error

@@ -29,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.batch import Batch, Schema
-from dataflow.columns import Census, ReadOptions
-from dataflow.convert import DEFAULT, census, check_selection, schema_of_arrow
+from dataflow.convert.columns import Census, ReadOptions
+from dataflow.convert.tables import DEFAULT, census, check_selection, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.arrowmeta import record_batch_meta
 from dataflow.readers.base import ShardReader, empty_batch

@@ -23,8 +23,8 @@ from typing import overload
 import pyarrow as pa
 
 from dataflow.batch import Batch
-from dataflow.columns import ReadOptions
-from dataflow.convert import DEFAULT
+from dataflow.convert.columns import ReadOptions
+from dataflow.convert.tables import DEFAULT
 from dataflow.errors import ShardReadError
 from dataflow.readers.arrow import ArrowBatches
 from dataflow.storage.remotefile import RemoteBlob, buffered

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dataflow.batch import Batch, Ragged, Schema, batch_len, concat
-from dataflow.columns import Census, ReadOptions, hive_columns
+from dataflow.convert.columns import Census, ReadOptions, hive_columns
 from dataflow.errors import DataflowError, ShardChangedError, ShardReadError
 from dataflow.readers.damage import MAX_SKIP_LOG, SkipRecord, check_on_error
 from dataflow.readers.guard import FileGuard
@@ -224,7 +224,7 @@ class ShardReader(ABC):
         Only the Arrow and Parquet readers call this, so pyarrow is imported here, not with
         the module (a tar-only server never loads it).
         """
-        from dataflow.convert import from_arrow
+        from dataflow.convert.tables import from_arrow
 
         try:
             batch = from_arrow(table, self.schema, self.options)

@@ -20,10 +20,11 @@ group met only in a read-ahead fails nothing).
 Parquet has no tensor type: a fixed-size list field whose Arrow field metadata carries
 ``b"dataflow.shape"`` (a JSON list, e.g. ``b"[3,64,64]"``) is read as that shape.
 
-Only the columns :class:`~dataflow.columns.ReadOptions` selects are decoded. Null counts come
-from the row groups' statistics; a column whose statistics do not rule nulls out is decoded
-once, row group by row group, to count them (when the index is built, not when serving); a row
-group failing there is damage, raised or (``on_error="skip"``) remembered as for a read.
+Only the columns :class:`~dataflow.convert.columns.ReadOptions` selects are decoded. Null
+counts come from the row groups' statistics; a column whose statistics do not rule nulls out
+is decoded once, row group by row group, to count them (when the index is built, not when
+serving); a row group failing there is damage, raised or (``on_error="skip"``) remembered as
+for a read.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataflow.batch import Batch, Schema
-from dataflow.columns import ReadOptions
-from dataflow.convert import (
+from dataflow.convert.columns import ReadOptions
+from dataflow.convert.tables import (
     DEFAULT,
     Census,
     census,

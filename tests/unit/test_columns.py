@@ -14,14 +14,14 @@ from dataflow.batch import (
     schema_from_json,
     schema_to_json,
 )
-from dataflow.columns import (
+from dataflow.convert.columns import (
     ReadOptions,
     hive_columns,
     hive_levels,
     parse_fill,
     serving_options,
 )
-from dataflow.convert import check_selection, from_arrow, schema_of_arrow
+from dataflow.convert.tables import check_selection, from_arrow, schema_of_arrow
 from dataflow.errors import ConfigError, SchemaError
 
 

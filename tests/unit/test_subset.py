@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dataflow.batch import Ragged
-from dataflow.columns import ReadOptions, is_under
+from dataflow.convert.columns import ReadOptions, is_under
 from dataflow.errors import SchemaError
 from dataflow.subset import select, unmatched
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from dataflow.batch import FieldSpec
-from dataflow.columns import ReadOptions
-from dataflow.convert import base_schema, census, from_arrow, schema_of_arrow
+from dataflow.convert.columns import ReadOptions
+from dataflow.convert.tables import base_schema, census, from_arrow, schema_of_arrow
 from dataflow.errors import SchemaError
 
 

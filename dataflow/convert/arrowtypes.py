@@ -1,15 +1,15 @@
-"""How each Arrow type becomes batch fields: the type rules of :mod:`dataflow.convert`.
+"""How each Arrow type becomes batch fields: the type rules of :mod:`dataflow.convert.tables`.
 
 A *leaf* is a column after structs are flattened (``image`` -> ``image.bytes``,
 ``image.path``). :func:`leaf_specs` gives a leaf's fields from its type alone (the schema);
-:func:`dataflow.arrowdata.leaf_columns` converts its data to exactly those fields.
+:func:`dataflow.convert.arrowdata.leaf_columns` converts its data to exactly those fields.
 
 Nested lists travel as one ragged field holding each sample's innermost values back to back,
 plus, for each inner variable-length level ``j``, a ragged int64 field ``<name>.lengths<j>``
 holding the lengths of that level's lists; fixed-size levels need no field. The field's
 metadata ``levels`` lists the levels outermost first (``"var"`` or the fixed size).
 
-The conversion of the data itself is :mod:`dataflow.arrowdata`.
+The conversion of the data itself is :mod:`dataflow.convert.arrowdata`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.batch import FieldSpec
-from dataflow.columns import ReadOptions
+from dataflow.convert.columns import ReadOptions
 from dataflow.errors import SchemaError
 
 EXT_NAME = b"ARROW:extension:name"

@@ -1,4 +1,4 @@
-"""How a leaf's Arrow data becomes the batch fields :mod:`dataflow.arrowtypes` gives it."""
+"""How a leaf's Arrow data becomes the batch fields :mod:`dataflow.convert.arrowtypes` gives it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dataflow.arrowtypes import INNER, VAR, is_text, normalize_type, primitive
 from dataflow.batch import Column, FieldSpec, Ragged
-from dataflow.columns import ReadOptions
+from dataflow.convert.arrowtypes import INNER, VAR, is_text, normalize_type, primitive
+from dataflow.convert.columns import ReadOptions
 from dataflow.errors import SchemaError
 
 

@@ -1,8 +1,8 @@
 """Arrow -> :mod:`dataflow.batch` conversion: vectorized, zero-copy where Arrow's layout allows.
 
 Struct columns are flattened to ``parent.child`` leaves (a list of structs to one list per
-child), the leaves :class:`~dataflow.columns.ReadOptions` selects are converted by the type
-rules of :mod:`dataflow.arrowtypes`, and null slots are filled, with a ``<name>.valid`` mask
+child), the leaves :class:`~dataflow.convert.columns.ReadOptions` selects are converted by the type
+rules of :mod:`dataflow.convert.arrowtypes`, and null slots are filled, with a ``<name>.valid`` mask
 for masked fields.
 """
 
@@ -17,10 +17,10 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from dataflow.arrowdata import dictionary_values, fill_nulls, leaf_columns, normalize_array
-from dataflow.arrowtypes import leaf_specs
 from dataflow.batch import Batch, FieldSpec, Schema
-from dataflow.columns import (
+from dataflow.convert.arrowdata import dictionary_values, fill_nulls, leaf_columns, normalize_array
+from dataflow.convert.arrowtypes import leaf_specs
+from dataflow.convert.columns import (
     ITEMS_SUFFIX,
     VALID_SUFFIX,
     Census,
