@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from dataflow.batch import Schema
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import SpecError
+from dataflow.index.scan import build_index
 from dataflow.readers import detect_format
-from dataflow.scan import build_index
 from dataflow.storage.sources import is_local, local_path, open_file
 
 _READ_CHUNK = 8 << 20

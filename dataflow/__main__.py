@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataflow.batch import batch_len, batch_nbytes
 from dataflow.demo import ARROW_KINDS, FORMATS, DemoSpec, describe, make_demo, parse_shape
 from dataflow.errors import ConfigError, DataflowError
+from dataflow.index.scan import build_index
 from dataflow.readers import open_shard
 from dataflow.readers.damage import ON_ERROR
-from dataflow.scan import build_index
 from dataflow.security import generate_keys
 
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import zmq
 
 from dataflow.errors import DataflowError, ServerStartError
-from dataflow.indexcache import load_index
-from dataflow.scan import ScanOptions, resolve_dataset
+from dataflow.index.cache import load_index
+from dataflow.index.scan import ScanOptions, resolve_dataset
 from dataflow.server import health
 from dataflow.server.config import ServerConfig
 from dataflow.server.flags import parse_args

@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry
 from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
 from dataflow.client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
-from dataflow.scan import build_index
+from dataflow.index.scan import build_index
 from dataflow.server import launch
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -15,8 +15,8 @@ import pytest
 from dataflow.client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardReadError
+from dataflow.index.scan import build_index
 from dataflow.readers import open_shard
-from dataflow.scan import build_index
 from dataflow.server import launch
 from dataflow.storage.remote import RemoteConfig
 from dataflow.storage.remotefile import BLOCK_BYTES

@@ -21,7 +21,7 @@ from srvtools import RawClient, scrape, wait_for
 from dataflow.client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ServerUnavailable, ShardReadError
-from dataflow.scan import build_index
+from dataflow.index.scan import build_index
 
 SHARDS = 3
 

@@ -102,7 +102,7 @@ def test_protocol_and_client_do_not_load_pyarrow_and_server_not_torch() -> None:
                           timeout=50)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [False, True]
-    server_only = ("import sys; import dataflow.server.__main__, dataflow.scan; "
+    server_only = ("import sys; import dataflow.server.__main__, dataflow.index.scan; "
                    "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", server_only], capture_output=True, text=True,
                           timeout=50)

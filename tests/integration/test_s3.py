@@ -15,7 +15,7 @@ from dataflow.bench.experiments.s3local import CREDENTIALS, S3Proxy, moto_s3, s3
 from dataflow.client import DataLoader
 from dataflow.demo import DemoResult, DemoSpec, make_demo
 from dataflow.errors import ServerUnavailable, SpecError
-from dataflow.scan import build_index
+from dataflow.index.scan import build_index
 from dataflow.server import launch
 from dataflow.storage.remote import RemoteConfig
 from dataflow.storage.remotefile import BLOCKS_DIR

@@ -7,8 +7,8 @@ import pytest
 
 from dataflow.bench.startup import SCENARIOS, StartupConfig, format_rows, summarize, write_shards
 from dataflow.errors import ConfigError
+from dataflow.index.scan import build_index
 from dataflow.readers import open_shard
-from dataflow.scan import build_index
 
 
 def test_shards_hold_every_id_once(tmp_path) -> None:

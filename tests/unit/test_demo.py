@@ -12,8 +12,8 @@ import pytest
 from dataflow.__main__ import main
 from dataflow.demo import DemoSpec, make_demo, shard_sizes
 from dataflow.errors import ConfigError
+from dataflow.index.scan import build_index
 from dataflow.readers import open_shard
-from dataflow.scan import build_index
 
 
 def _digest(directory: str) -> str:

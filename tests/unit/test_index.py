@@ -20,8 +20,8 @@ from dataflow.batch import FieldSpec
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ConfigError, SchemaMismatchError, ShardReadError, SpecError
 from dataflow.index import DatasetIndex
+from dataflow.index.scan import build_index
 from dataflow.readers import open_shard
-from dataflow.scan import build_index
 
 
 def _arrow(path: str, **cols) -> str:
@@ -181,7 +181,7 @@ def test_zero_byte_shards_are_damaged(tmp_path, caplog, name: str) -> None:
     _zero_bytes(empty)
     with pytest.raises(ShardReadError, match=rf"{re.escape(empty)}.*empty file \(zero bytes\)"):
         build_index(str(tmp_path), cache_dir=str(tmp_path / "c"))
-    with caplog.at_level(logging.WARNING, "dataflow.scan"):
+    with caplog.at_level(logging.WARNING, "dataflow.index.scan"):
         index = build_index(str(tmp_path), cache_dir=str(tmp_path / "c"), on_error="skip")
     assert dict(zip(index.shards, index.sizes, strict=True)) == {a: 3, empty: 0}
     assert index.skipped == ()

@@ -11,8 +11,8 @@ import pytest
 
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ConfigError, ShardReadError
-from dataflow.indexcache import cache_path, load_index
-from dataflow.scan import scan_shards
+from dataflow.index.cache import cache_path, load_index
+from dataflow.index.scan import scan_shards
 from dataflow.storage.sources import resolve
 
 SPEC = DemoSpec(fmt="tar", shards=6, samples_per_shard=12, image_shape=(2,))
@@ -29,7 +29,7 @@ def _load(shards: list[str], cache: str, **kw):
 
 def test_second_load_hits_and_equals_the_first(shards, tmp_path, caplog) -> None:
     cache = str(tmp_path / "cache")
-    with caplog.at_level(logging.INFO, "dataflow.indexcache"):
+    with caplog.at_level(logging.INFO, "dataflow.index.cache"):
         first = _load(shards, cache)
     assert not first.hit and first.path == cache_path(cache, shards, "raise")
     assert "index cache miss: no cache file" in caplog.text
@@ -64,7 +64,7 @@ def test_changed_shard_misses(shards, tmp_path, caplog, change: str) -> None:
         with pytest.raises(ShardReadError, match=os.path.basename(victim)):
             _load(shards, cache)
         return
-    with caplog.at_level(logging.INFO, "dataflow.indexcache"):
+    with caplog.at_level(logging.INFO, "dataflow.index.cache"):
         after = _load(shards, cache)
     assert not after.hit
     assert f"1 of {len(shards)} shard(s) changed since it was written, first {victim}" in (
@@ -89,7 +89,7 @@ def test_damaged_cache_is_rebuilt_with_a_warning(shards, tmp_path, caplog, damag
                "empty": b"", "garbage": b"\x00\xff" * 40}[damage]
         with open(good.path, "wb") as f:
             f.write(bad)
-    with caplog.at_level(logging.WARNING, "dataflow.indexcache"):
+    with caplog.at_level(logging.WARNING, "dataflow.index.cache"):
         again = _load(shards, cache)
     assert not again.hit and again.index == good.index
     assert f"index cache {good.path} rejected, rebuilding" in caplog.text
@@ -121,7 +121,7 @@ def test_consistent_cache_of_other_shards_is_refused(shards, tmp_path, caplog) -
     other = _load(shards[:3], cache)
     assert other.path is not None
     os.replace(other.path, cache_path(cache, shards, "raise"))
-    with caplog.at_level(logging.WARNING, "dataflow.indexcache"):
+    with caplog.at_level(logging.WARNING, "dataflow.index.cache"):
         got = _load(shards, cache)
     assert not got.hit and len(got.index.shards) == len(shards)
     assert "it indexes other shards" in caplog.text
@@ -130,7 +130,7 @@ def test_consistent_cache_of_other_shards_is_refused(shards, tmp_path, caplog) -
 def test_unwritable_cache_dir_still_loads(shards, tmp_path, caplog) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with caplog.at_level(logging.WARNING, "dataflow.indexcache"):
+    with caplog.at_level(logging.WARNING, "dataflow.index.cache"):
         got = _load(shards, str(blocker))
     assert not got.hit and got.path is None and got.index.total > 0
     assert "index cache not written" in caplog.text
@@ -150,7 +150,7 @@ def test_parallel_scan_equals_serial(tmp_path, n_shards: int, workers: int) -> N
 
 
 def test_progress_bar_goes_to_stderr(shards, tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr("dataflow.scan.PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr("dataflow.index.scan.PROGRESS_DELAY_S", 0.0)
     _load(shards, str(tmp_path / "quiet"))
     assert capsys.readouterr().err == ""
     _load(shards, str(tmp_path / "shown"), progress=True)

@@ -24,10 +24,10 @@ import pytest
 
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardReadError
+from dataflow.index.scan import build_index
 from dataflow.readers import ShardReader, open_shard
 from dataflow.readers.damage import split_damaged
 from dataflow.readers.tar.indexfile import load_tar_index, save_tar_index
-from dataflow.scan import build_index
 
 TAR_SPEC = DemoSpec(fmt="tar", shards=1, samples_per_shard=234, uneven=False,
                     image_shape=(3, 16, 16), seed=2)
@@ -444,7 +444,7 @@ def test_build_index_logs_skips_per_shard_and_total(tmp_path, caplog) -> None:
     bad = demo.paths[1]
     first = demo.sizes[0]
     _flip(bad, _members(bad)[f"{first + 4:09d}.text"].offset_data - 512 + 5)
-    with caplog.at_level(logging.WARNING, "dataflow.scan"):
+    with caplog.at_level(logging.WARNING, "dataflow.index.scan"):
         index = build_index(demo.paths, on_error="skip", cache_dir=str(tmp_path / "c"))
     assert index.sizes == (demo.sizes[0], demo.sizes[1] - 1)
     assert f"{bad}: 1 sample(s) skipped, 2 damage record(s)" in caplog.text

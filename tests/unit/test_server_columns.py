@@ -12,7 +12,7 @@ import pytest
 
 from dataflow import wire
 from dataflow.batch import Batch, Ragged
-from dataflow.scan import build_index
+from dataflow.index.scan import build_index
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import Transform, load_transform
 from dataflow.wire.internal import Task

@@ -10,8 +10,8 @@ import pytest
 
 from dataflow.errors import SpecError
 from dataflow.index import DatasetIndex
-from dataflow.scan import build_index
-from dataflow.splits import dataset_shards
+from dataflow.index.scan import build_index
+from dataflow.index.splits import dataset_shards
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from dataflow.checks import check_int
 from dataflow.errors import ConfigError, DataflowError, IndexCacheError, OutdatedIndex
-from dataflow.index import DatasetIndex
-from dataflow.scan import (
+from dataflow.index.dataset import DatasetIndex
+from dataflow.index.scan import (
     DEFAULT_SCAN,
     MAX_OPEN_WORKERS,
     Scanned,
@@ -163,13 +163,13 @@ def load_index(
     Args:
         shards: the resolved shard list (:func:`dataflow.storage.sources.resolve`).
         cache_dir, on_error, max_workers, progress: as for
-            :func:`dataflow.scan.build_index`; ``cache_dir`` also holds the index cache
+            :func:`dataflow.index.scan.build_index`; ``cache_dir`` also holds the index cache
             (default :func:`~dataflow.storage.cache.default_cache_dir`).
-        how: as for :func:`dataflow.scan.scan_shards`.
+        how: as for :func:`dataflow.index.scan.scan_shards`.
 
     Raises:
         ShardReadError, SchemaMismatchError, ConfigError: as
-            :func:`dataflow.scan.build_index` (a cache hit opens no shard, so raises none of
+            :func:`dataflow.index.scan.build_index` (a cache hit opens no shard, so raises none of
             the shard errors).
     """
     max_workers = check_int("max_workers", max_workers, 1)

@@ -14,11 +14,11 @@ from dataflow.batch import Schema
 from dataflow.checks import check_int
 from dataflow.convert.columns import ReadOptions, serving_options, with_extras, with_hive
 from dataflow.errors import ConfigError
-from dataflow.index import DatasetIndex, check_schemas
+from dataflow.index.dataset import DatasetIndex, check_schemas
+from dataflow.index.splits import dataset_shards
 from dataflow.readers import open_shard
 from dataflow.readers.damage import SkipRecord, check_on_error
 from dataflow.readers.tar.options import DEFAULT_OPTIONS, TarOptions
-from dataflow.splits import dataset_shards
 from dataflow.storage.cache import identity
 from dataflow.storage.remote import RemoteConfig
 from dataflow.storage.sources import is_local
@@ -236,7 +236,7 @@ def build_index(
         options: which columns to serve and how (default: all, nulls masked); completed
             with the hive levels (:func:`resolve_dataset`), the fields holding nulls and the
             categories of dictionary fields into the index's ``read``.
-        split: the split of a Hugging Face ``DatasetDict`` root (see :mod:`dataflow.splits`).
+        split: the split of a Hugging Face ``DatasetDict`` root (see :mod:`dataflow.index.splits`).
         tar: passed to :func:`dataflow.readers.open_shard`.
         remote: storage options and cache size for remote shards.
 

@@ -1,6 +1,6 @@
 """The dataset index: every shard, its sample count, and the one schema they share.
 
-Pure data (JSON in and out); building one from shards is :mod:`dataflow.scan`.
+Pure data (JSON in and out); building one from shards is :mod:`dataflow.index.scan`.
 """
 
 from __future__ import annotations
