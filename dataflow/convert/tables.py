@@ -1,9 +1,9 @@
 """Arrow -> :mod:`dataflow.batch` conversion: vectorized, zero-copy where Arrow's layout allows.
 
 Struct columns are flattened to ``parent.child`` leaves (a list of structs to one list per
-child), the leaves :class:`~dataflow.convert.columns.ReadOptions` selects are converted by the type
-rules of :mod:`dataflow.convert.arrowtypes`, and null slots are filled, with a ``<name>.valid`` mask
-for masked fields.
+child), the leaves :class:`~dataflow.convert.columns.ReadOptions` selects are converted by the
+type rules of :mod:`dataflow.convert.arrowtypes`, and null slots are filled, with a
+``<name>.valid`` mask for masked fields.
 """
 
 from __future__ import annotations

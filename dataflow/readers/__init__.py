@@ -2,6 +2,15 @@
 
 ``open_shard(url)`` returns a :class:`ShardReader` giving random access to a shard's samples
 as columnar batches; :func:`read_ranges` reads the ranges of one request across shards.
+
+* formats: :mod:`~dataflow.readers.tar` (WebDataset tars), :mod:`~dataflow.readers.parquet`,
+  :mod:`~dataflow.readers.arrow` (Arrow IPC files and streams; remote ones
+  :mod:`~dataflow.readers.arrowremote`, record batch metadata :mod:`~dataflow.readers.arrowmeta`);
+* what they share: :mod:`~dataflow.readers.base` (the interface), :mod:`~dataflow.readers.damage`
+  (``on_error`` and what damage lost), :mod:`~dataflow.readers.guard` (a local file held open
+  and checked), :mod:`~dataflow.readers.gather` (rows out of chunks),
+  :mod:`~dataflow.readers.lost` (a shard that serves nothing),
+  :mod:`~dataflow.readers.multi` (many ranges at once).
 """
 
 from __future__ import annotations
