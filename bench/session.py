@@ -11,7 +11,14 @@ from typing import TextIO
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData, load, warm_page_cache
 from dataflow.bench.plot import MISSING, plot_run
-from dataflow.bench.report import JsonDoc, format_table, machine_info, to_json, write_json
+from dataflow.bench.report import (
+    JsonDoc,
+    format_table,
+    headline,
+    machine_info,
+    to_json,
+    write_json,
+)
 from dataflow.bench.runner import BenchOutcome, Progress, run_all
 from dataflow.bench.steps import make_step
 
@@ -46,7 +53,7 @@ def header(cfg: BenchConfig, data: BenchData, step: str, page_cache: str) -> str
         f"data: {len(data.shards)} {data.fmt} shards, {data.total:,} samples, "
         f"{data.nbytes / 2**20:.1f} MiB (dataflow index {data.index_s:.2f} s)",
         f"step: {step}; batch {cfg.batch_size}; warm-up {cfg.warmup} + {cfg.steps} measured "
-        f"steps; {cfg.repeats} repeat(s), median reported",
+        f"steps; {cfg.repeats} repeat(s), loaders interleaved, median reported",
         f"CPU budget: {budget}",
         f"page cache: {page_cache}",
     ])
@@ -94,6 +101,9 @@ def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO = s
         png_path = plot_run(doc, os.path.join(cfg.out_dir, f"{tag}.png"))
     print(file=out)
     print(format_table(outcome, cfg.loaders), file=out)
+    quote = headline(outcome)
+    if quote is not None:
+        print(f"\n{quote}", file=out)
     for name, info in outcome.prepare.items():
         how = "cached" if info["cached"] else "converted now"
         print(f"{name}: data conversion took {info['seconds']:.1f} s ({how}, {info['path']})",

@@ -60,6 +60,16 @@ def test_sweep_points():
         point_config(base, "servers", 1.5)
 
 
+def test_the_demo_repeats_interleaved_runs(tmp_path):
+    def parsed(*extra):
+        return config_from_args(build_parser().parse_args(["demo", str(tmp_path), *extra]))
+
+    cfg = parsed()
+    assert (cfg.warmup, cfg.steps, cfg.repeats) == (5, 100, 3)
+    assert parsed("--repeats", "5").repeats == 5
+    assert parsed("--quick").repeats == 1
+
+
 def test_a_second_run_never_overwrites_the_first(tmp_path):
     def files(tag):
         return [f"{tag}.json", f"{tag}-servers-2.json"]
