@@ -143,8 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
         "fraction against it: where each loader stops keeping up.")
     _common(sweep)
     sweep.add_argument("--axis", choices=AXES, default="step-ms",
-                       help="setting to sweep; servers also sets --workers to servers x "
-                       "(workers per server) for every loader (default: %(default)s)")
+                       help="setting to sweep. servers: local servers of --workers/--servers "
+                       "readers each, and every loader gets servers x that many workers (the "
+                       "budget grows with the servers); servers-split: --workers in total for "
+                       "every loader, dataflow's split evenly over the servers (12: 1x12, "
+                       "2x6, 4x3; --servers is ignored) (default: %(default)s)")
     sweep.add_argument("--values", type=lambda t: _csv(float, t), default=[0.0, 5.0, 20.0],
                        help="comma-separated values of the axis (default: 0,5,20)")
     _startup_parser(sub)
@@ -248,9 +251,11 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                             image_shape=args.image_shape)]
     timing = dict(QUICK) if args.quick else {
         "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats}
+    # servers-split sweeps set the server count per point from --workers alone.
+    servers = 1 if getattr(args, "axis", None) == "servers-split" else args.servers
     return BenchConfig(
         data=tuple(data), loaders=tuple(args.loaders), batch_size=args.batch_size,
-        workers=args.workers, servers=args.servers, endpoints=tuple(args.endpoints),
+        workers=args.workers, servers=servers, endpoints=tuple(args.endpoints),
         step=args.step, step_ms=args.step_ms, shuffle=args.shuffle, seed=args.seed,
         prefetch=args.prefetch, inflight=args.inflight, timeout_s=args.timeout,
         out_dir=args.out, **timing,
