@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from dataflow.batch import Schema
 from dataflow.demo import DemoSpec, make_demo
-from dataflow.errors import SpecError
+from dataflow.errors import DatasetMismatchError, SpecError
+from dataflow.index import DatasetIndex
 from dataflow.index.scan import build_index
 from dataflow.readers import detect_format
 from dataflow.storage.sources import is_local, local_path, open_file
@@ -73,6 +74,37 @@ def load(specs: Sequence[str]) -> BenchData:
         fingerprint=index.fingerprint, schema=index.schema,
         nbytes=nbytes, index_s=index_s,
     )
+
+
+def check_same_dataset(data: BenchData, specs: Sequence[str], served: DatasetIndex,
+                       endpoints: Sequence[str]) -> None:
+    """Refuse a comparison in which the given servers serve another dataset than the local
+    loaders read.
+
+    Both are compared by their dataset fingerprint (:attr:`DatasetIndex.fingerprint`: each
+    shard's name under the dataset root, its sample count and its size and mtime or ETag, and
+    the schema), so a copy made with its mtimes (``cp -p``, ``rsync -t``) matches.
+
+    Args:
+        data: the dataset of ``specs``, as the local loaders read it.
+        specs: the bench's DATA specs (the demo dataset when none were given).
+        served: the dataset index the servers sent.
+        endpoints: the servers' endpoints.
+
+    Raises:
+        DatasetMismatchError: the fingerprints differ, naming both datasets' fingerprints,
+            shard and sample counts.
+    """
+    if served.fingerprint == data.fingerprint:
+        return
+    raise DatasetMismatchError(
+        f"the servers at {', '.join(endpoints)} serve dataset {served.fingerprint} "
+        f"({len(served.shards):,} shards, {served.total:,} samples), but DATA "
+        f"{', '.join(specs)} is dataset {data.fingerprint} ({len(data.shards):,} shards, "
+        f"{data.total:,} samples): the "
+        "loaders would read different samples and the comparison would measure different "
+        "work. Give as DATA the shards the servers read (a copy must keep its files' names, "
+        "sizes and mtimes: cp -p, rsync -t)")
 
 
 def warm_page_cache(data: BenchData) -> str:

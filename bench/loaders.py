@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -24,6 +24,7 @@ from dataflow.errors import LoaderClosedError, ServerUnavailable
 
 if TYPE_CHECKING:
     from dataflow.client import DataLoader
+    from dataflow.index import DatasetIndex
     from dataflow.server import ServerHandle
 
 Batch = Mapping[str, object]
@@ -63,6 +64,21 @@ def dataflow_budget(readers: tuple[int, ...], *, local: bool) -> str:
     unmeasured = "" if local else "; their CPU and RSS not measured"
     return (f"{len(readers)} {where} server(s): {shape} = {sum(readers)} reader process(es) "
             f"+ {len(readers)} front process(es){unmeasured}")
+
+
+def served_index(endpoints: Sequence[str], *, batch_size: int, timeout: float
+                 ) -> DatasetIndex:
+    """The dataset index the servers at ``endpoints`` serve, as a DataLoader receives it (the
+    first server to admit it; a server serving another dataset is kept out by the loader).
+
+    Raises:
+        ServerUnavailable: no server admitted a loader within ``timeout`` seconds.
+    """
+    from dataflow.client import DataLoader
+
+    with DataLoader(list(endpoints), batch_size=batch_size, rank=0, world_size=1,
+                    pin_memory=False, timeout=timeout) as loader:
+        return loader.index
 
 
 class DataflowRun:

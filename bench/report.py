@@ -8,6 +8,7 @@ import json
 import os
 import platform
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
-from dataflow.bench.runner import BenchOutcome, median_figures
+from dataflow.bench.runner import BenchOutcome, RunResult, median_figures
 
 # A JSON object as json.dump takes it and json.load gives it back: values are not typed further.
 JsonDoc = dict[str, Any]
@@ -86,15 +87,81 @@ def budget_title(budget: Mapping[str, int]) -> str:
         " loading processes"
 
 
+@dataclass(frozen=True)
+class Spread:
+    """Per-repeat values of one figure: the median quoted and the range around it.
+
+    Attributes:
+        values: the per-repeat values, in repeat order.
+        median: their median.
+        low: the smallest.
+        high: the largest.
+    """
+
+    values: tuple[float, ...]
+    median: float
+    low: float
+    high: float
+
+    def cell(self, fmt: str, mark: str = "") -> str:
+        """The median formatted by ``fmt`` (then ``mark``), and ``[low-high]`` when more than
+        one repeat gave a value: ``2.18x [2.10-2.25]``."""
+        text = fmt.format(self.median) + mark
+        if len(self.values) < 2:
+            return text
+        lo, hi = (fmt.format(v).rstrip("x%") for v in (self.low, self.high))
+        return f"{text} [{lo}-{hi}]"
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """The :class:`Spread` of per-repeat ``values``.
+
+    Raises:
+        ValueError: ``values`` is empty.
+    """
+    if not values:
+        raise ValueError("a spread needs at least one value")
+    return Spread(tuple(values), float(np.median(values)), min(values), max(values))
+
+
+def repeat_ratios(runs: Sequence[RunResult], base: Sequence[RunResult],
+                  key: str = "samples_per_s") -> list[float]:
+    """Per repeat that both loaders ran, ``runs``' figure ``key`` over ``base``'s, in repeat
+    order.
+
+    Runs are paired by repeat: the runs are interleaved (see
+    :func:`dataflow.bench.runner.schedule`), so both halves of a pair met the same machine.
+    """
+    theirs = {r.repeat: r.figures()[key] for r in base}
+    out = []
+    for run in runs:
+        mine, other = run.figures()[key], theirs.get(run.repeat)
+        if mine is not None and other:
+            out.append(mine / other)
+    return out
+
+
+def ratio_spread(outcome: BenchOutcome, name: str) -> Spread | None:
+    """``name``'s samples/s over the baseline's, per repeat (None: no pair ran)."""
+    ratios = repeat_ratios(outcome.results.get(name, []), outcome.results.get(BASELINE, []))
+    return spread(ratios) if ratios else None
+
+
+def idle_spread(runs: Sequence[RunResult]) -> Spread:
+    """A loader's GPU-idle fraction over its repeats."""
+    return spread([r.measurement.idle_fraction for r in runs])
+
+
 def summary_rows(outcome: BenchOutcome, order: Sequence[str]) -> list[list[str]]:
     """One row of cells per loader (medians over repeats; skipped/failed rows say why).
 
-    The ratio to the baseline's samples/s is marked ``!`` when the loader used a different
+    GPU-idle and the ratio to the baseline's samples/s are the medians of the per-repeat
+    values, followed by their ``[min-max]`` when there were several repeats; the ratio is taken
+    per repeat (see :func:`repeat_ratios`). It is marked ``!`` when the loader used a different
     number of loading processes than the baseline.
     """
     medians = {name: median_figures(runs) for name, runs in outcome.results.items()
                if name not in outcome.failed}
-    base = medians.get(BASELINE, {}).get("samples_per_s")
     budget = budgets(outcome)
     rows = []
     for name in order:
@@ -106,14 +173,36 @@ def summary_rows(outcome: BenchOutcome, order: Sequence[str]) -> list[list[str]]
             continue
         if name not in medians:
             continue
-        f = medians[name]
-        rate = f["samples_per_s"]
-        ratio = f"{rate / base:.2f}x" if base and rate is not None else "n/a"
-        if base and budget[name] != budget[BASELINE]:
-            ratio += "!"
-        cells = [_cell(f[key], fmt) for key, _, fmt in COLUMNS]
+        ratios = ratio_spread(outcome, name) if BASELINE in medians else None
+        if name == BASELINE:
+            ratio = "1.00x"
+        elif ratios is None:
+            ratio = "n/a"
+        else:
+            ratio = ratios.cell("{:.2f}x", "!" if budget[name] != budget[BASELINE] else "")
+        cells = [_cell(medians[name][key], fmt) for key, _, fmt in COLUMNS]
+        cells[0] = idle_spread(outcome.results[name]).cell(COLUMNS[0][2])
         rows.append([name, str(budget[name]), *cells[:2], ratio, *cells[2:]])
     return rows
+
+
+def headline(outcome: BenchOutcome, name: str = "dataflow") -> str | None:
+    """The sentence to quote: ``name`` against the baseline, samples/s ratio and GPU-idle, as
+    medians of the interleaved repeats with their ranges (None unless both ran)."""
+    if name in outcome.failed or BASELINE in outcome.failed:
+        return None
+    ratios = ratio_spread(outcome, name)
+    if ratios is None:
+        return None
+    mine, base = idle_spread(outcome.results[name]), idle_spread(outcome.results[BASELINE])
+    n = len(ratios.values)
+    text = (f"{name} vs {BASELINE}: {ratios.median:.2f}x the samples/s, GPU-idle "
+            f"{mine.median:.1%} vs {base.median:.1%}")
+    if n < 2:
+        return text + " (1 repeat: no spread measured; --repeats 3 shows it)"
+    return (f"{text} (median of {n} interleaved repeats; range {ratios.low:.2f}x-"
+            f"{ratios.high:.2f}x, GPU-idle {mine.low:.1%}-{mine.high:.1%} vs "
+            f"{base.low:.1%}-{base.high:.1%})")
 
 
 def _headers() -> list[str]:
@@ -159,7 +248,8 @@ def to_json(cfg: BenchConfig, data: BenchData, outcome: BenchOutcome, *, step: s
     """Everything about one configuration: settings, machine, medians and per-step figures.
 
     Per-step arrays are in milliseconds (``wait_ms``, ``transfer_ms``, ``step_ms``,
-    ``host_wait_ms``) and samples per step, measured steps only.
+    ``host_wait_ms``) and samples per step, measured steps only. ``vs_torch_per_repeat`` is,
+    per repeat that the baseline ran too, the loader's samples/s over the baseline's.
     """
     loaders: dict[str, object] = {}
     for name, runs in outcome.results.items():
@@ -167,6 +257,7 @@ def to_json(cfg: BenchConfig, data: BenchData, outcome: BenchOutcome, *, step: s
             "description": runs[0].description,
             "budget": runs[0].budget,
             "median": median_figures(runs),
+            f"vs_{BASELINE}_per_repeat": repeat_ratios(runs, outcome.results.get(BASELINE, [])),
             "failed": outcome.failed.get(name),
             "runs": [
                 {

@@ -6,7 +6,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,6 +138,18 @@ class Progress:
         self.stream.flush()
 
 
+def schedule(names: Sequence[str], repeats: int) -> list[tuple[int, str]]:
+    """The runs of a configuration in order, as ``(repeat, loader)``: every loader once per
+    repeat, in ``names`` order, repeat after repeat (dataflow, torch, dataflow, torch, ...).
+
+    Interleaved, the runs of one repeat share the machine's state (other jobs' load, the page
+    cache, clocks), so a per-repeat ratio between two loaders compares them under the same
+    conditions, and a drift of the machine shows as a spread between repeats instead of
+    favouring the loader that ran first.
+    """
+    return [(repeat, name) for repeat in range(repeats) for name in names]
+
+
 def _open(name: str, cfg: BenchConfig, data: BenchData, pin_memory: bool) -> LoaderRun:
     if name == "dataflow":
         return DataflowRun(cfg, data, pin_memory=pin_memory)
@@ -222,15 +234,14 @@ def run_all(cfg: BenchConfig, data: BenchData, step: Step,
                 progress.line(f"{name} failed: {outcome.failed[name]}")
                 continue
         names.append(name)
-    for repeat in range(cfg.repeats):
-        for name in names:
-            if name in outcome.failed:
-                continue
-            try:
-                run = run_once(name, repeat, cfg, data, step, progress)
-            except Exception as e:
-                outcome.failed[name] = f"{type(e).__name__}: {e}"
-                progress.line(f"{name} failed: {outcome.failed[name]}")
-                continue
-            outcome.results.setdefault(name, []).append(run)
+    for repeat, name in schedule(names, cfg.repeats):
+        if name in outcome.failed:
+            continue
+        try:
+            run = run_once(name, repeat, cfg, data, step, progress)
+        except Exception as e:
+            outcome.failed[name] = f"{type(e).__name__}: {e}"
+            progress.line(f"{name} failed: {outcome.failed[name]}")
+            continue
+        outcome.results.setdefault(name, []).append(run)
     return outcome

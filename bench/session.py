@@ -9,9 +9,17 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from dataflow.bench.config import BenchConfig
-from dataflow.bench.data import BenchData, load, warm_page_cache
+from dataflow.bench.data import BenchData, check_same_dataset, load, warm_page_cache
+from dataflow.bench.loaders import served_index
 from dataflow.bench.plot import MISSING, plot_run
-from dataflow.bench.report import JsonDoc, format_table, machine_info, to_json, write_json
+from dataflow.bench.report import (
+    JsonDoc,
+    format_table,
+    headline,
+    machine_info,
+    to_json,
+    write_json,
+)
 from dataflow.bench.runner import BenchOutcome, Progress, run_all
 from dataflow.bench.steps import make_step
 
@@ -42,11 +50,13 @@ def header(cfg: BenchConfig, data: BenchData, step: str, page_cache: str) -> str
         budget = (f"dataflow: the reader processes of {len(cfg.endpoints)} given server(s), "
                   f"as they report them (table column procs); torch and peers {cfg.workers} "
                   "workers")
+    same = (f"; the given servers serve this dataset (fingerprint {data.fingerprint})"
+            if cfg.endpoints else "")
     return "\n".join([
         f"data: {len(data.shards)} {data.fmt} shards, {data.total:,} samples, "
-        f"{data.nbytes / 2**20:.1f} MiB (dataflow index {data.index_s:.2f} s)",
+        f"{data.nbytes / 2**20:.1f} MiB (dataflow index {data.index_s:.2f} s){same}",
         f"step: {step}; batch {cfg.batch_size}; warm-up {cfg.warmup} + {cfg.steps} measured "
-        f"steps; {cfg.repeats} repeat(s), median reported",
+        f"steps; {cfg.repeats} repeat(s), loaders interleaved, median reported",
         f"CPU budget: {budget}",
         f"page cache: {page_cache}",
     ])
@@ -67,20 +77,31 @@ def free_tag(out_dir: str, tag: str, files: Callable[[str], Sequence[str]]) -> s
     return candidate
 
 
-def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO = sys.stdout,
+def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO | None = None,
                progress: Progress | None = None) -> SessionResult:
     """Run every loader of ``cfg`` and write ``<out_dir>/<tag>.json`` (and ``.png``).
+
+    With ``cfg.endpoints``, the given servers must serve the dataset of ``cfg.data`` (what
+    the other loaders read): else nothing runs.
 
     Args:
         cfg: the configuration.
         tag: base name of the output files; ``-2``, ``-3``, ... is appended when files of
             that name exist (an earlier run's files are never overwritten).
         plot: write the PNG.
-        out: stream for the header, the table and the output paths.
+        out: stream for the header, the table and the output paths (default: ``sys.stdout``
+            when called).
         progress: progress display (default: stderr).
+
+    Raises:
+        DatasetMismatchError: the given servers serve another dataset than ``cfg.data``.
     """
+    out = out or sys.stdout
     tag = free_tag(cfg.out_dir, tag, lambda t: (f"{t}.json", f"{t}.png"))
     data = load(cfg.data)
+    if cfg.endpoints:
+        served = served_index(cfg.endpoints, batch_size=cfg.batch_size, timeout=cfg.timeout_s)
+        check_same_dataset(data, cfg.data, served, cfg.endpoints)
     page_cache = warm_page_cache(data)
     step = make_step(cfg.step, cfg.step_ms)
     print(header(cfg, data, step.describe(), page_cache), file=out, flush=True)
@@ -94,6 +115,9 @@ def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO = s
         png_path = plot_run(doc, os.path.join(cfg.out_dir, f"{tag}.png"))
     print(file=out)
     print(format_table(outcome, cfg.loaders), file=out)
+    quote = headline(outcome)
+    if quote is not None:
+        print(f"\n{quote}", file=out)
     for name, info in outcome.prepare.items():
         how = "cached" if info["cached"] else "converted now"
         print(f"{name}: data conversion took {info['seconds']:.1f} s ({how}, {info['path']})",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,9 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dataflow.bench.data import ensure_demo, load
+from dataflow.bench.__main__ import main
+from dataflow.bench.config import BenchConfig
+from dataflow.bench.data import check_same_dataset, ensure_demo, load
+from dataflow.bench.loaders import served_index
 from dataflow.bench.procs import descendants
+from dataflow.bench.session import run_config
 from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
+from dataflow.errors import DatasetMismatchError
 
 REPO = Path(__file__).resolve().parents[2]
 SHARDS, PER_SHARD = 4, 100
@@ -185,3 +191,49 @@ def test_given_servers_budget_is_stated_and_earlier_files_are_kept(tmp_path):
     assert "1 given server(s): 1 x 3 = 3 reader process(es)" in (
         doc["loaders"]["dataflow"]["description"])
     assert "WARNING: unequal CPU budgets (loading processes: dataflow 3, torch 2)" in done.stdout
+    assert f"the given servers serve this dataset (fingerprint {doc['data']['fingerprint']})" in (
+        done.stdout)
+
+
+@pytest.mark.timeout(90)
+def test_given_servers_of_another_dataset_are_refused(tmp_path, servers):
+    served = ensure_demo(str(tmp_path / "served"), fmt="tar", shards=2, samples_per_shard=20)
+    other = ensure_demo(str(tmp_path / "other"), fmt="tar", shards=3, samples_per_shard=20)
+    copy = str(tmp_path / "copy")
+    shutil.copytree(served, copy)  # copy2: names, sizes and mtimes kept
+    server = servers([served])
+    index = served_index([server.endpoint], batch_size=8, timeout=30)
+    assert index.fingerprint == load([served]).fingerprint
+    check_same_dataset(load([copy]), [copy], index, [server.endpoint])
+    theirs = load([other])
+    out = tmp_path / "out"
+    cfg = BenchConfig(data=(other,), endpoints=(server.endpoint,), batch_size=8, timeout_s=30,
+                      out_dir=str(out))
+    with pytest.raises(DatasetMismatchError) as e:
+        run_config(cfg, tag="refused")
+    message = str(e.value)
+    assert (f"the servers at {server.endpoint} serve dataset {index.fingerprint} (2 shards, "
+            f"{index.total} samples), but DATA {other} is dataset") in message
+    assert f"{theirs.fingerprint} (3 shards, {theirs.total} samples)" in message
+    assert not out.exists()
+
+
+@pytest.mark.timeout(90)
+def test_given_servers_without_data_must_serve_the_demo(tmp_path, servers, capsys):
+    served = ensure_demo(str(tmp_path / "served"), fmt="tar", shards=2, samples_per_shard=20)
+    server = servers([served])
+    out = tmp_path / "out"
+    args = ["run", "--shards", "3", "--samples-per-shard", "20", "--timeout", "30",
+            "--batch-size", "8", "--steps", "4", "--warmup", "1", "--repeats", "1",
+            "--step-ms", "0", "--out", str(out)]
+    assert main([*args, "--endpoints", server.endpoint]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the servers at {server.endpoint} serve dataset ")
+    demo = out / "demo-tar-3x20"
+    assert f"DATA {demo} is dataset " in err
+    assert not list(out.glob("*.json"))
+    # Servers of the demo dataset the bench wrote: the same data, so torch is compared.
+    same = servers([str(demo)])
+    assert main([*args, "--endpoints", same.endpoint]) == 0
+    assert "the given servers serve this dataset" in capsys.readouterr().out
+    assert json.loads((out / "run.json").read_text())["loaders"].keys() == {"dataflow", "torch"}

@@ -190,4 +190,7 @@ def test_dns_name_with_servers_joining_and_leaving_mid_epoch(cluster) -> None:
     assert _replies(cluster.trainers[0], cluster.endpoints[2]) > before  # the joined one served
     for r in results:
         stats = r["stats"]
-        assert stats["joined"] == 1 and stats["left"] == 1 and stats["servers_lost"] == 0, stats
+        # The third server joined mid-epoch; the second of the first two may also have joined
+        # after the loader started with the first (a loaded machine), which `joined` counts.
+        assert 1 <= stats["joined"] <= 2 and stats["left"] == 1, stats
+        assert stats["servers_lost"] == 0, stats

@@ -11,7 +11,7 @@ import pytest
 from dataflow.bench.__main__ import build_parser, config_from_args, main
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.session import free_tag
-from dataflow.bench.sweep import point_config
+from dataflow.bench.sweep import point_config, run_sweep
 from dataflow.errors import ConfigError
 from dataflow.readers import open_shard
 
@@ -58,6 +58,48 @@ def test_sweep_points():
         point_config(base, "batch", 1)
     with pytest.raises(ConfigError, match="whole numbers of 1 or more. Found: 1.5"):
         point_config(base, "servers", 1.5)
+
+
+def test_servers_split_keeps_the_total_readers():
+    base = BenchConfig(data=("d",), workers=12, servers=1)
+    points = [point_config(base, "servers-split", n) for n in (1, 2, 4)]
+    assert [(p.servers, p.workers_per_server, p.workers) for p in points] == [
+        (1, 12, 12), (2, 6, 12), (4, 3, 12)]
+    with pytest.raises(ConfigError, match=r"splits `workers` \(12\) evenly over the servers; "
+                       r"5 server\(s\) do not divide it. Found: servers=5, workers=12"):
+        point_config(base, "servers-split", 5)
+    with pytest.raises(ConfigError, match="`servers-split` sweep values must be whole"):
+        point_config(base, "servers-split", 0)
+    given = BenchConfig(data=("d",), endpoints=("tcp://127.0.0.1:5555",))
+    for axis in ("servers", "servers-split"):
+        with pytest.raises(ConfigError, match=f"a `{axis}` sweep starts local servers"):
+            point_config(given, axis, 2)
+
+
+def test_a_sweep_refuses_a_bad_point_before_running_any(tmp_path):
+    base = BenchConfig(data=(str(tmp_path / "none"),), workers=6, servers=1,
+                       out_dir=str(tmp_path / "out"))
+    with pytest.raises(ConfigError, match="4 server"):
+        run_sweep(base, "servers-split", [1, 2, 4])
+    assert not (tmp_path / "out").exists()
+
+
+def test_servers_split_cli_ignores_servers(tmp_path):
+    args = build_parser().parse_args(
+        ["sweep", str(tmp_path), "--axis", "servers-split", "--workers", "3",
+         "--values", "1,3"])
+    cfg = config_from_args(args)
+    assert (cfg.workers, cfg.servers) == (3, 1)
+
+
+def test_the_demo_repeats_interleaved_runs(tmp_path):
+    def parsed(*extra):
+        return config_from_args(build_parser().parse_args(["demo", str(tmp_path), *extra]))
+
+    cfg = parsed()
+    assert (cfg.warmup, cfg.steps, cfg.repeats) == (5, 100, 3)
+    assert parsed("--repeats", "5").repeats == 5
+    assert parsed("--quick").repeats == 1
 
 
 def test_a_second_run_never_overwrites_the_first(tmp_path):
