@@ -175,7 +175,7 @@ class Joins:
     def _joined(self, server: int, join: Join, now: float) -> wire.Index:
         index, endpoint = join.index, self._endpoint(server)
         assert index is not None
-        first = self._scheduler.grant(server, index.credits, now)
+        first = self._scheduler.grant(server, index.credits, now, readers=len(index.data))
         self._joins.pop(server)
         self._sessions[server] = index.session
         self._transforms[server] = index.transform

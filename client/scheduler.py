@@ -18,8 +18,11 @@ time passed in, so every rule here is unit-tested with a fake clock:
   the other servers, as for a lost server, and it is never asked again). Server numbers are
   never reused.
 * **Choice.** Batches are requested in stream order (:mod:`dataflow.client.fetch`), batches to
-  re-request first, each from the usable server with credit that has the fewest requests
-  outstanding (the first on a tie).
+  re-request first, each from a usable server with credit (for a re-request, one that does
+  not hold it), shared in proportion to the servers' capacity (:mod:`dataflow.client.shares`:
+  their readers and their service times; servers alike take turns). A stalled server (it
+  answered nothing for a while though it holds requests) gets none while another server
+  that answers may take it.
 * **Exactly once.** A batch is *open* from its first request until a reply for it is
   accepted; only the first reply for an open batch of the current generation is accepted,
   every other one (a late reply from a server it was taken away from, a duplicate, a batch of
@@ -61,6 +64,7 @@ from dataflow.client.servers import (
     join_backoff,
     transition,
 )
+from dataflow.client.shares import Shares
 from dataflow.client.slots import Slot
 from dataflow.client.stream import Demand
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
@@ -107,14 +111,16 @@ class Scheduler:
         self._silent_s = silent_s
         self._grace = grace
         self._fetch: Fetch | None = None
+        self._shares = Shares()
         self._req_ids = 0
         self._taken = 0
         self._stalled_since: float | None = None
 
     # -- joining --------------------------------------------------------------------------------
 
-    def grant(self, server: int, credits: int, now: float) -> bool:
-        """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``.
+    def grant(self, server: int, credits: int, now: float, *, readers: int) -> bool:
+        """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``,
+        with ``readers`` reader processes.
 
         Returns:
             Whether it joined for the first time (not again after it was lost).
@@ -122,6 +128,8 @@ class Scheduler:
         s = self._servers[server]
         if credits < 1:
             raise ProtocolError(f"{s.endpoint}: granted {credits} credits")
+        if readers < 1:
+            raise ProtocolError(f"{s.endpoint}: {readers} readers")
         if s.state not in (State.JOINING, State.DOWN):
             raise InternalError(f"{s.endpoint}: granted credits while {s.state.value}")
         first = not s.share
@@ -135,6 +143,7 @@ class Scheduler:
         s.heard = now
         s.enter(State.UP, now)
         s.next_heartbeat = now + self._heartbeat_s
+        self._shares.join(server, readers, credits, now)
         return first
 
     def add(self, endpoint: str, now: float) -> int:
@@ -241,16 +250,26 @@ class Scheduler:
         """The generation of the stream requested, or None before the first."""
         return None if self._fetch is None else self._fetch.gen
 
-    def _least_loaded(self, holders: set[int]) -> int | None:
-        """The usable server with credit and the fewest requests outstanding (first on a tie),
-        other than ``holders``."""
-        best = None
-        for i, s in enumerate(self._servers):
-            if (s.state is State.UP and len(s.outstanding) < s.credits and i not in holders
-                    and (best is None
-                         or len(s.outstanding) < len(self._servers[best].outstanding))):
-                best = i
-        return best
+    def _usable(self) -> list[int]:
+        return [i for i, s in enumerate(self._servers) if s.state is State.UP]
+
+    def _oldest(self, server: int) -> float | None:
+        """When ``server``'s oldest outstanding request was sent (None: it holds none)."""
+        first = next(iter(self._servers[server].outstanding.values()), None)
+        return None if first is None else first.sent
+
+    def _choose(self, holders: set[int], now: float) -> int | None:
+        """The server to take the next request (:mod:`dataflow.client.shares`): a usable one
+        with credit other than ``holders``; a stalled one only when no server that answers
+        could take it, now or later. None: none now."""
+        usable = self._usable()
+        pool = [i for i in usable if i not in holders]
+        answering = [i for i in pool
+                     if now <= self._shares.stalled_at(i, self._oldest(i), usable)]
+        pool = answering or pool
+        held = {i: len(self._servers[i].outstanding) for i in pool}
+        ready = {i for i in pool if held[i] < self._servers[i].credits}
+        return self._shares.pick(pool, ready, usable, held) if ready else None
 
     def _holders(self, gen: int, index: int) -> set[int]:
         """The servers holding a request for batch ``index`` of generation ``gen``."""
@@ -272,15 +291,17 @@ class Scheduler:
             index = fetch.peek(taken, self.depth)
             if index is None:
                 break
-            best = self._least_loaded(self._holders(fetch.gen, index) if fetch.retrying(index)
-                                      else set())
+            best = self._choose(self._holders(fetch.gen, index) if fetch.retrying(index)
+                                else set(), now)
             if best is None:
                 break
             retry = fetch.claim(index)
             self._req_ids += 1
             rows, tag = fetch.batch(index)
-            slot = Slot(best, self._req_ids, fetch.gen, index, rows, tag, retry, now)
-            self._servers[best].outstanding[self._req_ids] = slot
+            held = self._servers[best].outstanding
+            slot = Slot(best, self._req_ids, fetch.gen, index, rows, tag, retry, now,
+                        queued=len(held) + 1)
+            held[self._req_ids] = slot
             out.append(slot)
         return out
 
@@ -304,8 +325,11 @@ class Scheduler:
         if slot is None:
             if req_id in s.forgotten:
                 s.forgotten.discard(req_id)
+                if s.state is State.UP:
+                    self._shares.answered(server, now)
                 return None
             raise ProtocolError(f"{s.endpoint}: reply to unknown request {req_id}")
+        self._shares.answered(server, now, now - slot.sent, slot.queued)
         return slot if self._fetch is not None and self._fetch.accept(slot) else None
 
     def undelivered(self, server: int, req_id: int, now: float) -> None:
@@ -450,4 +474,11 @@ class Scheduler:
         if self._fetch is not None:
             soonest = min(soonest, late_in(self._fetch, self._servers, now,
                                            self._request_timeout))
-        return max(soonest, 0.0)
+        return max(min(soonest, self._stall_in(now)), 0.0)
+
+    def _stall_in(self, now: float) -> float:
+        """Seconds until a server that answers now is stalled (which may let another
+        server take a request: :meth:`_choose`)."""
+        usable = self._usable()
+        at = (self._shares.stalled_at(i, self._oldest(i), usable) for i in usable)
+        return min((t - now for t in at if t >= now), default=math.inf)

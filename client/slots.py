@@ -21,6 +21,8 @@ class Slot:
         retry: the batch was requested before (from a lost server, or after a request that
             took longer than ``request_timeout``).
         sent: when the request was sent (the scheduler's clock).
+        queued: the requests its server held when it was sent, itself counted (for the
+            server's service time, :mod:`dataflow.client.shares`).
     """
 
     server: int
@@ -31,6 +33,7 @@ class Slot:
     tag: wire.BatchTag
     retry: bool
     sent: float
+    queued: int = 1
 
     @property
     def samples(self) -> int:

@@ -267,7 +267,7 @@ def _sched(*credits: int) -> Scheduler:
                   silent_s=3, grace=5)
     for i, c in enumerate(credits):
         s.link(i, CONTROL, up=True, now=0.0)
-        assert s.grant(i, c, now=0.0)
+        assert s.grant(i, c, now=0.0, readers=c)
     return s
 
 
@@ -279,7 +279,7 @@ def test_a_server_joining_mid_epoch_takes_unrequested_batches_within_the_depth()
     assert s.hellos_due(1) == [] and s.state(new) is State.DOWN  # not connected yet
     s.link(new, CONTROL, up=True, now=1)
     assert s.hellos_due(1) == [new] and s.state(new) is State.JOINING
-    assert s.grant(new, 3, now=2)  # its first join
+    assert s.grant(new, 3, now=2, readers=3)  # its first join
     assert s.depth == 5  # its credits count at once
     assert [(a.server, a.index) for a in s.assignments(taken=1, now=2)] == [
         (new, 2), (new, 3), (new, 4)]  # server 0 holds its 2 credits' worth
@@ -338,9 +338,10 @@ def test_joins_and_leaves_at_random_keep_every_batch_exactly_once(seed: int) -> 
             names += 1
             s.link(new, CONTROL, up=True, now=now)
             assert s.hellos_due(now) == [new]
-            s.grant(new, rng.randint(1, 3), now)
+            credits = rng.randint(1, 3)
+            s.grant(new, credits, now, readers=credits)
         for i in s.hellos_due(now):
-            s.grant(i, 2, now)
+            s.grant(i, 2, now, readers=2)
         pending += [(a.server, a.req_id) for a in s.assignments(taken, now)]
         rng.shuffle(pending)
         for server, req_id in pending[:rng.randint(0, len(pending))]:

@@ -41,7 +41,7 @@ def _sched(credits=(2, 2), timeout: float = 10.0, grace: float = 5.0) -> Schedul
     for i, c in enumerate(credits):
         s.link(i, CONTROL, up=True, now=0.0)
         assert s.hellos_due(0.0) == [i]
-        s.grant(i, c, now=0.0)
+        s.grant(i, c, now=0.0, readers=c)
     return s
 
 
@@ -59,10 +59,10 @@ def test_credits_bound_outstanding_per_server() -> None:
     s = _sched(credits=(1, 3))
     _start(s, 1, _batches(10))
     got = s.assignments(taken=0, now=0.0)
-    assert [a.server for a in got] == [0, 1, 1, 1]
+    assert [a.server for a in got] == [1, 1, 0, 1]  # shared by readers: 1 and 3
     assert s.outstanding(0) == 1 and s.outstanding(1) == 3
     assert s.assignments(taken=4, now=0.0) == []  # every credit in use
-    assert _key(s.on_reply(0, got[0].req_id, now=0.1)) == (1, 0, 4, False)
+    assert _key(s.on_reply(0, got[2].req_id, now=0.1)) == (1, 2, 4, False)
     (nxt,) = s.assignments(taken=4, now=0.1)
     assert nxt.server == 0 and nxt.index == 4
 
@@ -232,7 +232,7 @@ def test_suspect_longer_than_grace_is_lost_and_joins_again_when_reconnected() ->
     s.link(1, CONTROL, up=True, now=8.0)
     assert s.hellos_due(8.0) == [1] and s.state(1) is State.JOINING
     assert s.hellos_due(8.1) == []
-    s.grant(1, 3, now=8.5)
+    s.grant(1, 3, now=8.5, readers=3)
     assert s.state(1) is State.UP and s.depth == 4  # the depth is the first join's
     assert s.on_reply(1, first[1].req_id, now=8.6) is None  # forgotten when lost
     for a in first:
@@ -288,7 +288,7 @@ def test_join_that_times_out_or_fails_is_retried_later_with_a_backoff() -> None:
     s.join_failed(0, now=2000.0, retry=True)
     s.link(0, CONTROL, up=True, now=2001.0)  # its connection came up anew: asked at once
     assert s.hellos_due(2001.0) == [0]
-    s.grant(0, 2, now=2002.0)
+    s.grant(0, 2, now=2002.0, readers=2)
     s.lost(0, now=2003.0)
     s.hellos_due(2003.0)
     s.join_failed(0, now=2004.0, retry=True)  # a join was granted: the backoff starts over
@@ -310,14 +310,14 @@ def test_the_loader_starts_with_the_first_server_and_the_others_join_later() -> 
     s = Scheduler(EPS, timeout=10.0, heartbeat_s=1.0, silent_s=3.0, grace=5.0, now=0.0)
     s.link(0, CONTROL, up=True, now=0.1)
     s.hellos_due(0.1)
-    assert s.grant(0, 2, now=0.2)  # the first server: nothing waits for the other
+    assert s.grant(0, 2, now=0.2, readers=2)  # the first server: nothing waits for the other
     _start(s, 1, _batches(10))
     assert [a.server for a in s.assignments(taken=0, now=0.3)] == [0, 0]
     for t in (5.0, 10.1, 60.0):  # the other is not up: no error, however long
         assert s.check(t) == []
     s.link(1, CONTROL, up=True, now=61.0)
     s.hellos_due(61.0)
-    assert s.grant(1, 2, now=61.5)
+    assert s.grant(1, 2, now=61.5, readers=2)
     assert s.depth == 4  # its credits count at once
     assert [a.server for a in s.assignments(taken=0, now=61.6)] == [1, 1]
 
@@ -331,7 +331,7 @@ def test_no_server_joined_within_timeout_names_every_endpoint_and_its_state(
     s.check(10.0)
     assert s.next_deadline(9.0) == pytest.approx(1.0)
     if joined:
-        s.grant(1, 2, now=9.9)
+        s.grant(1, 2, now=9.9, readers=2)
         assert s.check(30.0) == []
         return
     s.join_failed(1, now=2.0, retry=True, why="busy: full")
@@ -415,7 +415,7 @@ def test_exactly_once_over_random_failures() -> None:
                     s.link(server, CONTROL, up=True, now=now)
                     s.heard(server, now)
             for server in s.hellos_due(now):
-                s.grant(server, 2, now)
+                s.grant(server, 2, now, readers=2)
             s.check(now)
         assert sorted(got) == list(range(n)), trial
 
@@ -489,14 +489,14 @@ def test_the_depth_grows_when_a_server_joins_mid_epoch_and_never_shrinks() -> No
     new = s.add("tcp://new:1", now=1)
     s.link(new, CONTROL, up=True, now=1)
     s.hellos_due(1)
-    assert s.grant(new, 3, now=1) and s.depth == 5
+    assert s.grant(new, 3, now=1, readers=3) and s.depth == 5
     assert [(a.server, a.index) for a in s.assignments(taken=0, now=1.1)] == [
         (new, 2), (new, 3), (new, 4)]
     assert not s.follow(Demand(1, (current, _plan(_batches(4))))) and s.depth == 5
     s.retire(new, now=2)
     s.lost(0, now=2)
     s.hellos_due(2)
-    s.grant(0, 1, now=3)  # joined again with fewer credits: its share is its first join's
+    s.grant(0, 1, now=3, readers=1)  # joined again with fewer credits: the depth is the first's
     assert s.depth == 5
 
 
@@ -528,7 +528,7 @@ def _late_sched(credits=(2, 2), request_timeout: float = 5.0) -> Scheduler:
     for i, c in enumerate(credits):
         s.link(i, CONTROL, up=True, now=0.0)
         s.hellos_due(0.0)
-        s.grant(i, c, now=0.0)
+        s.grant(i, c, now=0.0, readers=c)
     return s
 
 

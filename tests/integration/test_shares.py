@@ -1,0 +1,43 @@
+"""Requests shared over servers alike: three servers with equal readers serve an epoch to a
+consumer slower than they are, each taking a third of the requests (their own STATS count),
+every sample once. (Under the old rule, the fewest outstanding and the first on a tie, the
+first server took most: idle servers all tie.)"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+from srvtools import RawClient, wait_for
+
+from dataflow.client import DataLoader
+
+
+def _requests(endpoint: str) -> int:
+    probe = RawClient(endpoint)
+    try:
+        return int(probe.stats()["requests"])
+    finally:
+        probe.close()
+
+
+@pytest.mark.timeout(120)
+def test_servers_alike_take_equal_shares_of_an_epoch(demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    endpoints = [servers([str(p) for p in demo.paths], workers=2).endpoint for _ in range(3)]
+    with DataLoader(endpoints, batch_size=1, rank=0, world_size=1, seed=3, prefetch=2,
+                    timeout=30) as dl:
+        # the loader starts with the first server: an epoch begun before the others joined
+        # would be theirs only in part
+        wait_for(lambda: len(dl.server_readers) == 3, 30, "every server to join")
+        assert dl.server_readers == (2, 2, 2)
+        ids: Counter[int] = Counter()
+        for batch in dl:
+            ids.update(batch["id"].tolist())
+            time.sleep(0.003)  # a training step: the servers wait for the consumer
+    assert ids == Counter(range(demo.total))
+    counts = [_requests(e) for e in endpoints]
+    mean = sum(counts) / 3
+    assert sum(counts) >= demo.total  # the epoch (and the next one's start, read ahead)
+    assert all(abs(c - mean) <= 0.15 * mean for c in counts), counts
