@@ -66,6 +66,16 @@ def dataflow_budget(readers: tuple[int, ...], *, local: bool) -> str:
             f"+ {len(readers)} front process(es){unmeasured}")
 
 
+def server_prefetch(cfg: BenchConfig, servers: int) -> int:
+    """The credits the bench's DataLoader asks of each of ``servers`` servers: the prefetch
+    depth split over them, but never fewer than a server's reader processes (with
+    ``--endpoints`` their count is not known beforehand: the split alone). Fewer credits than
+    readers would leave readers idle and cap the batches in flight whatever the servers
+    added; torch's DataLoader likewise has at least one batch per worker in flight."""
+    split = math.ceil(cfg.prefetch / servers)
+    return split if cfg.endpoints else max(split, cfg.workers_per_server)
+
+
 def served_index(endpoints: Sequence[str], *, batch_size: int, timeout: float
                  ) -> DatasetIndex:
     """The dataset index the servers at ``endpoints`` serve, as a DataLoader receives it (the
@@ -109,7 +119,7 @@ class DataflowRun:
             self._loader = DataLoader(
                 endpoints, batch_size=cfg.batch_size, rank=0, world_size=1,
                 shuffle=cfg.shuffle, seed=cfg.seed, pin_memory=pin_memory,
-                prefetch=max(1, math.ceil(cfg.prefetch / len(endpoints))),
+                prefetch=server_prefetch(cfg, len(endpoints)),
                 timeout=cfg.timeout_s,
             )
             readers = self._all_joined(self._loader, endpoints, cfg.timeout_s)

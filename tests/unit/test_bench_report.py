@@ -14,7 +14,7 @@ import pytest
 
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
-from dataflow.bench.loaders import dataflow_budget
+from dataflow.bench.loaders import dataflow_budget, server_prefetch
 from dataflow.bench.loop import Measurement
 from dataflow.bench.peers import PEERS, unavailable_reason
 from dataflow.bench.plot import plot_run, plot_sweep
@@ -137,6 +137,19 @@ def test_dataflow_budget_names_each_server():
     assert dataflow_budget((8, 1), local=False) == (
         "2 given server(s): 8 + 1 = 9 reader process(es) + 2 front process(es); their CPU and "
         "RSS not measured")
+
+
+@pytest.mark.parametrize(("prefetch", "workers", "servers", "expected"), [
+    (4, 12, 1, 12), (4, 12, 2, 6), (4, 12, 4, 3), (4, 2, 2, 2), (16, 4, 2, 8), (4, 1, 1, 4),
+])
+def test_each_server_gets_credits_for_every_reader(prefetch, workers, servers, expected):
+    cfg = BenchConfig(data=("demo",), workers=workers, servers=servers, prefetch=prefetch)
+    assert server_prefetch(cfg, servers) == expected
+
+
+def test_given_servers_get_the_prefetch_split_alone():
+    cfg = BenchConfig(data=("demo",), workers=12, prefetch=4, endpoints=("tcp://a:1", "tcp://b:1"))
+    assert server_prefetch(cfg, 2) == 2
 
 
 def test_a_peer_missing_a_dependency_says_which_and_the_fix(tmp_path, monkeypatch):
