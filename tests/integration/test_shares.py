@@ -1,7 +1,8 @@
-"""Requests shared over servers alike: three servers with equal readers serve an epoch to a
-consumer slower than they are, each taking a third of the requests (their own STATS count),
-every sample once. (Under the old rule, the fewest outstanding and the first on a tie, the
-first server took most: idle servers all tie.)"""
+"""Requests shared over servers in proportion to capacity: three servers with equal readers
+serve an epoch to a consumer slower than they are, each taking a third of the requests (their
+own STATS count), every sample once (under the old rule, the fewest outstanding and the first
+on a tie, the first server took most: idle servers all tie); a server whose every batch takes
+50 ms more takes far fewer than an equal one beside it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from collections import Counter
 
 import pytest
-from srvtools import RawClient, wait_for
+from srvtools import RawClient, repo_env, wait_for
 
 from dataflow.client import DataLoader
 
@@ -41,3 +42,30 @@ def test_servers_alike_take_equal_shares_of_an_epoch(demo_data, servers) -> None
     mean = sum(counts) / 3
     assert sum(counts) >= demo.total  # the epoch (and the next one's start, read ahead)
     assert all(abs(c - mean) <= 0.15 * mean for c in counts), counts
+
+
+SLOW = """
+import time
+
+def slow(batch):
+    time.sleep(0.05)
+    return batch
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_server_gets_less_than_an_equal_share(demo_data, servers, tmp_path) -> None:
+    (tmp_path / "slowdown.py").write_text(SLOW)
+    paths = [str(p) for p in demo_data("arrow").paths]
+    fast = servers(paths, workers=2).endpoint
+    slow = servers(paths, workers=2, env=repo_env(str(tmp_path)),
+                   extra_args=["--transform", "slowdown:slow"]).endpoint
+    with DataLoader([fast, slow], batch_size=1, rank=0, world_size=1, seed=3, prefetch=2,
+                    timeout=30) as dl:
+        wait_for(lambda: len(dl.server_readers) == 2, 30, "both servers to join")
+        ids: Counter[int] = Counter()
+        for batch in dl:
+            ids.update(batch["id"].tolist())
+    assert ids == Counter(range(demo_data("arrow").total))
+    fast_count, slow_count = _requests(fast), _requests(slow)
+    assert slow_count <= 0.5 * fast_count, (fast_count, slow_count)
