@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import struct
+import subprocess
 import tarfile
 
 import fsspec
@@ -173,7 +174,7 @@ def _py_tar(path: str, members: list[tuple[str, bytes]]) -> dict[int, int]:
     return offsets
 
 
-def test_tar_repeated_key_is_never_served_twice(tmp_path) -> None:
+def test_tar_repeated_member_is_never_served_twice(tmp_path) -> None:
     members = [(f"{k}.{ext}", (f"{i}" if ext == "cls" else k).encode())
                for i, k in enumerate("abcbd") for ext in ("cls", "txt")]
     path = str(tmp_path / "rep.tar")
@@ -181,13 +182,50 @@ def test_tar_repeated_key_is_never_served_twice(tmp_path) -> None:
     first, again = offsets[2], offsets[6]
     with pytest.raises(ShardReadError) as e:
         open_shard(path)
-    assert str(e.value) == (f"{path} (sample 3, byte offset {again}): key 'b' repeats: first at "
-                            f"byte offset {first}, again at byte offset {again}, not adjacent")
+    assert str(e.value).startswith(
+        f"{path} (sample 1, byte offset {again}): member 'b.cls' repeats: first at byte offset "
+        f"{first}, again at byte offset {again} (a sample's key and extension must name one "
+        "member: rewrite the shard without the repeat")
     with open_shard(path, on_error="skip") as r:
-        assert len(r) == 4 and r.skipped == 1
-        assert [r.read(0, 4)["txt"][i] for i in range(4)] == ["a", "b", "c", "d"]
+        assert len(r) == 3 and r.skipped == 1
+        assert [r.read(0, 3)["txt"][i] for i in range(3)] == ["a", "c", "d"]
         (rec,) = r.skip_log
-        assert (rec.index, rec.offset, rec.count) == (3, again, 1)
+        assert (rec.index, rec.offset, rec.count) == (1, again, 1)
+
+
+def test_tar_members_of_a_sample_need_not_be_adjacent(tmp_path) -> None:
+    keys = [f"imgs/s{i:05d}" for i in range(6)]
+    by_extension = [(f"{k}.{ext}", (str(i) if ext == "cls" else f"{k}.{ext}").encode())
+                    for ext in ("txt", "cls", "jpg") for i, k in enumerate(keys)]
+    path = str(tmp_path / "by-extension.tar")
+    _py_tar(path, [by_extension[i] for i in (5, 0, 17, 9, 3, 12, 1, 16, 8, 2, 14, 6, 11, 4, 15,
+                                             7, 10, 13)])
+    with open_shard(path) as r:
+        assert len(r) == 6 and r.skipped == 0
+        got = r.read(0, 6)
+        samples = [{f: got[f][i] for f in ("txt", "cls", "jpg")} for i in range(6)]
+    assert sorted(s["txt"] for s in samples) == [f"{k}.txt" for k in keys]
+    for s in samples:  # every sample whole: its members share its key
+        key = s["txt"].removesuffix(".txt")
+        assert keys[s["cls"]] == key and s["jpg"] == f"{key}.jpg".encode()
+
+
+@pytest.mark.timeout(60)
+def test_a_tar_made_by_gnu_tar_from_a_directory_is_served_whole(tmp_path) -> None:
+    src = tmp_path / "imgs"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    files = {f"s{i:05d}.{ext}": (str(i) if ext == "cls" else f"jpeg {i}").encode()
+             for i in range(40) for ext in ("jpg", "cls")}
+    for name in rng.permutation(sorted(files)).tolist():  # created in no particular order
+        (src / name).write_bytes(files[name])
+    path = str(tmp_path / "x.tar")
+    subprocess.run(["tar", "cf", path, "-C", str(tmp_path), "imgs"], check=True, timeout=30)
+    with open_shard(path) as r:
+        assert len(r) == 40 and r.skipped == 0
+        got = r.read(0, 40)
+    pairs = {(bytes(got["jpg"][i]), int(got["cls"][i])) for i in range(40)}
+    assert pairs == {(f"jpeg {i}".encode(), i) for i in range(40)}
 
 
 # --- cached tar index -----------------------------------------------------------------------

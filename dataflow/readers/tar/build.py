@@ -3,7 +3,7 @@ by walking its headers once (:mod:`dataflow.readers.tar.walk`).
 
 Under ``on_error="skip"``, damage to the tar's structure does not end the walk: it resumes at
 the next valid header, so only the samples whose members were damaged are lost. Those
-samples, like samples with bad fields and repeated keys, are dropped from the index and
+samples, like samples with bad fields and repeated members, are dropped from the index and
 counted, one per occurrence.
 """
 
@@ -92,32 +92,31 @@ class _Builder:
         self.bad(ShardReadError(self.url, f"{d.message}; {what}", offset=d.offset), count=0)
 
     def samples(self) -> list[_Sample]:
-        """Runs of consecutive members sharing a key, numbered in tar order; a run repeating
-        a member, or repeating the key of an earlier run, is dropped (counted)."""
-        groups: list[_Sample] = []
-        repeated: dict[int, Member] = {}
+        """Members grouped by key wherever they lie in the tar (the index keeps each member's
+        offset, so a sample need not be contiguous: ``tar cf x.tar dir/`` stores a directory's
+        files in the file system's order), numbered in the order of each key's first member;
+        a sample with a member repeated (a key and extension twice) is dropped (counted)."""
+        groups: dict[str, _Sample] = {}
+        repeated: dict[str, tuple[Member, Member]] = {}
         for k, ext, m in self.members():
-            if not groups or k != groups[-1].key:
-                groups.append(_Sample(len(groups), k, {}))
-            fields = groups[-1].fields
-            if ext in fields:
-                repeated.setdefault(len(groups) - 1, m)
-            fields[ext] = m
-        kept = []
-        seen: dict[str, int] = {}
-        for g in groups:
-            head = min(m.header for m in g.fields.values())
-            if g.number in repeated:
-                m = repeated[g.number]
-                self.bad(ShardReadError(self.url, f"duplicate member {m.name!r}",
-                                        offset=m.header, index=g.number))
-            elif g.key in seen:
-                self.bad(ShardReadError(
-                    self.url, f"key {g.key!r} repeats: first at byte offset {seen[g.key]}, "
-                    f"again at byte offset {head}, not adjacent", offset=head, index=g.number,
-                ))
+            g = groups.get(k)
+            if g is None:
+                g = groups[k] = _Sample(len(groups), k, {})
+            if ext in g.fields:
+                repeated.setdefault(k, (g.fields[ext], m))
             else:
-                seen[g.key] = head
+                g.fields[ext] = m
+        kept = []
+        for g in groups.values():
+            if g.key in repeated:
+                first, again = repeated[g.key]
+                self.bad(ShardReadError(
+                    self.url, f"member {again.name!r} repeats: first at byte offset "
+                    f"{first.header}, again at byte offset {again.header} (a sample's key and "
+                    "extension must name one member: rewrite the shard without the repeat, "
+                    "or serve it with --on-error skip to leave this sample out)",
+                    offset=again.header, index=g.number))
+            else:
                 kept.append(g)
         return kept
 

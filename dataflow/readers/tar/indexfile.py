@@ -33,7 +33,7 @@ from dataflow.errors import IndexCacheError, OutdatedIndex
 from dataflow.readers.damage import SkipRecord
 from dataflow.readers.tar.index import TarIndex
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 MAGIC = b"DFTARIX\n"
 _HEADER = struct.Struct("<8sIIQQ32s")
 _INT64 = np.dtype("<i8")
