@@ -15,7 +15,8 @@ from dataflow.errors import SchemaError
 
 
 def _zero(t: pa.DataType, fill: str | None) -> pa.Array:
-    """A one-element array of type ``t``: the fill value (cast from text), or zero/empty."""
+    """A one-element array of type ``t``: the fill value (cast from text), or NaN for floats
+    and zero/empty for every other type."""
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return pa.array([[]], type=t)
     if pa.types.is_fixed_size_list(t):
@@ -25,11 +26,14 @@ def _zero(t: pa.DataType, fill: str | None) -> pa.Array:
         return pa.array([b"\0" * t.byte_width], type=t)
     if is_text(t):
         return pa.array([fill or ""]).cast(t)
+    if fill is None and pa.types.is_floating(t):
+        return pa.array([float("nan")]).cast(t)
     return pa.array([fill if fill is not None else "0"]).cast(t)
 
 
 def fill_nulls(name: str, arr: pa.Array, fill: str | None) -> pa.Array:
-    """``arr`` with its null slots holding ``fill`` (text cast to the type) or zero/empty.
+    """``arr`` with its null slots holding ``fill`` (text cast to the type), else NaN (floats)
+    or zero/empty.
 
     Raises:
         SchemaError: ``fill`` cannot be cast to the field's type.

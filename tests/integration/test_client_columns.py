@@ -28,10 +28,11 @@ RAGGED = ("meta.source", "text", "tags")
 
 
 def _sample(i: int) -> dict[str, object]:
-    """What sample ``i`` holds in a DataLoader batch (ragged fields as bytes or lists)."""
+    """What sample ``i`` holds in a DataLoader batch (ragged fields as bytes or lists, a null
+    float as ``"NaN"``)."""
     meta = i % 5 != 0
     return {"id": i, "label": i % 7, "meta.source": f"s{i}".encode() if meta else b"",
-            "meta.source.valid": meta, "meta.score": i / 4 if meta else 0.0,
+            "meta.source.valid": meta, "meta.score": i / 4 if meta else "NaN",
             "meta.score.valid": meta, "text": f"text {i}".encode(), "tags": list(range(i % 3)),
             "count": 10 * i if i % 6 else 0, "count.valid": i % 6 != 0}
 
@@ -75,7 +76,7 @@ def _check(batch: dict, keys: set[str]) -> list[int]:
             values = [r.tobytes() if r.dtype == np.uint8 else r.tolist()
                       for r in ragged_rows(got, name)]
         else:
-            values = got[name].tolist()
+            values = ["NaN" if v != v else v for v in got[name].tolist()]  # a null float
         assert values == [_sample(i)[name] for i in ids], name
     return ids
 

@@ -148,6 +148,25 @@ def test_fill_values_and_null_items() -> None:
         _convert(table, ReadOptions(fill=(("label", "abc"), ("tags", "0"))))
 
 
+def test_a_masked_null_is_nan_in_float_fields_and_zero_or_empty_elsewhere() -> None:
+    table = pa.table({
+        "f64": pa.array([1.5, None]), "f32": pa.array([None, 2.0], type=pa.float32()),
+        "f16": pa.array(np.array([1.0, 0.0], dtype=np.float16), mask=np.array([False, True])),
+        "vec": pa.array([[1.0, 2.0], None], type=pa.list_(pa.float32(), 2)),
+        "i": pa.array([None, 7]), "b": pa.array([True, None]), "s": pa.array(["a", None]),
+        "ts": pa.array([None, 5], type=pa.timestamp("ms")),
+    })
+    opts = ReadOptions(masked=tuple(table.column_names))
+    batch = _convert(table, opts)
+    assert np.isnan(batch["f64"][1]) and np.isnan(batch["f32"][0]) and np.isnan(batch["f16"][1])
+    assert np.isnan(batch["vec"][1]).all() and batch["vec"][0].tolist() == [1.0, 2.0]
+    assert batch["i"][0] == 0 and not batch["b"][1] and batch["s"][1] == ""
+    assert batch["ts"][0] == 0
+    assert all(batch[f"{n}.valid"].tolist().count(False) == 1 for n in table.column_names)
+    filled = _convert(table.select(["f64"]), ReadOptions(fill=(("f64", "0"),)))
+    assert filled["f64"].tolist() == [1.5, 0.0]
+
+
 def test_unmasked_unfilled_nulls_and_null_type_are_refused_naming_the_field() -> None:
     with pytest.raises(SchemaError, match="'x'.*null value"):
         from_arrow(pa.table({"x": pa.array([1, None])}))
