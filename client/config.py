@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -87,6 +88,7 @@ class LoaderConfig:
     columns: Sequence[str] | None = None
     read_ahead: bool = True
     request_timeout: float | None = None
+    collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", as_shuffle(self.shuffle))
@@ -98,6 +100,9 @@ class LoaderConfig:
                 or not 0 < self.resolve_interval < float("inf")):
             raise ConfigError("`resolve_interval` must be a number of seconds > 0. "
                               f"Found: {self.resolve_interval!r}")
+        if self.collate_fn is not None and not callable(self.collate_fn):
+            raise ConfigError("`collate_fn` must be a function of a batch, or None. "
+                              f"Found: {self.collate_fn!r}")
         if not isinstance(self.read_ahead, bool):
             raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
         for name, lo, hi in (("batch_size", 1, MAX_BATCH_SIZE), ("world_size", 1, None),

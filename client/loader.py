@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from time import perf_counter
 from types import TracebackType
 from typing import Any
@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from dataflow.batch import Schema
 from dataflow.checks import check_int
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
+from dataflow.client.compat import refuse_torch_arguments
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
 from dataflow.client.discovery import (
@@ -30,7 +31,7 @@ from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.passes import PassIterator, plan_pass
 from dataflow.client.state import make_state, read_state
 from dataflow.client.stream import Stream
-from dataflow.errors import LoaderClosedError
+from dataflow.errors import ConfigError, LoaderClosedError
 from dataflow.index import DatasetIndex
 from dataflow.plan import EpochSize, consumed, epoch_size
 from dataflow.security import client_curve
@@ -189,9 +190,23 @@ class DataLoader:
             request does not make its server suspect (liveness is judged by connections and
             HEARTBEATs); set this above the longest a batch may take, e.g. a big batch over a
             slow link. None (the default): ``timeout``.
+        collate_fn: called in the trainer on each batch (the ``dict[str, torch.Tensor]``
+            above, already on ``device``), and the loop gets what it returns: torch's
+            ``collate_fn`` role, e.g. turning text fields into Python values with
+            :mod:`dataflow.client.values`. An exception it raises reaches the loop, and that
+            batch counts as taken (the next ``next()`` goes on with the next batch). Pickled
+            with the configuration, so a module-level function, not a lambda, when the loader
+            is re-created in another process.
+
+    torch's DataLoader arguments that have no place here (``num_workers``,
+    ``prefetch_factor``, ``persistent_workers``, ``sampler``, ``generator``, ...) raise
+    :class:`~dataflow.errors.ConfigError` naming dataflow's equivalent
+    (:mod:`dataflow.client.compat`). ``batch_size`` and ``drop_last`` are attributes as in
+    torch; pickling a DataLoader pickles its :attr:`config`, and unpickling starts a new
+    loader of it (:meth:`from_config`).
 
     Raises:
-        ConfigError: an argument is invalid.
+        ConfigError: an argument is invalid, or is one of torch's DataLoader only.
         MetricsError: the metrics port is taken, or the registry has a DataLoader's already.
         ServerUnavailable: no server admitted this loader within ``timeout`` (naming every
             endpoint and its state: not connected, no answer, busy, ...), or a name or a
@@ -224,24 +239,50 @@ class DataLoader:
         columns: Sequence[str] | None = None,
         read_ahead: bool = True,
         request_timeout: float | None = None,
+        collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+        **torch_only: object,
     ) -> None:
-        source = servers_setting(servers, os.environ.get(ENV_VAR))
+        refuse_torch_arguments(torch_only)
         rank, world_size = dist_env(rank, world_size)
         self.config = LoaderConfig(
-            servers=source, batch_size=batch_size, rank=rank, world_size=world_size,
+            servers=servers_setting(servers, os.environ.get(ENV_VAR)), batch_size=batch_size,
+            rank=rank, world_size=world_size,
             shuffle=Shuffle(shuffle_mode(shuffle), shuffle_window, block_size, window),
             seed=seed, drop_last=drop_last, device=normalize_device(device),
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
+            collate_fn=collate_fn,
         )
+        self._start(metrics)
+
+    @classmethod
+    def from_config(cls, config: LoaderConfig, *,
+                    metrics: int | CollectorRegistry | None = None) -> DataLoader:
+        """A DataLoader of ``config`` (``loader.config`` of another, e.g. unpickled in a
+        spawned process): a new session with the servers, at the start of epoch 0 (resume
+        with ``load_state_dict``)."""
+        if not isinstance(config, LoaderConfig):
+            raise ConfigError(f"`config` must be a LoaderConfig. Found: {config!r}")
+        loader = cls.__new__(cls)
+        loader.config = config
+        loader._start(metrics)
+        return loader
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled, a DataLoader is its configuration: unpickling makes a new one of it
+        (:meth:`from_config`; metrics off), as a spawned process re-creates its loader."""
+        return (DataLoader.from_config, (self.config,))
+
+    def _start(self, metrics: int | CollectorRegistry | None) -> None:
         cfg = self.config
+        source = cfg.servers
         find = functools.partial(lookup, source)
         endpoints = first_lookup(source, find, cfg.timeout)
         if cfg.device is not None:
             sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
         else:
-            sink = HostSink(pin=pin_memory and torch.cuda.is_available())
+            sink = HostSink(pin=cfg.pin_memory and torch.cuda.is_available())
         self._io = IOThread(endpoints,
                             cfg.hello(f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}"),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
@@ -280,6 +321,16 @@ class DataLoader:
         the order they joined; servers that join later (busy, slow or not up at the start,
         found by discovery) are added when they do."""
         return self._io.handoff.readers()
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (as torch's ``DataLoader.batch_size``)."""
+        return self.config.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the remainder is dropped (as torch's ``DataLoader.drop_last``)."""
+        return self.config.drop_last
 
     @property
     def schema(self) -> Schema:
@@ -344,7 +395,7 @@ class DataLoader:
             raise LoaderClosedError("this DataLoader failed earlier (the error was raised "
                                     "then); open a new one and load_state_dict() to "
                                     "resume") from failure
-        iterator = PassIterator(self._iterate(self._stream.open()))
+        iterator = PassIterator(self._iterate(self._stream.open()), self.config.collate_fn)
         self._live = weakref.ref(iterator)
         return iterator
 

@@ -7,9 +7,9 @@ A pass (:class:`~dataflow.client.cursor.Pass`: an epoch from a start position) i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -76,22 +76,26 @@ T = TypeVar("T")
 class PassIterator(Generic[T]):
     """One pass's iterator over ``batches`` (a generator) that, once it raised, raises the
     same error on every later ``next()``: a generator that raised only stops, so a loop that
-    caught the error and went on would see a short epoch."""
+    caught the error and went on would see a short epoch. ``finish`` (the user's
+    ``collate_fn``) makes what ``next()`` returns of each batch; an error it raises is the
+    caller's for that batch only: the next ``next()`` goes on."""
 
-    def __init__(self, batches: Iterator[T]) -> None:
+    def __init__(self, batches: Iterator[T], finish: Callable[[T], Any] | None = None) -> None:
         self._batches = batches
+        self._finish = finish
         self._error: Exception | None = None
 
     def __iter__(self) -> PassIterator[T]:
         return self
 
-    def __next__(self) -> T:
+    def __next__(self) -> Any:
         if self._error is not None:
             raise self._error
         try:
-            return next(self._batches)
+            batch = next(self._batches)
         except StopIteration:
             raise
         except Exception as e:
             self._error = e
             raise
+        return batch if self._finish is None else self._finish(batch)
