@@ -8,17 +8,24 @@ BIN := $(VENV)/bin
 CONSTRAINTS ?= .ci/constraints.txt
 LINT_PATHS := dataflow server client bench tests examples .ci
 
-.PHONY: setup demo test lint ruff typecheck clean
+.PHONY: setup demo-setup demo test lint ruff typecheck clean
 
+# `make demo` installs only what the demo runs (the package, torch, the bench's matplotlib and
+# pillow); `make setup` (for the tests) adds the dev tools: lightning, datasets, moto, mypy...
 setup: $(VENV)/.installed
+demo-setup: $(VENV)/.demo-installed
 
-$(VENV)/.installed: pyproject.toml Makefile $(CONSTRAINTS)
-	$(PYTHON) -m venv $(VENV)
+$(VENV)/.demo-installed: pyproject.toml Makefile $(CONSTRAINTS)
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	PIP_CONSTRAINT="$(abspath $(CONSTRAINTS))" $(BIN)/python -m pip install -q torch
+	PIP_CONSTRAINT="$(abspath $(CONSTRAINTS))" $(BIN)/python -m pip install -q -e ".[client,bench]"
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.demo-installed
 	PIP_CONSTRAINT="$(abspath $(CONSTRAINTS))" $(BIN)/python -m pip install -q -e ".[client,bench,dev]"
 	touch $@
 
-demo: setup
+demo: demo-setup
 	$(BIN)/python -m dataflow.bench demo --out bench-out
 
 test: lint
