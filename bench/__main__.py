@@ -109,7 +109,11 @@ def _common(p: argparse.ArgumentParser, timing: dict[str, int] | None = None) ->
                    "(default: %(default)s)")
     o.add_argument("--tag", default=None, help="base name of the output files")
     o.add_argument("--markdown", action="store_true",
-                   help="also print the table as markdown (for bench/RESULTS.md)")
+                   help="also print the table as markdown, every column (for bench/RESULTS.md)")
+    o.add_argument("--wide", action="store_true",
+                   help="print every column of the table: batches/s, p95, loader CPU, RSS, time "
+                   "to first batch (default: GPU-idle, samples/s, the ratio, wait p50/p99, "
+                   "trainer CPU; the JSON has every figure)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -282,9 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_fuzz(args)
         cfg = config_from_args(args)
         if args.command == "sweep":
-            doc = run_sweep(cfg, args.axis, args.values, tag=args.tag or "sweep")
+            doc = run_sweep(cfg, args.axis, args.values, tag=args.tag or "sweep",
+                            wide=args.wide)
             return 1 if any(point["failed"] for point in doc["points"]) else 0
-        result = run_config(cfg, tag=args.tag or args.command)
+        result = run_config(cfg, tag=args.tag or args.command, wide=args.wide)
     except DataflowError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -26,15 +26,20 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("gpu_idle", "GPU-idle", "{:.1%}"),
     ("samples_per_s", "samples/s", "{:,.0f}"),
     ("batches_per_s", "batches/s", "{:,.1f}"),
-    ("wait_p50_ms", "wait p50 ms", "{:.2f}"),
+    ("wait_p50_ms", "p50 ms", "{:.2f}"),
     ("wait_p95_ms", "p95 ms", "{:.2f}"),
     ("wait_p99_ms", "p99 ms", "{:.2f}"),
-    ("trainer_cpu_ms_per_batch", "trainer CPU ms/b", "{:.2f}"),
-    ("loader_cpu_ms_per_batch", "loader CPU ms/b", "{:.2f}"),
+    ("trainer_cpu_ms_per_batch", "trainer ms/b", "{:.2f}"),
+    ("loader_cpu_ms_per_batch", "loader ms/b", "{:.2f}"),
     ("trainer_peak_rss_mib", "trainer RSS MiB", "{:,.0f}"),
     ("loader_peak_rss_mib", "loader RSS MiB", "{:,.0f}"),
     ("ttfb_s", "1st batch s", "{:.2f}"),
 )
+# The terminal table's columns unless --wide (under 100 characters with every range shown):
+# the GPU-idle fraction, throughput and its ratio, the wait in next() (median and tail), the
+# trainer's CPU per batch. "ms/b": CPU milliseconds per batch.
+NARROW = ("loader", "procs", "GPU-idle", "samples/s", f"vs {BASELINE}", "p50 ms", "p99 ms",
+          "trainer ms/b")
 
 
 def machine_info() -> dict[str, object]:
@@ -210,14 +215,20 @@ def _headers() -> list[str]:
     return ["loader", "procs", *names[:2], f"vs {BASELINE}", *names[2:]]
 
 
-def format_table(outcome: BenchOutcome, order: Sequence[str], *, markdown: bool = False) -> str:
+def format_table(outcome: BenchOutcome, order: Sequence[str], *, markdown: bool = False,
+                 wide: bool = False) -> str:
     """The summary table, plain text for the terminal or GitHub markdown.
 
     ``procs`` is each loader's loading processes; a line under the table warns when they
-    differ between loaders.
+    differ between loaders. The plain table has the :data:`NARROW` columns unless ``wide``;
+    markdown has them all.
     """
     headers = _headers()
     rows = summary_rows(outcome, order)
+    if not (wide or markdown):
+        keep = [headers.index(h) for h in NARROW]
+        headers = [headers[i] for i in keep]
+        rows = [[r[i] for i in keep] if len(r) == len(_headers()) else r for r in rows]
     warning = unequal_budgets(budgets(outcome))
     note = [] if warning is None else ["", f"WARNING: {warning}"]
     if markdown:

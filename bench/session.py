@@ -78,7 +78,7 @@ def free_tag(out_dir: str, tag: str, files: Callable[[str], Sequence[str]]) -> s
 
 
 def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO | None = None,
-               progress: Progress | None = None) -> SessionResult:
+               progress: Progress | None = None, wide: bool = False) -> SessionResult:
     """Run every loader of ``cfg`` and write ``<out_dir>/<tag>.json`` (and ``.png``).
 
     With ``cfg.endpoints``, the given servers must serve the dataset of ``cfg.data`` (what
@@ -89,6 +89,8 @@ def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO | N
         tag: base name of the output files; ``-2``, ``-3``, ... is appended when files of
             that name exist (an earlier run's files are never overwritten).
         plot: write the PNG.
+        wide: print every column of the table (else the narrow set,
+            :data:`~dataflow.bench.report.NARROW`; the JSON has every figure either way).
         out: stream for the header, the table and the output paths (default: ``sys.stdout``
             when called).
         progress: progress display (default: stderr).
@@ -114,7 +116,7 @@ def run_config(cfg: BenchConfig, *, tag: str, plot: bool = True, out: TextIO | N
     if plot and doc["loaders"]:
         png_path = plot_run(doc, os.path.join(cfg.out_dir, f"{tag}.png"))
     print(file=out)
-    print(format_table(outcome, cfg.loaders), file=out)
+    print(format_table(outcome, cfg.loaders, wide=wide), file=out)
     quote = headline(outcome)
     if quote is not None:
         print(f"\n{quote}", file=out)

@@ -72,13 +72,14 @@ def axis_label(base: BenchConfig, axis: str) -> str:
 
 
 def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str = "sweep",
-              out: TextIO | None = None, progress: Progress | None = None) -> JsonDoc:
+              out: TextIO | None = None, progress: Progress | None = None,
+              wide: bool = False) -> JsonDoc:
     """Run ``base`` at each value of ``axis``; write ``<tag>.json`` and ``<tag>.png``.
 
     ``-2``, ``-3``, ... is appended to ``tag`` when an earlier sweep's files have that name, so
     a second sweep never overwrites the first. Every point's configuration is checked before
-    the first runs. The header, tables and output paths go to ``out`` (default:
-    ``sys.stdout`` when called).
+    the first runs. The header, tables (every column when ``wide``) and output paths go to
+    ``out`` (default: ``sys.stdout`` when called).
 
     Returns:
         The sweep's JSON document: axis, values, per loader the median GPU-idle fraction and
@@ -98,7 +99,7 @@ def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str
     for value, cfg in zip(values, configs, strict=True):
         print(f"\n=== {axis} = {value:g} ===", file=out, flush=True)
         result = run_config(cfg, tag=f"{tag}-{axis}-{value:g}", plot=False, out=out,
-                            progress=progress)
+                            progress=progress, wide=wide)
         for name in base.loaders:
             median = result.doc["loaders"].get(name, {}).get("median")
             failed = name in result.outcome.failed

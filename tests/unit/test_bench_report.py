@@ -108,12 +108,26 @@ def test_table_rows(outcome):
     assert rows[1][1] == "2" and rows[1][2] == "50.0% [50.0-75.0]" and rows[1][4] == "1.00x"
     assert rows[2][1].startswith("skipped: not installed")
     assert rows[3][1].startswith("FAILED: RuntimeError")
-    text = format_table(outcome, ["dataflow", "torch", "ray", "litdata"])
+    text = format_table(outcome, ["dataflow", "torch", "ray", "litdata"], wide=True)
     assert "GPU-idle" in text and "n/a" in text and "WARNING" not in text
     md = format_table(outcome, ["dataflow", "torch"], markdown=True)
     lines = md.splitlines()
     assert lines[0].startswith("| loader |") and len(lines) == 4
     assert len({line.count("|") for line in lines}) == 1
+
+
+def test_the_terminal_table_stays_under_100_columns_unless_wide(outcome):
+    outcome.results["dataflow"] = [run("dataflow", r, w, loader_peak_rss=12_345 << 20)
+                                   for r, w in enumerate([0.0, 99.0, 1000.0])]
+    narrow = format_table(outcome, ["dataflow", "torch", "ray", "litdata"])
+    assert max(len(line) for line in narrow.splitlines()) < 100
+    assert "loader ms/b" not in narrow and "1st batch s" not in narrow
+    assert narrow.splitlines()[0].split()[:3] == ["loader", "procs", "GPU-idle"]
+    wide = format_table(outcome, ["dataflow", "torch"], wide=True)
+    assert all(title in wide for title in ("loader ms/b", "loader RSS MiB", "1st batch s",
+                                           "batches/s", "p95 ms"))
+    assert "12,345" in wide and "12,345" not in narrow
+    assert "skipped: not installed" in narrow and "FAILED: RuntimeError" in narrow
 
 
 def test_unequal_budgets_are_flagged(tmp_path, outcome):
