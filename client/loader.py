@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from time import perf_counter
@@ -283,8 +284,8 @@ class DataLoader:
             sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
         else:
             sink = HostSink(pin=cfg.pin_memory and torch.cuda.is_available())
-        self._io = IOThread(endpoints,
-                            cfg.hello(f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}"),
+        name = f"rank {cfg.rank}/{cfg.world_size} on {socket.gethostname()}"
+        self._io = IOThread(endpoints, cfg.hello(name),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
                             find if source.dynamic else None, cfg.resolve_interval,
                             cfg.request_limit)

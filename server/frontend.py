@@ -53,7 +53,7 @@ from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
 from dataflow.server.guard import GUARD_MS, InboundGuard, client_socket_options
 from dataflow.server.ledger import CREDIT_SLACK, Ledger
-from dataflow.server.metrics import SessionUse, Snapshot, session_label
+from dataflow.server.metrics import SessionUse, Snapshot
 from dataflow.server.peerlog import RateLimitedLog
 from dataflow.server.pool import WorkerPool
 from dataflow.server.sessions import Sessions
@@ -231,7 +231,6 @@ class Frontend:
             stats={k: v for k, v in self.stats().items() if isinstance(v, int)},
             skipped=tuple((self._index.shards[shard][root:], n)
                           for shard, n in sorted(self._workers.skipped_per_shard.items())),
-            sessions=tuple(SessionUse(s.name, session_label(s.token), s.credits,
-                                      self._ledger.outstanding(s.token)
+            sessions=tuple(SessionUse(s.name, s.credits, self._ledger.outstanding(s.token)
                                       if s.token in self._ledger else 0)
                            for s in self._sessions))

@@ -14,7 +14,6 @@ tick behind; the serving loop pays one ``stats()`` call per tick, nothing per me
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -102,11 +101,9 @@ PER_SHARD = ("skipped_samples", "skipped_per_shard")
 @dataclass(frozen=True)
 class SessionUse:
     """Credit use of one session: its client's self-description (as the HELLO sent it; made a
-    label by :func:`client_label`), an opaque session id (a hash of its token, which must stay
-    secret), credits granted and requests outstanding."""
+    label by :func:`client_label`), credits granted and requests outstanding."""
 
     client: str
-    session: str
     credits: int
     outstanding: int
 
@@ -125,11 +122,6 @@ def client_label(client: str, limit: int = MAX_CLIENT_LABEL) -> str:
             break
         out.append(text)
     return "".join(out)
-
-
-def session_label(token: bytes) -> str:
-    """A stable, non-reversible label for a session token."""
-    return hashlib.sha256(token).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -173,14 +165,18 @@ def families(snap: Snapshot) -> list[Metric]:
                                   labels=["shard"])
     for shard, n in snap.skipped:
         skipped.add_metric([shard[-MAX_LABEL:]], n)
-    credits = GaugeMetricFamily(SESSION_CREDITS, "credits granted to a session",
-                                labels=["client", "session"])
-    outstanding = GaugeMetricFamily(SESSION_OUTSTANDING, "requests of a session not settled",
-                                    labels=["client", "session"])
+    credits = GaugeMetricFamily(SESSION_CREDITS, "credits granted to the sessions of a client",
+                                labels=["client"])
+    outstanding = GaugeMetricFamily(SESSION_OUTSTANDING, "requests of the sessions of a "
+                                    "client not settled", labels=["client"])
+    per_client: dict[str, list[int]] = {}
     for s in snap.sessions:
-        labels = [client_label(s.client), s.session]
-        credits.add_metric(labels, s.credits)
-        outstanding.add_metric(labels, s.outstanding)
+        use = per_client.setdefault(client_label(s.client), [0, 0])
+        use[0] += s.credits
+        use[1] += s.outstanding
+    for label, (granted, held) in sorted(per_client.items()):
+        credits.add_metric([label], granted)
+        outstanding.add_metric([label], held)
     return [*made.values(), skipped, credits, outstanding]
 
 
