@@ -46,9 +46,14 @@ def plot_run(doc: Mapping[str, Any], path: str) -> str | None:
     names = list(loaders)
     for name in names:
         run = _median_run(loaders[name])
-        ax_wait.plot(range(1, len(run["wait_ms"]) + 1), run["wait_ms"], label=name, lw=0.9)
+        fig_ = run["figures"]
+        label = f"{name} (p50 {fig_['wait_p50_ms']:.2f} ms, p99 {fig_['wait_p99_ms']:.2f} ms)"
+        ax_wait.plot(range(1, len(run["wait_ms"]) + 1), run["wait_ms"], label=label, lw=0.9)
+    # Linear up to 0.1 ms, logarithmic above: a loader that never stalls stays visible beside
+    # one that waits tens of milliseconds.
+    ax_wait.set_yscale("symlog", linthresh=0.1)
     ax_wait.set_xlabel("measured step")
-    ax_wait.set_ylabel("wait (data stall), ms")
+    ax_wait.set_ylabel("wait (data stall), ms (log above 0.1)")
     ax_wait.set_title("per-step wait (median-throughput repeat)")
     ax_wait.legend()
     idle = [loaders[n]["median"]["gpu_idle"] * 100 for n in names]

@@ -68,7 +68,12 @@ def axis_label(base: BenchConfig, axis: str) -> str:
     if axis == "servers-split":
         return (f"dataflow servers (CPU budget: {base.workers} loading processes in total, "
                 "split over the servers; the same for every loader)")
-    return "step time, ms"
+    return "step time, ms (0: no step, the loaders' own rate)"
+
+
+def value_label(axis: str, value: float) -> str:
+    """A sweep point's column title in the text table (``step-ms`` 0: ``no step``)."""
+    return "no step" if axis == "step-ms" and value == 0 else f"{value:g}"
 
 
 def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str = "sweep",
@@ -115,7 +120,8 @@ def run_sweep(base: BenchConfig, axis: str, values: Sequence[float], *, tag: str
                      os.path.join(base.out_dir, f"{tag}.png"), integer=axis in SERVER_AXES)
     print(f"\nsweep over {axis}: GPU-idle fraction per loader", file=out)
     width = max(10, len(axis) + 1, *(len(name) + 1 for name in base.loaders))
-    print(f"  {axis:<{width}}" + "".join(f"{v:>10g}" for v in values), file=out)
+    print(f"  {axis:<{width}}" + "".join(f"{value_label(axis, v):>10}" for v in values),
+          file=out)
     for name in base.loaders:
         cells = "".join(f"{y:>10.1%}" if y is not None else f"{'n/a':>10}" for y in idle[name])
         print(f"  {name:<{width}}{cells}", file=out)

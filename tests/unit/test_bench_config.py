@@ -11,7 +11,7 @@ import pytest
 from dataflow.bench.__main__ import build_parser, config_from_args, main
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.session import free_tag
-from dataflow.bench.sweep import point_config, run_sweep
+from dataflow.bench.sweep import axis_label, point_config, run_sweep, value_label
 from dataflow.errors import ConfigError
 from dataflow.readers import open_shard
 
@@ -58,6 +58,13 @@ def test_sweep_points():
         point_config(base, "batch", 1)
     with pytest.raises(ConfigError, match="whole numbers of 1 or more. Found: 1.5"):
         point_config(base, "servers", 1.5)
+
+
+def test_a_step_of_0_ms_is_labelled_as_no_step():
+    base = BenchConfig(data=("d",))
+    assert [value_label("step-ms", v) for v in (0, 2.5, 10)] == ["no step", "2.5", "10"]
+    assert value_label("servers", 1) == "1"
+    assert "0: no step" in axis_label(base, "step-ms")
 
 
 def test_servers_split_keeps_the_total_readers():
