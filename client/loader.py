@@ -164,7 +164,9 @@ class DataLoader:
             about a second, not after ``timeout``.
         server_key: the servers' public key file (``NAME.key``); both or neither.
         metrics: per-rank data-stall metrics (:mod:`dataflow.client.metrics`): a port to
-            serve ``/metrics`` on, on all interfaces (0: a free one, see ``metrics_port``),
+            serve ``/metrics`` on, on loopback (0: a free one, see ``metrics_port``), or
+            ``"ADDRESS:PORT"`` (``"0.0.0.0:9200"``: every interface; the endpoint has no
+            authentication),
             or a ``prometheus_client.CollectorRegistry`` to register them in (one DataLoader
             per registry at a time; ``close()`` unregisters); None: off.
         resolve_interval: seconds between lookups of a ``dns+tcp://`` name or a
@@ -235,7 +237,7 @@ class DataLoader:
         window: int = DEFAULT_WINDOW,
         curve_key: str | os.PathLike | None = None,
         server_key: str | os.PathLike | None = None,
-        metrics: int | CollectorRegistry | None = None,
+        metrics: int | str | CollectorRegistry | None = None,
         resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
         columns: Sequence[str] | None = None,
         read_ahead: bool = True,
@@ -259,7 +261,7 @@ class DataLoader:
 
     @classmethod
     def from_config(cls, config: LoaderConfig, *,
-                    metrics: int | CollectorRegistry | None = None) -> DataLoader:
+                    metrics: int | str | CollectorRegistry | None = None) -> DataLoader:
         """A DataLoader of ``config`` (``loader.config`` of another, e.g. unpickled in a
         spawned process): a new session with the servers, at the start of epoch 0 (resume
         with ``load_state_dict``)."""
@@ -275,7 +277,7 @@ class DataLoader:
         (:meth:`from_config`; metrics off), as a spawned process re-creates its loader."""
         return (DataLoader.from_config, (self.config,))
 
-    def _start(self, metrics: int | CollectorRegistry | None) -> None:
+    def _start(self, metrics: int | str | CollectorRegistry | None) -> None:
         cfg = self.config
         source = cfg.servers
         find = functools.partial(lookup, source)

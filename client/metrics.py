@@ -14,7 +14,11 @@ Metrics (label ``rank``): ``dataflow_client_blocked_seconds`` (histogram: time e
 ``dataflow_client_h2d_pending_total`` (batches whose host-to-device copy had not finished when
 ``next()`` returned them: the training stream waits for it, so the copy was not hidden), the
 loader's ``stats()`` counters as ``dataflow_client_<name>_total`` and
-``dataflow_client_waiting_batches`` (batches received, not yet taken).
+``dataflow_client_waiting_batches`` (batches received, not yet taken). Served on a port, the
+loader's own registry also has the process's ``process_*`` metrics and ``dataflow_build_info``.
+
+Where a port is served follows the server's ``--metrics-bind`` rule: loopback unless an
+address is given (``metrics="0.0.0.0:9200"``), since the endpoint has no authentication.
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ from prometheus_client.registry import Collector
 from dataflow.checks import as_int
 from dataflow.client.buffers import Received
 from dataflow.errors import ConfigError, MetricsError
-from dataflow.exporter import MetricsExporter, check_metrics_address
+from dataflow.exporter import MetricsExporter, check_metrics_address, register_process_metrics
 
 PREFIX = "dataflow_client_"
 BUCKETS = (1e-5, 1e-4, 1e-3, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-EXPORT_BIND = "0.0.0.0"
+EXPORT_BIND = "127.0.0.1"
 GAUGES = ("waiting",)
 
 
@@ -122,8 +126,9 @@ class LoaderMetrics:
     """A loader's metrics, registered in the user's registry or served on a port.
 
     Args:
-        target: a TCP port (0: a free one, see :attr:`port`) served on all interfaces at
-            ``/metrics``, or a ``CollectorRegistry`` to register into.
+        target: a TCP port (0: a free one, see :attr:`port`) served on loopback at
+            ``/metrics``, ``"ADDRESS:PORT"`` to serve on that address (``"0.0.0.0:9200"``,
+            ``"[::]:9200"``), or a ``CollectorRegistry`` to register into.
         rank: the loader's rank.
         stats: the loader's ``stats()``.
 
@@ -132,16 +137,26 @@ class LoaderMetrics:
         MetricsError: the port is taken, or the registry has a DataLoader's metrics already.
     """
 
-    def __init__(self, target: int | CollectorRegistry, rank: int,
+    def __init__(self, target: int | str | CollectorRegistry, rank: int,
                  stats: Callable[[], dict[str, int]]) -> None:
+        bind = EXPORT_BIND
         if isinstance(target, CollectorRegistry):
             registry, port = target, None
-        elif as_int(target) is not None:
+        elif as_int(target) is not None or isinstance(target, str):
+            if isinstance(target, str):
+                bind, _, port_text = target.rpartition(":")
+                bind = bind.removeprefix("[").removesuffix("]")
+                if not bind or not port_text.isdigit():
+                    raise ConfigError("`metrics` as text must be ADDRESS:PORT (e.g. "
+                                      f"'0.0.0.0:9200'). Found: {target!r}")
+                target = int(port_text)
+            port = check_metrics_address(target, bind, port_name="metrics",
+                                         bind_name="metrics")
             registry = CollectorRegistry()
-            port = check_metrics_address(target, EXPORT_BIND, port_name="metrics")
+            register_process_metrics(registry)
         else:
-            raise ConfigError("`metrics` must be a port number or a prometheus_client "
-                              f"CollectorRegistry. Found: {target!r}")
+            raise ConfigError("`metrics` must be a port number, 'ADDRESS:PORT' or a "
+                              f"prometheus_client CollectorRegistry. Found: {target!r}")
         self.meter = StallMeter()
         self._collector = LoaderCollector(rank, self.meter, stats)
         try:
@@ -150,7 +165,7 @@ class LoaderMetrics:
             raise MetricsError(f"cannot register rank {rank}'s DataLoader metrics: {e} (close "
                                "the other DataLoader using this registry first)") from e
         self._registry: CollectorRegistry | None = registry
-        self._exporter = MetricsExporter(registry, port, EXPORT_BIND) if port is not None else None
+        self._exporter = MetricsExporter(registry, port, bind) if port is not None else None
         self.port: int | None = self._exporter.port if self._exporter is not None else None
 
     def close(self) -> None:

@@ -14,8 +14,10 @@ that thread: what they read must be safe to read from another thread (see
 from __future__ import annotations
 
 import gzip
+import importlib.metadata
 import ipaddress
 import logging
+import platform
 import selectors
 import socket
 import threading
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from types import TracebackType
 
-from prometheus_client import CollectorRegistry
+import zmq
+from prometheus_client import CollectorRegistry, Info, ProcessCollector
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from dataflow.checks import check_int
@@ -39,6 +42,24 @@ BACKLOG = 128
 PATHS = (b"/metrics", b"/")
 
 log = logging.getLogger(__name__)
+
+
+def build_info() -> dict[str, str]:
+    """What ``dataflow_build_info`` says: the versions that shape the wire and the hot path."""
+    try:
+        version = importlib.metadata.version("dataflow")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"version": version, "python": platform.python_version(),
+            "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version()}
+
+
+def register_process_metrics(registry: CollectorRegistry) -> None:
+    """Add to a registry of dataflow's own the process's ``process_*`` metrics (CPU seconds,
+    resident memory, open file descriptors, start time) and ``dataflow_build_info``."""
+    ProcessCollector(registry=registry)
+    Info("dataflow_build", "dataflow's version and the Python and ZeroMQ it runs on",
+         registry=registry).info(build_info())
 
 
 def check_metrics_address(port: object, bind: str, *, port_name: str = "metrics_port",

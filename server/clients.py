@@ -256,6 +256,7 @@ class ClientHandler:
             self._counters["refused"] += 1
             self._delivery.error(identity, msg.req_id, ErrorKind.PROTOCOL, problem)
             return
+        self._delivery.latency.start(s.token, msg.req_id)
         s.requested = True
         self._counters["requests"] += 1
 

@@ -12,11 +12,13 @@ Thread invariant: used only by the frontend's thread.
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
 from dataflow import wire
 from dataflow.server.framing import MAX_ERROR_TEXT, SendResult, try_send, try_send_tracked
+from dataflow.server.latency import Latency
 from dataflow.server.ledger import Ledger
 from dataflow.server.peerlog import quote
 from dataflow.server.sessions import ParkedReply, Session, Sessions
@@ -32,6 +34,9 @@ class Delivery:
         sessions: all sessions.
         ledger: their credit accounts.
         counters: the frontend's STATS counters (updated in place).
+
+    Attributes:
+        latency: how long each admitted request took until its reply was handed over.
     """
 
     def __init__(self, router: zmq.Socket, sessions: Sessions, ledger: Ledger,
@@ -40,6 +45,7 @@ class Delivery:
         self._sessions = sessions
         self._ledger = ledger
         self._counters = counters
+        self.latency = Latency(time.monotonic)
 
     def send(self, identity: bytes, msg: wire.Message) -> SendResult:
         """Send a message without blocking or parking it."""
@@ -96,6 +102,7 @@ class Delivery:
             self._ledger.settle(token, req_id)  # a closed session's: its connection is freed
             self._counters["dropped_sends"] += 1
         elif self._ledger.settle(token, req_id):
+            self.latency.finish(token, req_id)
             self._counters["replies"] += 1
             self._counters["bytes_sent"] += nbytes
             self._counters["samples_sent"] += samples
@@ -105,6 +112,7 @@ class Delivery:
     def drop(self, s: Session, why: str) -> None:
         """Free session ``s``: its account, queued requests and parked replies."""
         self._sessions.close(s)
+        self.latency.forget(s.token)
         queued = self._ledger.close(s.token)
         parked = s.parked.clear()
         self._counters["dropped_sends"] += parked

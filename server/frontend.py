@@ -233,4 +233,5 @@ class Frontend:
                           for shard, n in sorted(self._workers.skipped_per_shard.items())),
             sessions=tuple(SessionUse(s.name, s.credits, self._ledger.outstanding(s.token)
                                       if s.token in self._ledger else 0)
-                           for s in self._sessions))
+                           for s in self._sessions),
+            latency=self._delivery.latency.histogram())

@@ -18,11 +18,17 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from dataflow.errors import InternalError
-from dataflow.exporter import MetricsExporter
+from dataflow.exporter import MetricsExporter, register_process_metrics
+from dataflow.server.latency import BUCKETS, Histogram
 
 PREFIX = "dataflow_"
 MAX_LABEL = 128
@@ -95,6 +101,7 @@ METRICS: dict[str, Spec] = {
 SKIPPED = PREFIX + "skipped_samples"
 SESSION_CREDITS = PREFIX + "session_credits"
 SESSION_OUTSTANDING = PREFIX + "session_outstanding_requests"
+REQUEST_SECONDS = PREFIX + "request_seconds"
 PER_SHARD = ("skipped_samples", "skipped_per_shard")
 
 
@@ -132,11 +139,13 @@ class Snapshot:
         stats: the frontend's scalar STATS entries.
         skipped: ``(shard name, samples)`` skipped as damaged, per shard with any.
         sessions: credit use of every open session.
+        latency: how long requests took, admission to reply handed over.
     """
 
     stats: Mapping[str, int] = field(default_factory=dict)
     skipped: tuple[tuple[str, int], ...] = ()
     sessions: tuple[SessionUse, ...] = ()
+    latency: Histogram = Histogram()
 
 
 def families(snap: Snapshot) -> list[Metric]:
@@ -177,7 +186,13 @@ def families(snap: Snapshot) -> list[Metric]:
     for label, (granted, held) in sorted(per_client.items()):
         credits.add_metric([label], granted)
         outstanding.add_metric([label], held)
-    return [*made.values(), skipped, credits, outstanding]
+    latency = HistogramMetricFamily(
+        REQUEST_SECONDS, "seconds from a REQUEST's admission to its reply handed to ZeroMQ "
+        "(queue, read, --transform; not the transfer)")
+    bounds = [*(f"{b:g}" for b in BUCKETS), "+Inf"]
+    latency.add_metric([], list(zip(bounds, snap.latency.counts, strict=True)),
+                       snap.latency.total_s)
+    return [*made.values(), skipped, credits, outstanding, latency]
 
 
 class SnapshotCollector(Collector):
@@ -212,6 +227,7 @@ class ServerMetrics:
         self._collector = SnapshotCollector()
         registry = CollectorRegistry()
         registry.register(self._collector)
+        register_process_metrics(registry)
         self._exporter = MetricsExporter(registry, port, bind)
         self.port = self._exporter.port
         self.publish = self._collector.publish

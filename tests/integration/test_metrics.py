@@ -91,6 +91,10 @@ def test_an_epoch_is_counted_on_the_server_and_on_the_client(servers, tmp_path) 
     got = scrape(port)
     assert got[("dataflow_sent_samples_total", ())] == 16 + samples
     assert got[("dataflow_skipped_samples_total", (("shard", "p.parquet"),))] == stats["skipped"]
+    # every reply answered an admitted request: the latency histogram counted each once
+    assert got[("dataflow_request_seconds_count", ())] == 2 + len(batches)
+    assert got[("dataflow_request_seconds_bucket", (("le", "+Inf"),))] == 2 + len(batches)
+    assert 0 < got[("dataflow_request_seconds_sum", ())] < 60
 
 
 @pytest.mark.timeout(90)
@@ -112,6 +116,8 @@ def test_malformed_refused_and_reader_restarts_are_counted(demo_data, servers,
     assert got[("dataflow_refusals_total", (("what", "request"),))] == 1
     assert got[("dataflow_refusals_total", (("what", "session"),))] == 0
     assert got[("dataflow_workers", ())] == 1
+    assert got[("process_open_fds", ())] > 0  # the front process's own
+    assert any(name == "dataflow_build_info" for name, _ in got)
 
     with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1, timeout=30,
                     metrics=0) as dl:
@@ -121,6 +127,9 @@ def test_malformed_refused_and_reader_restarts_are_counted(demo_data, servers,
         assert client[("dataflow_client_blocked_seconds_count", (("rank", "0"),))] == n
         assert client[("dataflow_client_blocked_seconds_bucket",
                        (("le", "+Inf"), ("rank", "0")))] == n
+        assert client[("process_resident_memory_bytes", ())] > 1 << 20
+        build = next(dict(labels) for name, labels in client if name == "dataflow_build_info")
+        assert set(build) == {"version", "python", "pyzmq", "libzmq"}
         port_of_client = dl.metrics_port
     with pytest.raises(OSError):
         scrape(port_of_client)
@@ -137,9 +146,12 @@ def test_a_taken_metrics_port_fails_the_start_naming_it(demo_data) -> None:
             launch([str(p) for p in demo.paths], workers=1, timeout=60,
                    extra_args=["--metrics-port", str(port)])
         # Before any HELLO: no server needed to fail.
+        with pytest.raises(MetricsError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            DataLoader("tcp://127.0.0.1:9", batch_size=8, rank=0, world_size=1, timeout=30,
+                       metrics=port)  # loopback by default, as the server's --metrics-bind
         with pytest.raises(MetricsError, match=f"cannot serve metrics on 0.0.0.0:{port}"):
             DataLoader("tcp://127.0.0.1:9", batch_size=8, rank=0, world_size=1, timeout=30,
-                       metrics=port)
+                       metrics=f"0.0.0.0:{port}")
 
 
 def _idle_connections(port: int, n: int) -> list[socket.socket]:

@@ -74,8 +74,11 @@ def test_a_registry_takes_one_loader_at_a_time() -> None:
 
 
 @pytest.mark.parametrize("target, match", [
-    ("9100", "a port number or a prometheus_client CollectorRegistry"),
-    (True, "a port number or"),
+    ("9100", r"as text must be ADDRESS:PORT \(e.g. '0.0.0.0:9200'\). Found: '9100'"),
+    ("0.0.0.0:x", "as text must be ADDRESS:PORT"),
+    ("localhost:9100", "`metrics` must be an IPv4 or IPv6 address. Found: 'localhost'"),
+    ("[::1]:70000", "Found: 70000"),
+    (True, "a port number, 'ADDRESS:PORT' or a prometheus_client CollectorRegistry"),
     (-1, "`metrics` must be an integer in"),
     (65536, "Found: 65536"),
 ])
