@@ -23,7 +23,7 @@ def _exported() -> set[str]:
     collector = SnapshotCollector()
     collector.publish(Snapshot(stats={k: 1 for k in (*COUNTERS, *METRICS)},
                                skipped=(("a.arrow", 1),),
-                               sessions=(SessionUse("rank 0", "abc", 4, 1),)))
+                               sessions=(SessionUse("rank 0", 4, 1),)))
     registry = CollectorRegistry()
     registry.register(collector)
     registry.register(LoaderCollector(0, StallMeter(), Handoff(lambda: None).stats))
