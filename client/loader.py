@@ -18,6 +18,7 @@ from dataflow.checks import check_int
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
+from dataflow.client.decode import BatchDecoder, Decode, ImageDecode, as_decode
 from dataflow.client.discovery import (
     DEFAULT_RESOLVE_INTERVAL,
     ENV_VAR,
@@ -189,6 +190,18 @@ class DataLoader:
             request does not make its server suspect (liveness is judged by connections and
             HEARTBEATs); set this above the longest a batch may take, e.g. a big batch over a
             slow link. None (the default): ``timeout``.
+        decode: decode encoded images on the trainer (:mod:`dataflow.client.decode`): a
+            mapping of a bytes field (JPEG) to an :class:`~dataflow.client.decode.ImageDecode`
+            (crop size, random or center crop, flips, output name), or a
+            :class:`~dataflow.client.decode.Decode` (adds the decoder and its threads). Each
+            such field arrives as uint8 images ``(batch, 3, height, width)`` (RGB) in place of
+            its bytes: decoded with nvJPEG on the loader's CUDA ``device`` when torchvision
+            decodes there, else with Pillow on the CPU (:attr:`decode_backend` says which),
+            cropped and flipped with draws seeded by (``seed``, epoch, global batch index) as a
+            server transform's are, so a resumed run or another world size gets the same
+            crops. A missing or non-bytes field, or an image that does not decode, raises
+            :class:`~dataflow.errors.DecodeError` naming the field, the sample's position,
+            the batch and its shard. None (the default): bytes arrive as bytes.
 
     Raises:
         ConfigError: an argument is invalid.
@@ -224,6 +237,7 @@ class DataLoader:
         columns: Sequence[str] | None = None,
         read_ahead: bool = True,
         request_timeout: float | None = None,
+        decode: Mapping[str, ImageDecode] | Decode | None = None,
     ) -> None:
         source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
@@ -234,12 +248,15 @@ class DataLoader:
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
+            decode=as_decode(decode),
         )
         cfg = self.config
         find = functools.partial(lookup, source)
         endpoints = first_lookup(source, find, cfg.timeout)
-        if cfg.device is not None:
+        if cfg.device is not None and cfg.decode is None:
             sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
+        elif cfg.device is not None:  # the decode stage copies to the device (client/decode.py)
+            sink = HostSink(pin=True)
         else:
             sink = HostSink(pin=pin_memory and torch.cuda.is_available())
         self._io = IOThread(endpoints,
@@ -250,11 +267,17 @@ class DataLoader:
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._metrics: LoaderMetrics | None = None
+        self._decoder: BatchDecoder | None = None
         try:
             if metrics is not None:
                 self._metrics = LoaderMetrics(metrics, cfg.rank, self._io.handoff.stats)
                 weakref.finalize(self, self._metrics.close)
             self.index = self._handshake()
+            if cfg.decode is not None:
+                root = self.index.root
+                self._decoder = BatchDecoder(cfg.decode, cfg.device,
+                                             [s.removeprefix(root) for s in self.index.shards])
+                weakref.finalize(self, self._decoder.close)
         except BaseException:
             self.close()
             raise
@@ -282,6 +305,12 @@ class DataLoader:
         return self._io.handoff.readers()
 
     @property
+    def decode_backend(self) -> str | None:
+        """The decoder of ``decode`` and why it was chosen (``"pillow (auto: torchvision does
+        not load ...)"``, ``"nvjpeg on cuda:0 (auto)"``); None without ``decode``."""
+        return None if self._decoder is None else self._decoder.backend.reason
+
+    @property
     def schema(self) -> Schema:
         """Every field the servers serve (name, dtype, shape, ragged kind, meta), before any
         server ``--transform``: what ``columns`` may name, whichever it names."""
@@ -294,6 +323,8 @@ class DataLoader:
         self._finalizer()
         if self._metrics is not None:
             self._metrics.close()
+        if self._decoder is not None:
+            self._decoder.close()
 
     def __enter__(self) -> DataLoader:
         return self
@@ -360,12 +391,15 @@ class DataLoader:
             got, batch = handoff.take(stream.demand.gen, GET_POLL_S, self._io.is_alive)
             if self._meter is not None:
                 self._meter.batch(perf_counter() - t0, batch)
+            out = hand_over(batch)
+            if self._decoder is not None:  # a batch that fails to decode is not consumed
+                out = self._decoder(out, *stream.demand.batch(got))
             left = stream.took(got, handoff.capacity)
             if stream.yielded == 1 and stream.span.start == 0 and self.config.rank == 0:
                 # The samples the index lost to damage are missing from every epoch: rank 0
                 # counts them once per pass over an epoch from its start.
                 handoff.count("skipped", self.index.lost)
-            yield hand_over(batch)
+            yield out
             if not left and not stream.current(token):
                 return  # its pass yielded every batch; the loader moved on since: it ends
 
