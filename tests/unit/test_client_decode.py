@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from dataflow.client import DataLoader, Decode, ImageDecode
-from dataflow.client.augment import Box, box, draws, place
+from dataflow.client.augment import Box, box, draws, place, place_numpy, place_torch
 from dataflow.client.config import LoaderConfig
 from dataflow.client.decode import BatchDecoder, Where, as_decode, assemble
 from dataflow.client.discovery import parse_servers
@@ -134,13 +134,15 @@ def test_center_boxes_no_flip_and_too_small() -> None:
         box(u, 7, 30, (8, 10), "random", False)
 
 
-def test_place_crops_and_flips_cpu_tensors() -> None:
+@pytest.mark.parametrize("how", [place, place_torch,
+                                 lambda d, i, b: place_numpy(d.numpy(), i.numpy(), b)])
+def test_place_crops_and_flips_cpu_tensors(how) -> None:
     hwc = np.random.default_rng(0).integers(0, 256, (12, 10, 3), dtype=np.uint8)
     image = torch.from_numpy(hwc).permute(2, 0, 1)  # a strided CHW view, as decoders give
     dst = torch.empty((3, 5, 4), dtype=torch.uint8)
-    place(dst, image, Box(2, 3, False))
+    how(dst, image, Box(2, 3, False))
     assert np.array_equal(dst.numpy(), hwc[2:7, 3:7].transpose(2, 0, 1))
-    place(dst, image, Box(7, 6, True))
+    how(dst, image, Box(7, 6, True))
     assert np.array_equal(dst.numpy(), hwc[7:12, 6:10][:, ::-1].transpose(2, 0, 1))
 
 
