@@ -326,19 +326,17 @@ class BatchDecoder:
         return out
 
     def _decode(self, batch: dict[str, torch.Tensor], where: Where) -> dict[str, torch.Tensor]:
-        decoded: dict[str, torch.Tensor] = {}
-        for field, spec in self.decode.items():
-            values, offsets = _encoded(batch, field, where)
-            fail = functools.partial(where.error, field, n=len(offsets) - 1)
-            images = self.backend.decode(values, offsets, fail)
-            u = draws(where.tag.seed, where.tag.epoch, where.tag.batch, field,
-                              len(offsets) - 1)
-            decoded[spec.output or field] = assemble(images, u, spec, fail, self.backend.map)
         encoded = {k for field, _ in self.decode.items() for k in (field, field + ".offsets")}
         out = {k: v for k, v in batch.items() if k not in encoded}
-        for name in decoded:
-            if name in out:
-                raise where.error(name, None, "the decoded images' `output` name is already a "
-                                                 "field of the batch", n=0)
-        out.update(decoded)
+        for field, spec in self.decode.items():
+            if (spec.output or field) in out:
+                raise where.error(field, None, f"its `output` {spec.output!r} is already a "
+                                               "field of the batch", n=0)
+        for field, spec in self.decode.items():
+            values, offsets = _encoded(batch, field, where)
+            n = len(offsets) - 1
+            fail = functools.partial(where.error, field, n=n)
+            images = self.backend.decode(values, offsets, fail)
+            u = draws(where.tag.seed, where.tag.epoch, where.tag.batch, field, n)
+            out[spec.output or field] = assemble(images, u, spec, fail, self.backend.map)
         return out

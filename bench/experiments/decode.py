@@ -113,6 +113,10 @@ def _dataflow_run(paths: list[str], bs: int, w: int, n: int,
         return rate, cpu, dl.decode_backend or ""
 
 
+def _load(avg: tuple[float, float, float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in avg)
+
+
 def _spread(values: list[float], fmt: str) -> str:
     """``median [min-max]`` (the median alone for one value)."""
     med = format(statistics.median(values), fmt)
@@ -168,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     paths = write_shards(os.path.join(args.out, f"jpeg-{args.shards}x{args.samples_per_shard}"),
                          args.shards, args.samples_per_shard)
     bs, n, w = args.batch_size, args.batches, args.workers
+    load0 = os.getloadavg()
 
     names = ("torch", "server", "trainer")
     runs: dict[str, list[tuple[float, float, str]]] = {k: [] for k in names}
@@ -188,14 +193,18 @@ def main(argv: list[str] | None = None) -> None:
         cpu_ms = [c for _, c, _ in runs[k]]
         vs_rate = [r / t for (r, _, _), (t, _, _) in zip(runs[k], runs["torch"], strict=True)]
         vs_cpu = [c / t for (_, c, _), (_, t, _) in zip(runs[k], runs["torch"], strict=True)]
-        rows.append((labels[k], _spread(rates, ",.0f"), _spread(vs_rate, ".2f") + "x",
-                     _spread(cpu_ms, ".2f"), _spread(vs_cpu, ".2f")))
+        if k == "torch":
+            rows.append((labels[k], _spread(rates, ",.0f"), "1.00x", _spread(cpu_ms, ".2f"),
+                         "1.00"))
+        else:
+            rows.append((labels[k], _spread(rates, ",.0f"), _spread(vs_rate, ".2f") + "x",
+                         _spread(cpu_ms, ".2f"), _spread(vs_cpu, ".2f")))
 
     command = " ".join(argv or sys.argv[1:])
     print(f"command: python -m dataflow.bench.experiments.decode {command}".rstrip())
     print(f"{len(paths)} JPEG tar shards x {args.samples_per_shard}, batch {bs}, {n} timed "
-          f"batches per row, {os.cpu_count()} CPUs, load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end\n")
+          f"batches per row, {os.cpu_count()} CPUs, load average (1/5/15 min) "
+          f"{_load(load0)} at the start, {_load(os.getloadavg())} at the end\n")
     print(f"Same budget, no step, median [range] of {args.repeats} interleaved rounds (ratios "
           "taken per round):\n")
     print("| loader | samples/s | vs torch | trainer CPU ms / batch | vs torch |")

@@ -273,7 +273,8 @@ def test_stage_refuses_an_output_that_is_already_a_field() -> None:
     values, offsets = _ragged([_jpeg(np.random.default_rng(3), 8, 8)])
     dec = BatchDecoder(Decode({"jpg": ImageDecode(output="id")}), None, SHARDS)
     try:
-        with pytest.raises(DecodeError, match="`output` name is already a field"):
+        with pytest.raises(DecodeError, match="field 'jpg' in batch 0 of epoch 0: its "
+                                              "`output` 'id' is already a field"):
             dec({"jpg": values, "jpg.offsets": offsets, "id": torch.arange(1)}, ROWS[:1, :],
                 BatchTag())
     finally:
