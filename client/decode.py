@@ -97,7 +97,10 @@ class ImageDecode:
 
 
 def _threads() -> int:
-    return max(1, min(DEFAULT_THREADS, len(os.sched_getaffinity(0))))
+    """The CPUs this process may use, at most :data:`DEFAULT_THREADS`."""
+    usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)
+    return max(1, min(DEFAULT_THREADS, usable))
 
 
 @dataclass(frozen=True)

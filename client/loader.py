@@ -389,11 +389,11 @@ class DataLoader:
                 return
             t0 = perf_counter()
             got, batch = handoff.take(stream.demand.gen, GET_POLL_S, self._io.is_alive)
-            if self._meter is not None:
-                self._meter.batch(perf_counter() - t0, batch)
             out = hand_over(batch)
             if self._decoder is not None:  # a batch that fails to decode is not consumed
                 out = self._decoder(out, *stream.demand.batch(got))
+            if self._meter is not None:
+                self._meter.batch(perf_counter() - t0, batch)
             left = stream.took(got, handoff.capacity)
             if stream.yielded == 1 and stream.span.start == 0 and self.config.rank == 0:
                 # The samples the index lost to damage are missing from every epoch: rank 0
