@@ -19,7 +19,7 @@ from dataflow.client.augment import Box, box, draws, place, place_numpy, place_t
 from dataflow.client.config import LoaderConfig
 from dataflow.client.decode import BatchDecoder, Where, as_decode, assemble
 from dataflow.client.discovery import parse_servers
-from dataflow.client.imaging import PillowBackend, backend_for
+from dataflow.client.imaging import NvjpegBackend, PillowBackend, backend_for
 from dataflow.errors import ConfigError, DecodeError
 from dataflow.transform import batch_seed
 from dataflow.wire import BatchTag
@@ -295,3 +295,55 @@ def test_pillow_backend_reads_grayscale_as_rgb() -> None:
     backend = PillowBackend(1)
     (image,) = backend.decode(values, offsets.tolist(), _fail)
     assert image.shape == (3, 6, 7) and image.eq(200).all()
+
+
+class _PillowDecodeJpeg:
+    """``torchvision.io.decode_jpeg``'s signature over Pillow, for the nvJPEG backend's own
+    logic on the CPU (the split into views, the batched call, naming the failing sample), as
+    the CUDA ring runs on the CPU with a copier of its own. Records what it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[torch.Tensor]] = []
+
+    def __call__(self, data, mode, device):
+        batch = data if isinstance(data, list) else [data]
+        self.calls.append(batch)
+        out = []
+        for d in batch:
+            try:
+                with Image.open(io.BytesIO(d.numpy().tobytes())) as im:
+                    out.append(torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1))
+            except Exception as e:
+                raise RuntimeError(f"decode failed: {e}") from e
+        return out if isinstance(data, list) else out[0]
+
+
+def test_nvjpeg_backend_passes_views_in_one_call_and_names_a_bad_sample() -> None:
+    rng = np.random.default_rng(4)
+    jpgs = [_jpeg(rng, 10 + i, 12) for i in range(4)]
+    values, offsets = _ragged(jpgs)
+    fake = _PillowDecodeJpeg()
+    backend = NvjpegBackend(torch.device("cpu"), fake, "RGB")
+    images = backend.decode(values, offsets.tolist(), _fail)
+    assert [tuple(i.shape) for i in images] == [(3, 10 + i, 12) for i in range(4)]
+    (call,) = fake.calls
+    base = values.data_ptr()
+    assert [t.data_ptr() - base for t in call] == offsets[:-1].tolist()  # views, no copies
+    jpgs[2] = b"\xff\xd8 broken"
+    values, offsets = _ragged(jpgs)
+    with pytest.raises(DecodeError, match="sample 2: RuntimeError: decode failed"):
+        backend.decode(values, offsets.tolist(), _fail)
+    assert backend.decode(values[:0], [0], _fail) == []
+
+
+def test_nvjpeg_backend_reports_a_batch_failure_no_single_image_repeats() -> None:
+    def batch_only_fails(data, mode, device):
+        if isinstance(data, list):
+            raise RuntimeError("out of memory")
+        return torch.zeros((3, 2, 2), dtype=torch.uint8)
+
+    values, offsets = _ragged([_jpeg(np.random.default_rng(5), 8, 8)] * 2)
+    backend = NvjpegBackend(torch.device("cpu"), batch_only_fails, "RGB")
+    with pytest.raises(DecodeError, match="sample 0: the batched decode failed, every image "
+                                          "alone did not: RuntimeError: out of memory"):
+        backend.decode(values, offsets.tolist(), _fail)
