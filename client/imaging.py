@@ -30,7 +30,7 @@ import torch
 from dataflow.errors import ConfigError, DecodeError
 
 T = TypeVar("T")
-Fail = Callable[[int, str], DecodeError]
+Fail = Callable[[int | None, str], DecodeError]  # sample i (None: the batch), cause
 
 
 class Backend(Protocol):
@@ -51,7 +51,7 @@ class Backend(Protocol):
         Args:
             values: uint8, 1-D, on the CPU: the samples' bytes back to back.
             offsets: ``n + 1`` ints; sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
-            fail: the error to raise for sample ``i``, with a cause.
+            fail: the error to raise for sample ``i`` (None: the whole batch), with a cause.
 
         Raises:
             DecodeError: a sample is not a decodable image (the first in batch order).
@@ -149,8 +149,8 @@ class NvjpegBackend:
                     self._decode_jpeg(data, mode=self._mode, device=self._device)
                 except Exception as e:
                     raise fail(i, f"{type(e).__name__}: {e}") from e
-            raise fail(0, f"the batched decode failed, every image alone did not: "
-                          f"{type(batch_error).__name__}: {batch_error}") from batch_error
+            raise fail(None, f"the batched decode failed, every image alone did not: "
+                             f"{type(batch_error).__name__}: {batch_error}") from batch_error
 
     def close(self) -> None:
         """Nothing to release."""

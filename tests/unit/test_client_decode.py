@@ -146,7 +146,7 @@ def test_place_crops_and_flips_cpu_tensors(how) -> None:
     assert np.array_equal(dst.numpy(), hwc[7:12, 6:10][:, ::-1].transpose(2, 0, 1))
 
 
-def _fail(i: int, cause: str) -> DecodeError:
+def _fail(i: int | None, cause: str) -> DecodeError:
     return DecodeError(f"sample {i}: {cause}", field="f", position=i)
 
 
@@ -344,6 +344,6 @@ def test_nvjpeg_backend_reports_a_batch_failure_no_single_image_repeats() -> Non
 
     values, offsets = _ragged([_jpeg(np.random.default_rng(5), 8, 8)] * 2)
     backend = NvjpegBackend(torch.device("cpu"), batch_only_fails, "RGB")
-    with pytest.raises(DecodeError, match="sample 0: the batched decode failed, every image "
+    with pytest.raises(DecodeError, match="sample None: the batched decode failed, every image "
                                           "alone did not: RuntimeError: out of memory"):
         backend.decode(values, offsets.tolist(), _fail)
