@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from dataflow.checks import check_int
+from dataflow.client.decode import Decode, as_decode
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
 from dataflow.errors import ConfigError, FieldError
 from dataflow.security import ClientCurve
@@ -67,7 +68,8 @@ class LoaderConfig:
 
     ``device`` is normalized: None for CPU tensors, else a CUDA device string; ``shuffle`` is
     a :class:`~dataflow.shuffle.Shuffle` (a mode alone, a name or a bool, gets the default
-    knobs); ``columns`` a tuple. ``request_timeout`` None stands for ``timeout`` (see
+    knobs); ``columns`` a tuple; ``decode`` a :class:`~dataflow.client.decode.Decode` (a
+    mapping stands for its fields). ``request_timeout`` None stands for ``timeout`` (see
     :attr:`request_limit`).
     """
 
@@ -89,8 +91,10 @@ class LoaderConfig:
     read_ahead: bool = True
     request_timeout: float | None = None
     collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None
+    decode: Decode | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "decode", as_decode(self.decode))
         object.__setattr__(self, "shuffle", as_shuffle(self.shuffle))
         object.__setattr__(self, "columns", _columns(self.columns))
         if not isinstance(self.servers, ServerSource):

@@ -20,6 +20,7 @@ from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.compat import refuse_torch_arguments
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
+from dataflow.client.decode import BatchDecoder, Decode, ImageDecode, as_decode
 from dataflow.client.discovery import (
     DEFAULT_RESOLVE_INTERVAL,
     ENV_VAR,
@@ -200,6 +201,18 @@ class DataLoader:
             batch counts as taken (the next ``next()`` goes on with the next batch). Pickled
             with the configuration, so a module-level function, not a lambda, when the loader
             is re-created in another process.
+        decode: decode encoded images on the trainer (:mod:`dataflow.client.decode`): a
+            mapping of a bytes field (JPEG) to an :class:`~dataflow.client.decode.ImageDecode`
+            (crop size, random or center crop, flips, output name), or a
+            :class:`~dataflow.client.decode.Decode` (adds the decoder and its threads). Each
+            such field arrives as uint8 images ``(batch, 3, height, width)`` (RGB) in place of
+            its bytes: decoded with nvJPEG on the loader's CUDA ``device`` when torchvision
+            decodes there, else with Pillow on the CPU (:attr:`decode_backend` says which),
+            cropped and flipped with draws seeded by (``seed``, epoch, global batch index) as a
+            server transform's are, so a resumed run or another world size gets the same
+            crops. A missing or non-bytes field, or an image that does not decode, raises
+            :class:`~dataflow.errors.DecodeError` naming the field, the sample's position,
+            the batch and its shard. None (the default): bytes arrive as bytes.
 
     torch's DataLoader arguments that have no place here (``num_workers``,
     ``prefetch_factor``, ``persistent_workers``, ``sampler``, ``generator``, ...) raise
@@ -243,6 +256,7 @@ class DataLoader:
         read_ahead: bool = True,
         request_timeout: float | None = None,
         collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+        decode: Mapping[str, ImageDecode] | Decode | None = None,
         **torch_only: object,
     ) -> None:
         refuse_torch_arguments(torch_only)
@@ -256,6 +270,7 @@ class DataLoader:
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
             collate_fn=collate_fn,
+            decode=as_decode(decode),
         )
         self._start(metrics)
 
@@ -282,8 +297,10 @@ class DataLoader:
         source = cfg.servers
         find = functools.partial(lookup, source)
         endpoints = first_lookup(source, find, cfg.timeout)
-        if cfg.device is not None:
+        if cfg.device is not None and cfg.decode is None:
             sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
+        elif cfg.device is not None:  # the decode stage copies to the device (client/decode.py)
+            sink = HostSink(pin=True)
         else:
             sink = HostSink(pin=cfg.pin_memory and torch.cuda.is_available())
         name = f"rank {cfg.rank}/{cfg.world_size} on {socket.gethostname()}"
@@ -294,11 +311,17 @@ class DataLoader:
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._metrics: LoaderMetrics | None = None
+        self._decoder: BatchDecoder | None = None
         try:
             if metrics is not None:
                 self._metrics = LoaderMetrics(metrics, cfg.rank, self._io.handoff.stats)
                 weakref.finalize(self, self._metrics.close)
             self.index = self._handshake()
+            if cfg.decode is not None:
+                root = self.index.root
+                self._decoder = BatchDecoder(cfg.decode, cfg.device,
+                                             [s.removeprefix(root) for s in self.index.shards])
+                weakref.finalize(self, self._decoder.close)
         except BaseException:
             self.close()
             raise
@@ -336,6 +359,12 @@ class DataLoader:
         return self.config.drop_last
 
     @property
+    def decode_backend(self) -> str | None:
+        """The decoder of ``decode`` and why it was chosen (``"pillow (auto: torchvision does
+        not load ...)"``, ``"nvjpeg on cuda:0 (auto)"``); None without ``decode``."""
+        return None if self._decoder is None else self._decoder.backend.reason
+
+    @property
     def schema(self) -> Schema:
         """Every field the servers serve (name, dtype, shape, ragged kind, meta), before any
         server ``--transform``: what ``columns`` may name, whichever it names."""
@@ -348,6 +377,8 @@ class DataLoader:
         self._finalizer()
         if self._metrics is not None:
             self._metrics.close()
+        if self._decoder is not None:
+            self._decoder.close()
 
     def __enter__(self) -> DataLoader:
         return self
@@ -412,6 +443,9 @@ class DataLoader:
                 return
             t0 = perf_counter()
             got, batch = handoff.take(stream.demand.gen, GET_POLL_S, self._io.is_alive)
+            out = hand_over(batch)
+            if self._decoder is not None:  # a batch that fails to decode is not consumed
+                out = self._decoder(out, *stream.demand.batch(got))
             if self._meter is not None:
                 self._meter.batch(perf_counter() - t0, batch)
             left = stream.took(got, handoff.capacity)
@@ -419,7 +453,7 @@ class DataLoader:
                 # The samples the index lost to damage are missing from every epoch: rank 0
                 # counts them once per pass over an epoch from its start.
                 handoff.count("skipped", self.index.lost)
-            yield hand_over(batch)
+            yield out
             if not left and not stream.current(token):
                 return  # its pass yielded every batch; the loader moved on since: it ends
 

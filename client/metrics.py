@@ -9,8 +9,9 @@ list first, so a scrape shows a histogram whose ``_count`` always equals its ``+
 (``_sum`` may lag one batch behind).
 
 Metrics (label ``rank``): ``dataflow_client_blocked_seconds`` (histogram: time each
-``next()`` waited for its batch), ``dataflow_client_batches_total``,
-``dataflow_client_bytes_total`` (bytes of the batches' tensors),
+``next()`` waited for its batch, its trainer-side ``decode`` included),
+``dataflow_client_batches_total``, ``dataflow_client_bytes_total`` (bytes of the batches'
+tensors as received),
 ``dataflow_client_h2d_pending_total`` (batches whose host-to-device copy had not finished when
 ``next()`` returned them: the training stream waits for it, so the copy was not hidden), the
 loader's ``stats()`` counters as ``dataflow_client_<name>_total`` and

@@ -205,6 +205,27 @@ class TransformError(DataflowError):
     names the transform and the batch (epoch, global batch index, shard ranges)."""
 
 
+class DecodeError(DataflowError):
+    """A field the DataLoader's ``decode`` names could not be decoded on the trainer: missing
+    from a batch, not a bytes field, or a sample that is not a decodable image (or smaller
+    than the crop). Nothing is skipped: the batch fails where the loop reaches it.
+
+    Attributes:
+        field: the field.
+        position: the sample's position in the batch, or None when the whole field is wrong.
+        shard: the sample's shard (relative to the dataset root), when the batch says it.
+        sample: the sample's index in that shard, when known.
+    """
+
+    def __init__(self, message: str, *, field: str, position: int | None = None,
+                 shard: str | None = None, sample: int | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.position = position
+        self.shard = shard
+        self.sample = sample
+
+
 class ServerUnavailable(DataflowError):
     """A loader server did not answer within the timeout."""
 
