@@ -92,6 +92,15 @@ class RawClient:
 T = TypeVar("T")
 
 
+def server_stat(endpoint: str, key: str) -> int:
+    """One STATS counter of the server at ``endpoint``, asked by a probe session of its own."""
+    probe = RawClient(endpoint)
+    try:
+        return int(probe.stats()[key])
+    finally:
+        probe.close()
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (reads /proc)."""
     try:

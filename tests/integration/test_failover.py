@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from netns import server_in, unavailable, veth_pair
-from srvtools import RawClient, repo_env
+from srvtools import repo_env, server_stat
 
 from dataflow.client import DataLoader
 from dataflow.errors import RequestTimeout, ServerUnavailable
@@ -50,14 +50,6 @@ def _slow_server(servers, demo, tmp_path, delay: float = 0.05, **kw):
     return servers([str(p) for p in demo.paths], env={**repo_env(str(tmp_path)),
                                                       "SLOW_S": str(delay)},
                    extra_args=["--transform", "slow_transform:slow"], **kw)
-
-
-def _replies(endpoint: str) -> int:
-    c = RawClient(endpoint)
-    try:
-        return int(c.stats()["replies"])
-    finally:
-        c.close()
 
 
 def _loader(endpoints, **kw) -> DataLoader:
@@ -110,7 +102,7 @@ def test_restarted_server_joins_again_and_serves(demo_data, servers, tmp_path) -
         stats = dl.stats()
     assert ids == list(range(demo.total))
     assert stats["servers_lost"] == 1 and stats["rejoined"] == 1, stats
-    assert _replies(again.endpoint) > 0
+    assert server_stat(again.endpoint, "replies") > 0
 
 
 @pytest.mark.timeout(90)

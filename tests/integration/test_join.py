@@ -11,7 +11,7 @@ import time
 
 import pytest
 import zmq
-from srvtools import RawClient, repo_env, wait_for
+from srvtools import RawClient, repo_env, server_stat, wait_for
 
 from dataflow import wire
 from dataflow.client import DataLoader
@@ -46,14 +46,6 @@ def _loader(endpoints, **kw) -> DataLoader:
     return DataLoader(endpoints, **kw)
 
 
-def _replies(endpoint: str) -> int:
-    probe = RawClient(endpoint)
-    try:
-        return int(probe.stats()["replies"])
-    finally:
-        probe.close()
-
-
 @pytest.mark.timeout(120)
 def test_a_busy_server_does_not_block_the_start_and_joins_once_free(
         demo_data, servers, tmp_path, caplog) -> None:
@@ -76,7 +68,7 @@ def test_a_busy_server_does_not_block_the_start_and_joins_once_free(
     holder.close()
     assert ids == list(range(demo.total))
     assert stats["joined"] >= 1 and stats["servers_lost"] == 0, stats
-    assert _replies(busy.endpoint) > 0
+    assert server_stat(busy.endpoint, "replies") > 0
     said = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len([m for m in said if m.startswith(f"{busy.endpoint}: busy (")]) == 1, said
     assert any(re.match(rf"{re.escape(busy.endpoint)}: joined .*after the loader started", m)
@@ -98,7 +90,7 @@ def test_a_server_started_after_the_loader_joins_it(demo_data, servers, tmp_path
         stats = dl.stats()
     assert ids == list(range(demo.total))
     assert stats["joined"] == 1, stats
-    assert _replies(started.endpoint) > 0
+    assert server_stat(started.endpoint, "replies") > 0
 
 
 @pytest.mark.timeout(90)

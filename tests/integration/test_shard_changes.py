@@ -10,7 +10,7 @@ import shutil
 from collections import Counter
 
 import pytest
-from srvtools import RawClient, scrape, wait_for
+from srvtools import scrape, server_stat, wait_for
 
 from dataflow.client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
@@ -40,14 +40,6 @@ def _epoch(endpoint: str) -> list[int] | RemoteError:
     return ids
 
 
-def _restarts(endpoint: str) -> int:
-    probe = RawClient(endpoint)
-    try:
-        return int(probe.stats()["worker_restarts"])
-    finally:
-        probe.close()
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("fmt", "kind"), KINDS, ids=[f"{f}-{k}" for f, k in KINDS])
 def test_a_changed_shard_fails_its_epoch_naming_it(servers, tmp_path, fmt: str,
@@ -74,7 +66,7 @@ def test_a_changed_shard_fails_its_epoch_naming_it(servers, tmp_path, fmt: str,
     shutil.copyfile(paths[1], tmp)
     os.replace(tmp, victim)  # atomic: the readers keep the file they hold open
     assert sorted(_epoch(server.endpoint)) == everything
-    assert _restarts(server.endpoint) == 0
+    assert server_stat(server.endpoint, "worker_restarts") == 0
     assert "Bus error" not in server.stderr_tail()
 
 
@@ -104,4 +96,4 @@ def test_under_skip_a_changed_shard_is_counted_and_the_rest_served(servers, tmp_
         wait_for(lambda key=key, lost=lost: scrape(server.ready["metrics_port"]).get(key) == lost,
                  10, f"{lost} skipped samples of {victim} in /metrics")
     assert "changed since the dataset index was built" in server.stderr_tail(20_000)
-    assert _restarts(server.endpoint) == 0
+    assert server_stat(server.endpoint, "worker_restarts") == 0

@@ -10,17 +10,9 @@ import time
 from collections import Counter
 
 import pytest
-from srvtools import RawClient, repo_env, wait_for
+from srvtools import repo_env, server_stat, wait_for
 
 from dataflow.client import DataLoader
-
-
-def _requests(endpoint: str) -> int:
-    probe = RawClient(endpoint)
-    try:
-        return int(probe.stats()["requests"])
-    finally:
-        probe.close()
 
 
 @pytest.mark.timeout(120)
@@ -38,7 +30,7 @@ def test_servers_alike_take_equal_shares_of_an_epoch(demo_data, servers) -> None
             ids.update(batch["id"].tolist())
             time.sleep(0.003)  # a training step: the servers wait for the consumer
     assert ids == Counter(range(demo.total))
-    counts = [_requests(e) for e in endpoints]
+    counts = [server_stat(e, "requests") for e in endpoints]
     mean = sum(counts) / 3
     assert sum(counts) >= demo.total  # the epoch (and the next one's start, read ahead)
     assert all(abs(c - mean) <= 0.15 * mean for c in counts), counts
@@ -67,5 +59,5 @@ def test_a_slow_server_gets_less_than_an_equal_share(demo_data, servers, tmp_pat
         for batch in dl:
             ids.update(batch["id"].tolist())
     assert ids == Counter(range(demo_data("arrow").total))
-    fast_count, slow_count = _requests(fast), _requests(slow)
+    fast_count, slow_count = server_stat(fast, "requests"), server_stat(slow, "requests")
     assert slow_count <= 0.5 * fast_count, (fast_count, slow_count)
