@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from dataflow.batch import Schema
 from dataflow.checks import check_int
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
-from dataflow.client.config import LoaderConfig, dist_env, normalize_device
+from dataflow.client.config import DEFAULT_IO_THREADS, LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
 from dataflow.client.discovery import (
     DEFAULT_RESOLVE_INTERVAL,
@@ -189,6 +189,11 @@ class DataLoader:
             request does not make its server suspect (liveness is judged by connections and
             HEARTBEATs); set this above the longest a batch may take, e.g. a big batch over a
             slow link. None (the default): ``timeout``.
+        io_threads: ZeroMQ I/O threads of this loader's own ZeroMQ context (closed with the
+            loader): they copy the servers' bytes out of the kernel, one TCP connection (a
+            server's reader process) per thread at a time, so more than one helps only with
+            several reader connections and idle cores. Default 1 (see README, "Receive
+            path").
 
     Raises:
         ConfigError: an argument is invalid.
@@ -224,6 +229,7 @@ class DataLoader:
         columns: Sequence[str] | None = None,
         read_ahead: bool = True,
         request_timeout: float | None = None,
+        io_threads: int = DEFAULT_IO_THREADS,
     ) -> None:
         source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
@@ -234,6 +240,7 @@ class DataLoader:
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
+            io_threads=io_threads,
         )
         cfg = self.config
         find = functools.partial(lookup, source)
@@ -246,7 +253,7 @@ class DataLoader:
                             cfg.hello(f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}"),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
                             find if source.dynamic else None, cfg.resolve_interval,
-                            cfg.request_limit)
+                            cfg.request_limit, cfg.io_threads)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._metrics: LoaderMetrics | None = None
