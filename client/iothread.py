@@ -177,8 +177,9 @@ class IOThread(threading.Thread):
             for server, sock in self._control.items():
                 if events.get(sock):
                     self._inbox.receive_all(sock, server, -1)
-            for sock, (server, reader) in list(self._data.items()):
-                if events.get(sock) and sock in self._data:
+            for sock in [s for s in events if s in self._data]:
+                if sock in self._data:  # not closed by a message read before
+                    server, reader = self._data[sock]
                     self._inbox.receive_all(sock, server, reader)
             now = time.monotonic()
             for server in self._scheduler.heartbeats_due(now):
