@@ -279,4 +279,6 @@ class IOThread(threading.Thread):
             self._links.close(sock, 0)
         self._inbox.close()
         self._sink.close()
-        self._ctx.term()  # every socket of it is closed: returns at once
+        # Every socket was closed above (the BYEs linger BYE_LINGER_MS at most); one left open
+        # by an error on the way is closed at once rather than hanging the term.
+        self._ctx.destroy(linger=0)
