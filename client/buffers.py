@@ -234,10 +234,10 @@ def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
                 flat = flat.clone()
             typed = flat.view(dtype)
         elif count == 1:
-            typed = torch.from_numpy(np.frombuffer(frames[i], dtype=spec.dtype).copy())
+            typed = torch.from_numpy(np.frombuffer(frames[i].buffer, dtype=spec.dtype).copy())
         else:
             typed = torch.from_numpy(np.concatenate(
-                [np.frombuffer(f, dtype=np.uint8) for f in frames[i : i + count]]
+                [np.frombuffer(f.buffer, dtype=np.uint8) for f in frames[i : i + count]]
             ).view(spec.dtype))
         i += count
         out[spec.name] = typed.view(spec.shape)

@@ -74,7 +74,7 @@ class Inbox:
             self._on_message(sock, server, reader, msg)
             if reader >= 0 and sock not in self._data:
                 return  # closed: its server was lost while its messages were read
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.poll(0, zmq.POLLIN):
                 return
 
     # -- messages -------------------------------------------------------------------------------
