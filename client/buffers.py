@@ -216,7 +216,7 @@ def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
 
     An array of at least ``ZERO_COPY_MIN_BYTES`` that travelled in one frame is viewed in
     place: the tensor keeps ZeroMQ's message alive and writes go to that message, which no
-    one else uses. Smaller arrays, arrays split over several frames (> 8 MiB) and frames not
+    one else uses. Smaller arrays, arrays split over several frames (> 24 MiB) and frames not
     aligned for their dtype are copied into fresh memory.
 
     Args:

@@ -18,6 +18,13 @@ from dataflow.shuffle import Shuffle, as_shuffle
 from dataflow.wire import Hello
 from dataflow.wire.fields import MAX_BATCH_SIZE, column_names
 
+# ZeroMQ I/O threads of a loader's own context: they receive the servers' bytes from the
+# kernel (one TCP connection is served by one of them). One was as fast as two on a 2-core
+# machine (bench/RESULTS.md, "Receive path"); raise it with many reader connections and
+# idle cores.
+DEFAULT_IO_THREADS = 1
+MAX_IO_THREADS = 64
+
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Fill in ``rank`` / ``world_size`` when None.
@@ -92,6 +99,7 @@ class LoaderConfig:
     request_timeout: float | None = None
     collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None
     decode: Decode | None = None
+    io_threads: int = DEFAULT_IO_THREADS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode", as_decode(self.decode))
@@ -110,7 +118,8 @@ class LoaderConfig:
         if not isinstance(self.read_ahead, bool):
             raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
         for name, lo, hi in (("batch_size", 1, MAX_BATCH_SIZE), ("world_size", 1, None),
-                             ("rank", 0, None), ("seed", 0, None), ("prefetch", 1, None)):
+                             ("rank", 0, None), ("seed", 0, None), ("prefetch", 1, None),
+                             ("io_threads", 1, MAX_IO_THREADS)):
             object.__setattr__(self, name, check_int(name, getattr(self, name), lo, hi))
         if self.rank >= self.world_size:
             raise ConfigError(f"`rank` must be < world_size ({self.world_size}). "

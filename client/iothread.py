@@ -74,12 +74,14 @@ class IOThread(threading.Thread):
         resolve_interval: seconds between lookups with ``find``.
         request_timeout: seconds a request may go unanswered before its batch is asked of
             another server, or fails (:meth:`Scheduler.late`).
+        io_threads: ZeroMQ I/O threads of this loader's own context (terminated when the
+            thread ends, or by :meth:`stop` when it never ran).
     """
 
     def __init__(self, endpoints: Sequence[str], hello: wire.Hello, timeout: float,
                  grace: float, sink: HostSink | CudaSink, curve: ClientCurve | None = None,
                  find: Lookup | None = None, resolve_interval: float = 10.0,
-                 request_timeout: float = math.inf) -> None:
+                 request_timeout: float = math.inf, io_threads: int = 1) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._hello = wire.encode(hello)
         self._timeout = timeout
@@ -94,7 +96,8 @@ class IOThread(threading.Thread):
                                     request_timeout=request_timeout)
         self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
-        self._links = Links(zmq.Context.instance(), self._poller, curve,
+        self._ctx: zmq.Context = zmq.Context(io_threads=io_threads)
+        self._links = Links(self._ctx, self._poller, curve,
                             self._scheduler.endpoint)
         self._data = self._links.data
         self._joins = Joins(self._hello, self._scheduler, self.handoff, self._links,
@@ -125,6 +128,8 @@ class IOThread(threading.Thread):
             os.close(self._wake_r)
             os.close(self._wake_w)
             self._wake_r = self._wake_w = -1
+            if self.ident is None:  # never started: no socket was opened in the context
+                self._ctx.term()
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -172,8 +177,9 @@ class IOThread(threading.Thread):
             for server, sock in self._control.items():
                 if events.get(sock):
                     self._inbox.receive_all(sock, server, -1)
-            for sock, (server, reader) in list(self._data.items()):
-                if events.get(sock) and sock in self._data:
+            for sock in [s for s in events if s in self._data]:
+                if sock in self._data:  # not closed by a message read before
+                    server, reader = self._data[sock]
                     self._inbox.receive_all(sock, server, reader)
             now = time.monotonic()
             for server in self._scheduler.heartbeats_due(now):
@@ -273,3 +279,6 @@ class IOThread(threading.Thread):
             self._links.close(sock, 0)
         self._inbox.close()
         self._sink.close()
+        # Every socket was closed above (the BYEs linger BYE_LINGER_MS at most); one left open
+        # by an error on the way is closed at once rather than hanging the term.
+        self._ctx.destroy(linger=0)

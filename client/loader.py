@@ -18,7 +18,7 @@ from dataflow.batch import Schema
 from dataflow.checks import check_int
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.compat import refuse_torch_arguments
-from dataflow.client.config import LoaderConfig, dist_env, normalize_device
+from dataflow.client.config import DEFAULT_IO_THREADS, LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
 from dataflow.client.decode import BatchDecoder, Decode, ImageDecode, as_decode
 from dataflow.client.discovery import (
@@ -214,6 +214,12 @@ class DataLoader:
             :class:`~dataflow.errors.DecodeError` naming the field, the sample's position,
             the batch and its shard. None (the default): bytes arrive as bytes.
 
+        io_threads: ZeroMQ I/O threads of this loader's own ZeroMQ context (closed with the
+            loader): they copy the servers' bytes out of the kernel, one TCP connection (a
+            server's reader process) per thread at a time, so more than one helps only with
+            several reader connections and idle cores. Default 1 (see README, "Receive
+            path").
+
     torch's DataLoader arguments that have no place here (``num_workers``,
     ``prefetch_factor``, ``persistent_workers``, ``sampler``, ``generator``, ...) raise
     :class:`~dataflow.errors.ConfigError` naming dataflow's equivalent
@@ -257,6 +263,7 @@ class DataLoader:
         request_timeout: float | None = None,
         collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None,
         decode: Mapping[str, ImageDecode] | Decode | None = None,
+        io_threads: int = DEFAULT_IO_THREADS,
         **torch_only: object,
     ) -> None:
         refuse_torch_arguments(torch_only)
@@ -271,6 +278,7 @@ class DataLoader:
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
             collate_fn=collate_fn,
             decode=as_decode(decode),
+            io_threads=io_threads,
         )
         self._start(metrics)
 
@@ -307,7 +315,7 @@ class DataLoader:
         self._io = IOThread(endpoints, cfg.hello(name),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
                             find if source.dynamic else None, cfg.resolve_interval,
-                            cfg.request_limit)
+                            cfg.request_limit, cfg.io_threads)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._metrics: LoaderMetrics | None = None

@@ -1,16 +1,22 @@
-"""P1: server -> client throughput of large batches vs raw pyzmq PUSH/PULL, same run.
+"""P1: server -> client throughput of large batches vs the best raw pyzmq receiver, same run.
 
-Writes an Arrow dataset of one fixed-size uint8 field (64 KiB per sample), serves it with the
-real loader server and reads it with the real DataLoader in 4 MiB batches over loopback TCP
-(each reader process sends its batches straight to the client's data connection to it; the
-server's front process only routes requests and credits),
-then measures raw pyzmq PUSH/PULL (zero-copy send, zero-copy receive) of 4 MiB messages between
-two processes on the same machine. Prints a table; the target ratio is >= 0.70. On a loaded
-machine the throughput ratio is noise; the receiving process's CPU seconds per GiB (all its
-threads: ZeroMQ's I/O thread and the client's included) is the load-insensitive figure: the
-receiver is the bottleneck, and its CPU per GiB relative to raw pyzmq's bounds the ratio.
+For each batch size (``--sizes``: ``4mib``, 64 samples of 64 KiB; ``19mb``, 128 samples of
+3x224x224 uint8 = 150,528 bytes), writes an Arrow dataset of one fixed-size binary field
+``x`` (one record batch per batch, so a reader sends each batch zero-copy from its map), serves
+it with the real loader server (``--workers`` reader processes, each sending its batches
+straight to the client's data connection to it) and reads it with the real DataLoader over
+loopback TCP, once per ``--io-threads`` value of the loader's ZeroMQ context. The same bytes
+go through raw pyzmq PUSH/PULL (zero-copy send and receive, one message per batch) in every
+``--raw`` configuration: ``SxKxT`` is S sender processes, K receiving PULL sockets (one
+connected to every sender, or one per sender, polled by one thread) and T I/O threads in the
+receiving context. Every measurement is repeated ``--repeats`` times, interleaved (one round
+runs every configuration in turn), and reported as the median with its range; the ratio of
+each dataflow row is to the raw configuration with the highest median at that size (the
+issue's goal: >= 0.8). The receiving process's CPU seconds per GiB (all its threads) is the
+load-insensitive figure beside it.
 
-Usage: python -m dataflow.bench.experiments.transport [--mib-per-batch 4] [--gib 2] [--workers 1 2]
+Usage: python -m dataflow.bench.experiments.transport [--sizes 4mib 19mb] [--gib 0.5]
+[--workers 1 2] [--io-threads 1 2] [--raw 1x1x1 1x1x2 1x1x4 2x2x2] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +39,10 @@ import zmq
 from dataflow.client import DataLoader
 from dataflow.server import launch
 
-SAMPLE_BYTES = 64 * 1024
+# name -> (bytes per sample, samples per batch)
+SIZES = {"4mib": (64 * 1024, 64), "19mb": (3 * 224 * 224, 128)}
+SHARDS = 4
+BATCHES_PER_SHARD = 4
 
 _PUSHER = """
 import sys, numpy as np, zmq
@@ -48,18 +60,47 @@ ctx.term()
 """
 
 
-def write_dataset(out: str, shards: int, samples: int) -> list[str]:
-    """Arrow IPC files with one ``fixed_size_binary(64 KiB)`` field ``x``."""
+@dataclass(frozen=True)
+class Raw:
+    """A raw pyzmq receiving configuration: ``senders`` processes, ``sockets`` PULL sockets
+    (1: one connected to every sender; else one per sender), ``io_threads`` in the receiving
+    context."""
+
+    senders: int
+    sockets: int
+    io_threads: int
+
+    @classmethod
+    def parse(cls, text: str) -> Raw:
+        try:
+            s, k, t = (int(v) for v in text.split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"raw configuration must be SxKxT (senders x "
+                                             f"sockets x io_threads). Found: {text!r}") from None
+        if min(s, k, t) < 1 or k not in (1, s):
+            raise argparse.ArgumentTypeError(f"raw configuration {text!r}: every number >= 1, "
+                                             "and sockets 1 or one per sender")
+        return cls(s, k, t)
+
+    def __str__(self) -> str:
+        return (f"{self.senders} sender(s), {self.sockets} PULL socket(s), "
+                f"io_threads={self.io_threads}")
+
+
+def write_dataset(out: str, sample_bytes: int, batch: int) -> list[str]:
+    """Arrow IPC files with one ``fixed_size_binary(sample_bytes)`` field ``x``, one record
+    batch per ``batch`` samples."""
     rng = np.random.default_rng(0)
+    samples = BATCHES_PER_SHARD * batch
     paths = []
-    for s in range(shards):
-        data = rng.integers(0, 255, samples * SAMPLE_BYTES, dtype=np.uint8)
-        arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(SAMPLE_BYTES), samples,
+    for s in range(SHARDS):
+        data = rng.integers(0, 255, samples * sample_bytes, dtype=np.uint8)
+        arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(sample_bytes), samples,
                                                    [None, pa.py_buffer(data)])
         table = pa.table({"x": arr})
-        path = os.path.join(out, f"big-{s:04d}.arrow")
+        path = os.path.join(out, f"big-{sample_bytes}-{s:04d}.arrow")
         with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-            w.write_table(table, max_chunksize=64)
+            w.write_table(table, max_chunksize=batch)
         paths.append(path)
     return paths
 
@@ -69,86 +110,136 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def raw_zmq(n: int, size: int) -> tuple[float, float]:
-    """Bytes/s of ``n`` raw PUSH/PULL messages of ``size`` bytes from a second process, and
-    the receiving process's CPU seconds per GiB."""
-    proc = subprocess.Popen([sys.executable, "-c", _PUSHER, str(n), str(size)],
-                            stdout=subprocess.PIPE)
-    assert proc.stdout is not None  # stdout=PIPE
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    sock = ctx.socket(zmq.PULL)
+def raw_zmq(config: Raw, n: int, size: int) -> tuple[float, float]:
+    """Bytes/s of ``n`` raw PUSH/PULL messages of ``size`` bytes from ``config.senders``
+    processes, and the receiving process's CPU seconds per GiB (the first message of each
+    sender is not timed)."""
+    per = [n // config.senders + (i < n % config.senders) for i in range(config.senders)]
+    procs = [subprocess.Popen([sys.executable, "-c", _PUSHER, str(k), str(size)],
+                              stdout=subprocess.PIPE) for k in per]
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=config.io_threads)
+    socks: list[zmq.Socket[bytes]] = []
     try:
-        port = int(proc.stdout.readline())
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVTIMEO, 30_000)
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        sock.recv(copy=False)
+        for _ in range(config.sockets):
+            sock = ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.LINGER, 0)
+            socks.append(sock)
+        for i, proc in enumerate(procs):
+            assert proc.stdout is not None  # stdout=PIPE
+            port = int(proc.stdout.readline())
+            socks[i % config.sockets].connect(f"tcp://127.0.0.1:{port}")
+        poller = zmq.Poller()
+        for sock in socks:
+            poller.register(sock, zmq.POLLIN)
+        for _ in range(config.senders):  # the first messages: connections up
+            _recv_some(poller, 30_000, lambda: None)
+        left = [n - config.senders]
         start, cpu = time.perf_counter(), _cpu()
-        for _ in range(n - 1):
-            sock.recv(copy=False)
+        while left[0] > 0:
+            if not _recv_some(poller, 30_000, lambda: left.__setitem__(0, left[0] - 1)):
+                raise TimeoutError("raw pyzmq: no message for 30 s")
         elapsed, cpu = time.perf_counter() - start, _cpu() - cpu
-        return (n - 1) * size / elapsed, cpu / ((n - 1) * size / 2**30)
+        timed = n - config.senders
+        return timed * size / elapsed, cpu / (timed * size / 2**30)
     finally:
-        sock.close(linger=0)
-        proc.wait(30)
+        for sock in socks:
+            sock.close(linger=0)
+        ctx.term()
+        for proc in procs:
+            proc.wait(30)
 
 
-def dataflow_rate(endpoint: str, batch: int, epochs: int) -> tuple[float, int, float]:
-    """Bytes/s through the DataLoader (first epoch is warm-up), batches timed, and the
-    client process's CPU seconds per GiB."""
+def _recv_some(poller: zmq.Poller, timeout_ms: int, got: Callable[[], None]) -> bool:
+    """Receive one message from each socket ``poller`` finds ready; False on a timeout."""
+    ready = poller.poll(timeout_ms)
+    for sock, _ in ready:
+        sock.recv(copy=False)
+        got()
+    return bool(ready)
+
+
+def dataflow_rate(endpoint: str, batch: int, gib: float, io_threads: int
+                  ) -> tuple[float, float]:
+    """Bytes/s through the DataLoader (after one warm-up epoch; whole epochs of about ``gib``
+    GiB timed) and the client process's CPU seconds per GiB."""
     with DataLoader(endpoint, batch_size=batch, rank=0, world_size=1, shuffle=False,
-                    prefetch=4, timeout=60) as dl:
-        for _ in dl:
-            pass
-        nbytes = 0
-        count = 0
+                    prefetch=4, timeout=60, io_threads=io_threads) as dl:
+        epoch_bytes = 0
+        for b in dl:
+            epoch_bytes += b["x"].numel()
+        epochs = max(1, round(gib * 2**30 / epoch_bytes))
         start, cpu = time.perf_counter(), _cpu()
         for _ in range(epochs):
-            for b in dl:
-                nbytes += b["x"].numel()
-                count += 1
-        cpu = _cpu() - cpu
-        return nbytes / (time.perf_counter() - start), count, cpu / (nbytes / 2**30)
+            for _ in dl:
+                pass
+        elapsed, cpu = time.perf_counter() - start, _cpu() - cpu
+        nbytes = epochs * epoch_bytes
+        return nbytes / elapsed, cpu / (nbytes / 2**30)
+
+
+def _spread(values: list[float], scale: float) -> str:
+    return (f"{statistics.median(values) / scale:.2f} "
+            f"({min(values) / scale:.2f}-{max(values) / scale:.2f})")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m dataflow.bench.experiments.transport",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--mib-per-batch", type=int, default=4)
-    p.add_argument("--gib", type=float, default=2.0, help="data timed per measurement")
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--sizes", nargs="+", choices=sorted(SIZES), default=["4mib", "19mb"],
+                   help="batch sizes measured (default: %(default)s)")
+    p.add_argument("--gib", type=float, default=0.5,
+                   help="data timed per measurement (default: %(default)s)")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2],
+                   help="reader processes of the server (default: %(default)s)")
+    p.add_argument("--io-threads", type=int, nargs="+", default=[1, 2],
+                   help="the DataLoader's io_threads values tried (default: %(default)s)")
+    p.add_argument("--raw", type=Raw.parse, nargs="+",
+                   default=[Raw(1, 1, 1), Raw(1, 1, 2), Raw(1, 1, 4), Raw(2, 2, 2)],
+                   help="raw pyzmq configurations SxKxT: S senders, K PULL sockets (1 or S), "
+                        "T receiving io_threads (default: 1x1x1 1x1x2 1x1x4 2x2x2)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="interleaved rounds; medians and ranges are reported "
+                        "(default: %(default)s)")
     args = p.parse_args(argv)
-    batch = args.mib_per_batch * 1024 * 1024 // SAMPLE_BYTES
-    size = batch * SAMPLE_BYTES
-    shards, per_shard = 4, 4 * batch
-    epoch_bytes = shards * per_shard * SAMPLE_BYTES
-    epochs = max(1, round(args.gib * 1024**3 / epoch_bytes))
-    n_raw = max(2, int(args.gib * 1024**3 // size))
-    rows = []
+    rows: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
-        paths = write_dataset(tmp, shards, per_shard)
-        raw, raw_cpu = raw_zmq(n_raw, size)
-        rows.append(("raw pyzmq PUSH/PULL (copy=False both ends)", "-", raw, n_raw - 1,
-                     raw_cpu))
-        for w in args.workers:
-            with launch(paths, workers=w, timeout=120) as server:
-                rate, count, cpu = dataflow_rate(server.endpoint, batch, epochs)
-            rows.append(("dataflow server + DataLoader (reader -> client direct)", str(w), rate,
-                         count, cpu))
-        raw2, raw2_cpu = raw_zmq(n_raw, size)
-        rows.append(("raw pyzmq PUSH/PULL (again)", "-", raw2, n_raw - 1, raw2_cpu))
-    base = (raw + raw2) / 2
-    base_cpu = (raw_cpu + raw2_cpu) / 2
-    command = " ".join(argv or sys.argv[1:])
+        for name in args.sizes:
+            sample_bytes, batch = SIZES[name]
+            size = sample_bytes * batch
+            n_raw = max(2 * max(r.senders for r in args.raw), int(args.gib * 2**30 // size))
+            paths = write_dataset(tmp, sample_bytes, batch)
+            servers = {w: launch(paths, workers=w, timeout=120) for w in args.workers}
+            try:
+                for _ in range(args.repeats):
+                    for raw in args.raw:
+                        rows.setdefault((name, "raw pyzmq PUSH/PULL", str(raw)), []).append(
+                            raw_zmq(raw, n_raw, size))
+                    for w, server in servers.items():
+                        for t in args.io_threads:
+                            key = (name, "dataflow server + DataLoader",
+                                   f"{w} reader(s), io_threads={t}")
+                            rows.setdefault(key, []).append(
+                                dataflow_rate(server.endpoint, batch, args.gib, t))
+            finally:
+                for server in servers.values():
+                    server.close()
+    command = " ".join(argv if argv is not None else sys.argv[1:])
     print(f"command: python -m dataflow.bench.experiments.transport {command}".rstrip())
-    print(f"message/batch size {size / 2**20:.0f} MiB, loopback tcp, {os.cpu_count()} CPUs")
+    print(f"loopback tcp, {os.cpu_count()} CPUs, {args.repeats} interleaved rounds: median "
+          "(min-max)")
     print()
-    print("| path | server workers | GB/s | messages | ratio to raw (mean of both raw runs) "
-          "| receiver CPU s / GiB | raw's CPU / this CPU |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, w, rate, count, cpu in rows:
-        print(f"| {name} | {w} | {rate / 1e9:.2f} | {count} | {rate / base:.2f} | {cpu:.2f} | "
-              f"{base_cpu / cpu:.2f} |")
+    print("| batch | path | configuration | GB/s | ratio to best raw | receiver CPU s / GiB |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name in args.sizes:
+        here = {k: v for k, v in rows.items() if k[0] == name}
+        best = max((k for k in here if k[1].startswith("raw")),
+                   key=lambda k: statistics.median(r for r, _ in here[k]))
+        base = statistics.median(r for r, _ in here[best])
+        for key, got in here.items():
+            rates = [r for r, _ in got]
+            mark = " (best raw)" if key == best else ""
+            print(f"| {name} | {key[1]} | {key[2]}{mark} | {_spread(rates, 1e9)} | "
+                  f"{_spread(rates, base)} | {_spread([c for _, c in got], 1)} |")
 
 
 if __name__ == "__main__":

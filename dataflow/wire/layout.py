@@ -1,7 +1,7 @@
 """The one layout of a BATCH's arrays in a receive buffer, shared by encoder and receivers.
 
 An array of ``nbytes`` bytes travels in ``ceil(nbytes / MAX_FRAME_BYTES)`` frames (one empty
-frame when ``nbytes == 0``), so no frame exceeds 8 MiB. A receiver lands all arrays of one
+frame when ``nbytes == 0``), so no frame exceeds 24 MiB. A receiver lands all arrays of one
 BATCH in one uint8 buffer of :attr:`BatchLayout.nbytes` bytes, each array starting at a
 multiple of :data:`ALIGN`. Every receiver of a BATCH (:func:`dataflow.wire.decode` and each
 of the client's sinks, whether its frames stay ZeroMQ messages or are received with
@@ -22,11 +22,16 @@ from dataflow.wire.fields import check_sizes
 from dataflow.wire.messages import OFFSETS_SUFFIX, BatchMsg
 
 ALIGN = 64
-MAX_FRAME_BYTES = 8 * 1024 * 1024
+# A client with CPU tensors views an array that travelled in one frame in place and copies one
+# split over several: 24 MiB keeps a 19 MB batch of 128 3x224x224 uint8 images in one frame
+# (the receiving client's copy of it was its largest cost per batch, bench/RESULTS.md,
+# "Receive path"), below glibc's largest mmap threshold (32 MiB), from which messages were
+# ~3x slower as each one's memory went back to the OS.
+MAX_FRAME_BYTES = 24 * 1024 * 1024
 
 
 def chunk_sizes(nbytes: int) -> list[int]:
-    """Sizes of the frames an array of ``nbytes`` bytes travels in (each <= 8 MiB)."""
+    """Sizes of the frames an array of ``nbytes`` bytes travels in (each <= 24 MiB)."""
     if nbytes == 0:
         return [0]
     full, rest = divmod(nbytes, MAX_FRAME_BYTES)

@@ -128,3 +128,30 @@ def test_close_from_another_thread_makes_a_waiting_next_raise_loader_closed(
     assert len(raised) == 1 and isinstance(raised[0], LoaderClosedError), raised
     with pytest.raises(LoaderClosedError):
         iter(dl)
+
+
+def _zmq_io_threads() -> int:
+    """ZeroMQ I/O threads of this process (libzmq names them ``ZMQbg/IO/<n>``)."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                count += f.read().startswith("ZMQbg/IO/")
+        except OSError:
+            pass  # the thread ended meanwhile
+    return count
+
+
+@pytest.mark.timeout(60)
+def test_io_threads_are_the_loaders_own_and_end_with_it(demo_data, servers) -> None:
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], workers=2)
+    before = _zmq_io_threads()
+    with DataLoader(server.endpoint, batch_size=8, rank=0, world_size=1, timeout=20,
+                    shuffle=False, io_threads=3) as dl:
+        assert _zmq_io_threads() == before + 3
+        ids = [i for b in dl for i in b["id"].tolist()]
+        kept = next(iter(dl))  # a batch that outlives the loader (and its context)
+    assert sorted(ids) == list(range(demo.total))
+    assert _zmq_io_threads() == before
+    assert kept["id"].tolist() == list(range(8))

@@ -132,3 +132,16 @@ def test_the_shuffle_is_one_value_and_the_plan_inputs_carry_it_by_the_state_s_na
     assert cfg.plan_inputs() == {"seed": 3, "batch_size": 4, "shuffle": "block",
                                  "shuffle_window": Shuffle().shuffle_window, "block_size": 4,
                                  "window": 2, "drop_last": True}
+
+
+@pytest.mark.parametrize("value", [0, -1, 65, True, 1.5, "2", None])
+def test_io_threads_must_be_an_integer_from_1_to_64(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"`io_threads` must be an integer in \[1, 64\]\. "
+                       r"Found: "):
+        _cfg(io_threads=value)
+
+
+def test_io_threads_default_and_accepted() -> None:
+    assert _cfg().io_threads == 1
+    assert _cfg(io_threads=64).io_threads == 64
+    assert _cfg(io_threads=np.int64(4)).io_threads == 4

@@ -75,7 +75,13 @@ def test_a_large_array_travels_in_several_frames(monkeypatch: pytest.MonkeyPatch
     np.testing.assert_array_equal(out.data[1], big)
 
 
-def test_an_array_over_8_mib_is_split_into_8_mib_frames() -> None:
+def test_a_batch_of_128_images_of_3x224x224_travels_in_one_frame() -> None:
+    # One frame: a client with CPU tensors views it in place instead of joining frames.
+    assert layout_module.chunk_sizes(128 * 3 * 224 * 224) == [128 * 3 * 224 * 224]
+    assert layout_module.chunk_sizes(wire.MAX_FRAME_BYTES + 1) == [wire.MAX_FRAME_BYTES, 1]
+
+
+def test_an_array_over_the_frame_limit_is_split_into_frames_of_the_limit() -> None:
     big = np.random.default_rng(0).integers(0, 255, size=(3, wire.MAX_FRAME_BYTES // 2 + 7),
                                             dtype=np.uint8)
     msg = _msg(x=big)
