@@ -12,9 +12,13 @@ from dataflow.checks import check_int
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
 from dataflow.errors import ConfigError, FieldError
 from dataflow.security import ClientCurve
+from dataflow.shm import Geometry
 from dataflow.shuffle import Shuffle, as_shuffle
 from dataflow.wire import Hello
-from dataflow.wire.fields import MAX_BATCH_SIZE, column_names
+from dataflow.wire.fields import MAX_BATCH_SIZE, MAX_MESSAGE_BYTES, column_names
+
+SHARED_MEMORY = ("auto", "off")
+DEFAULT_SLOT_BYTES = 32 * 2**20
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -87,6 +91,8 @@ class LoaderConfig:
     columns: Sequence[str] | None = None
     read_ahead: bool = True
     request_timeout: float | None = None
+    shared_memory: str = "auto"
+    shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shuffle", as_shuffle(self.shuffle))
@@ -98,6 +104,12 @@ class LoaderConfig:
                 or not 0 < self.resolve_interval < float("inf")):
             raise ConfigError("`resolve_interval` must be a number of seconds > 0. "
                               f"Found: {self.resolve_interval!r}")
+        if self.shared_memory not in SHARED_MEMORY:
+            raise ConfigError(f"`shared_memory` must be one of {list(SHARED_MEMORY)}. "
+                              f"Found: {self.shared_memory!r}")
+        object.__setattr__(self, "shared_memory_slot_bytes",
+                           check_int("shared_memory_slot_bytes",
+                                     self.shared_memory_slot_bytes, 4096, MAX_MESSAGE_BYTES))
         if not isinstance(self.read_ahead, bool):
             raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
         for name, lo, hi in (("batch_size", 1, MAX_BATCH_SIZE), ("world_size", 1, None),
@@ -122,6 +134,15 @@ class LoaderConfig:
                               f"Found: {self.device!r}")
         if self.device is not None and not torch.cuda.is_available():
             raise ConfigError(f"`device` is {self.device!r} but CUDA is not available")
+
+    @property
+    def shm_geometry(self) -> Geometry | None:
+        """Slots of the shared-memory segment offered to each server: ``prefetch + 1`` slots
+        (the most requests a server holds, and one whose device copy may still read it) of
+        ``shared_memory_slot_bytes`` rounded up to 64; None when ``shared_memory`` is off."""
+        if self.shared_memory == "off":
+            return None
+        return Geometry(self.prefetch + 1, -(-self.shared_memory_slot_bytes // 64) * 64)
 
     @property
     def request_limit(self) -> float:

@@ -46,7 +46,9 @@ from dataflow.client.joins import Joins
 from dataflow.client.links import Links
 from dataflow.client.membership import Membership
 from dataflow.client.scheduler import CONTROL, Scheduler, State
+from dataflow.client.shmring import ShmRings
 from dataflow.security import ClientCurve
+from dataflow.shm import Geometry
 
 log = logging.getLogger("dataflow.client")
 
@@ -74,12 +76,14 @@ class IOThread(threading.Thread):
         resolve_interval: seconds between lookups with ``find``.
         request_timeout: seconds a request may go unanswered before its batch is asked of
             another server, or fails (:meth:`Scheduler.late`).
+        shm: slots of the shared-memory segment offered to each server
+            (:mod:`dataflow.client.shmring`), or None: TCP frames only.
     """
 
     def __init__(self, endpoints: Sequence[str], hello: wire.Hello, timeout: float,
                  grace: float, sink: HostSink | CudaSink, curve: ClientCurve | None = None,
                  find: Lookup | None = None, resolve_interval: float = 10.0,
-                 request_timeout: float = math.inf) -> None:
+                 request_timeout: float = math.inf, shm: Geometry | None = None) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._hello = wire.encode(hello)
         self._timeout = timeout
@@ -97,9 +101,11 @@ class IOThread(threading.Thread):
         self._links = Links(zmq.Context.instance(), self._poller, curve,
                             self._scheduler.endpoint)
         self._data = self._links.data
-        self._joins = Joins(self._hello, self._scheduler, self.handoff, self._links,
+        self._shm = ShmRings(hello, shm, self.handoff.count)
+        self._joins = Joins(self._shm, self._scheduler, self.handoff, self._links,
                             self._control)
-        self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink)
+        self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink,
+                            self._shm)
         self._watcher = None if find is None else Watcher(find, self._wake)
         self._resolve_interval = resolve_interval
         self._membership: Membership | None = None
@@ -247,7 +253,8 @@ class IOThread(threading.Thread):
         taken = self.handoff.taken(gen, full=False)
         while True:
             for slot in self._scheduler.assignments(taken, now):
-                self._control[slot.server].send_multipart(wire.encode(slot.request()),
+                request = self._shm.lend(slot.server, slot.request())
+                self._control[slot.server].send_multipart(wire.encode(request),
                                                           flags=zmq.NOBLOCK)
                 if slot.retry:
                     self.handoff.count("rerequested")
@@ -273,3 +280,4 @@ class IOThread(threading.Thread):
             self._links.close(sock, 0)
         self._inbox.close()
         self._sink.close()
+        self._shm.close()

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from dataflow.batch import Schema
 from dataflow.checks import check_int
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
-from dataflow.client.config import LoaderConfig, dist_env, normalize_device
+from dataflow.client.config import DEFAULT_SLOT_BYTES, LoaderConfig, dist_env, normalize_device
 from dataflow.client.cursor import EpochCursor
 from dataflow.client.discovery import (
     DEFAULT_RESOLVE_INTERVAL,
@@ -189,6 +189,16 @@ class DataLoader:
             request does not make its server suspect (liveness is judged by connections and
             HEARTBEATs); set this above the longest a batch may take, e.g. a big batch over a
             slow link. None (the default): ``timeout``.
+        shared_memory: ``"auto"`` (the default): with each server that proves it runs on this
+            host as this user (it opens a segment this loader made in ``/dev/shm``, mode
+            0600), batches land in that shared memory instead of travelling over TCP
+            (:mod:`dataflow.client.shmring`); any other server, or one started with
+            ``--shared-memory refuse``, uses TCP frames. ``"off"``: TCP frames only.
+        shared_memory_slot_bytes: bytes of one slot (a batch larger than a slot travels in
+            TCP frames). Each server's segment holds ``prefetch + 1`` slots, reserved in
+            ``/dev/shm`` at its join: at most ``servers x (prefetch + 1) x slot bytes`` per
+            loader (default 32 MiB slots: 160 MiB per server at ``prefetch`` 4). A
+            ``/dev/shm`` too small for it turns shared memory off, logged.
 
     Raises:
         ConfigError: an argument is invalid.
@@ -224,6 +234,8 @@ class DataLoader:
         columns: Sequence[str] | None = None,
         read_ahead: bool = True,
         request_timeout: float | None = None,
+        shared_memory: str = "auto",
+        shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES,
     ) -> None:
         source = servers_setting(servers, os.environ.get(ENV_VAR))
         rank, world_size = dist_env(rank, world_size)
@@ -234,6 +246,7 @@ class DataLoader:
             pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
             curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
+            shared_memory=shared_memory, shared_memory_slot_bytes=shared_memory_slot_bytes,
         )
         cfg = self.config
         find = functools.partial(lookup, source)
@@ -246,7 +259,7 @@ class DataLoader:
                             cfg.hello(f"rank {cfg.rank}/{cfg.world_size} pid {os.getpid()}"),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
                             find if source.dynamic else None, cfg.resolve_interval,
-                            cfg.request_limit)
+                            cfg.request_limit, cfg.shm_geometry)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._metrics: LoaderMetrics | None = None
@@ -378,7 +391,8 @@ class DataLoader:
         servers that ``joined`` after the loader started without them (found by discovery, or
         listed but busy, slow or not up at the start), servers that ``left`` (discovery), and
         batches ``late`` (no reply within ``request_timeout``: asked of another server, or
-        failed)."""
+        failed), server sessions that use shared memory (``shm_sessions``) and batches
+        received through it (``shm_batches``)."""
         return self._io.handoff.stats()
 
     # -- resume ---------------------------------------------------------------------------------

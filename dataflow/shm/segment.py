@@ -147,8 +147,8 @@ class Segment:
         notices (:meth:`Mapped.gone`); the memory is freed when the last mapping goes."""
         self._unlink()
         if self._mm is not None:
-            self.buf.release()
             try:
+                self.buf.release()
                 self._mm.close()
             except BufferError:  # a view of it is still alive: the mapping goes with it
                 pass
