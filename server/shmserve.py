@@ -39,7 +39,7 @@ from dataflow.server.peerlog import quote
 from dataflow.shm import SHM_DIR, Geometry, Mapped, read_proof
 from dataflow.wire.internal import Task
 
-MAX_MAPPED = 8
+MAX_MAPPED = 64
 IDLE_S = 60.0
 
 log = logging.getLogger("dataflow.server")
