@@ -259,11 +259,11 @@ class HostSink:
     """
 
     def __init__(self, pin: bool, alloc: Callable[[int], torch.Tensor] = pinned) -> None:
-        self._pin = pin
+        self.pin = pin
         self._alloc = alloc
 
     def land(self, layout: wire.BatchLayout) -> Landing:
-        if not self._pin:
+        if not self.pin:
             return MessageLanding(layout)
         return BufferLanding(self._alloc(layout.nbytes), layout)
 

@@ -85,7 +85,6 @@ class IOThread(threading.Thread):
                  find: Lookup | None = None, resolve_interval: float = 10.0,
                  request_timeout: float = math.inf, shm: Geometry | None = None) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
-        self._hello = wire.encode(hello)
         self._timeout = timeout
         self._request_timeout = request_timeout
         self._sink = sink

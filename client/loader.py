@@ -195,9 +195,9 @@ class DataLoader:
             (:mod:`dataflow.client.shmring`); any other server, or one started with
             ``--shared-memory refuse``, uses TCP frames. ``"off"``: TCP frames only.
         shared_memory_slot_bytes: bytes of one slot (a batch larger than a slot travels in
-            TCP frames). Each server's segment holds ``prefetch + 1`` slots, reserved in
-            ``/dev/shm`` at its join: at most ``servers x (prefetch + 1) x slot bytes`` per
-            loader (default 32 MiB slots: 160 MiB per server at ``prefetch`` 4). A
+            TCP frames). Each server's segment holds ``prefetch + 3`` slots, reserved in
+            ``/dev/shm`` at its join: at most ``servers x (prefetch + 3) x slot bytes`` per
+            loader (default 32 MiB slots: 224 MiB per server at ``prefetch`` 4). A
             ``/dev/shm`` too small for it turns shared memory off, logged.
 
     Raises:

@@ -18,11 +18,14 @@ again: a reader still holding a request of the old session writes into memory no
 and its reply is discarded as late) and when the loader closes; one left by a killed loader
 is removed by the next loader start of the same user (:func:`dataflow.shm.remove_stale`).
 
-On a GPU, the segment is registered with ``cudaHostRegister`` (:func:`cuda_register`, the one
-seam that touches CUDA: it does nothing without it), so a :class:`CudaSink`'s host-to-device
-copy reads the slot itself; the slot is lent again once that copy finished. Otherwise a batch
-is copied out of its slot into memory of its own (pinned, or the CUDA ring's slot, where the
-sink pins), then checked by :meth:`dataflow.wire.BatchLayout.check_frames`.
+No copy on the client where it can be helped (:func:`receive_shared`): CPU batches are views
+of their slot, which is lent again once the batch's tensors are all freed (at most
+:data:`VIEWS` held at once; beyond, a batch is copied out). On a GPU the segment is registered
+with ``cudaHostRegister`` (:func:`cuda_register`, the one seam that touches CUDA: it does
+nothing without it), so those views are pinned, and a :class:`CudaSink`'s host-to-device copy
+reads the slot itself; the slot is lent again once that copy finished. Otherwise a batch is
+copied out of its slot into memory of its own (pinned, or the CUDA ring's slot, where the sink
+pins). Every batch is checked by :meth:`dataflow.wire.BatchLayout.check_frames` first.
 
 Thread invariant: used by the client's I/O thread only.
 """
@@ -30,6 +33,8 @@ Thread invariant: used by the client's I/O thread only.
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -53,6 +58,7 @@ from dataflow.shm import SHM_DIR, Geometry, Segment, SlotLedger, remove_stale
 log = logging.getLogger("dataflow.client")
 
 Register = Callable[[memoryview], Callable[[], None] | None]
+VIEWS = 2  # batches of a ring the consumer may hold as views of their slots at once
 
 
 def cuda_register(buf: memoryview) -> Callable[[], None] | None:
@@ -91,6 +97,20 @@ class Ring:
         self.host = (torch.frombuffer(segment.buf, dtype=torch.uint8)
                      if self._unregister is not None else None)
         self._copies: list[CopyEvent] = []
+        self._views: list[threading.Event] = []
+
+    def may_view(self) -> bool:
+        """Whether a batch may be a view of its slot (fewer than :data:`VIEWS` are held)."""
+        self._views = [e for e in self._views if not e.is_set()]
+        return len(self._views) < VIEWS
+
+    def viewed(self, arr: np.ndarray) -> Callable[[], bool]:
+        """Track a batch viewing a slot through ``arr``; returns whether it is gone (every
+        tensor of it freed, on whichever thread)."""
+        gone = threading.Event()
+        weakref.finalize(arr, gone.set)
+        self._views.append(gone)
+        return gone.is_set
 
     def copied(self, event: CopyEvent) -> Callable[[], bool]:
         """Track a device copy reading a slot; returns whether it finished."""
@@ -233,7 +253,11 @@ class ShmRings:
 def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ring, slot: int,
                    sink: HostSink | CudaSink, count: Callable[[str, int], None]) -> Received:
     """Read the batch ``msg`` from ``slot`` of ``ring`` (taken) where ``sink`` wants it, and
-    give the slot back (at once, or when the device copy reading it finished).
+    give the slot back: at once when the batch was copied out of it, when the device copy
+    reading it finished (a registered segment, a CUDA ``device``), or, for CPU batches viewing
+    the slot in place (no copy: unpinned, or pinned by the registration), once every tensor of
+    the batch is freed; while :data:`VIEWS` such batches are held, the next ones are copied
+    out, so the consumer keeping batches never starves the ring.
 
     Raises:
         ProtocolError: buffer frames follow the header, or the arrays fail
@@ -245,6 +269,13 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
                             "buffer frames")
     nbytes = layout.nbytes
     start = ring.segment.geometry.offset(slot)
+    if (isinstance(sink, HostSink) and (not sink.pin or ring.host is not None)
+            and ring.may_view()):
+        arr = np.frombuffer(ring.segment.buf, dtype=np.uint8, count=nbytes, offset=start)
+        _check(endpoint, msg, layout, arr)
+        ring.ledger.release(slot, ring.viewed(arr))
+        count("shm_batches", 1)
+        return Received(typed_views(torch.from_numpy(arr), msg.arrays, layout.offsets))
     if isinstance(sink, CudaSink) and ring.host is not None:
         host = ring.host[start : start + nbytes]
         _check(endpoint, msg, layout, host.numpy())

@@ -139,7 +139,7 @@ def test_the_shuffle_is_one_value_and_the_plan_inputs_carry_it_by_the_state_s_na
                                  "window": 2, "drop_last": True}
 
 
-def test_shared_memory_slots_are_prefetch_plus_one_of_the_slot_size_rounded_to_64() -> None:
-    assert _cfg().shm_geometry == Geometry(5, 32 * 2**20)
-    assert _cfg(prefetch=2, shared_memory_slot_bytes=5000).shm_geometry == Geometry(3, 5056)
+def test_shared_memory_slots_are_prefetch_plus_three_of_the_slot_size_rounded_to_64() -> None:
+    assert _cfg().shm_geometry == Geometry(7, 32 * 2**20)
+    assert _cfg(prefetch=2, shared_memory_slot_bytes=5000).shm_geometry == Geometry(5, 5056)
     assert _cfg(shared_memory="off").shm_geometry is None

@@ -100,6 +100,7 @@ def test_every_sink_gets_what_the_server_wrote_and_the_slot_comes_back(
         ring, slot = r.take(0, msg, EP)
         got = hand_over(receive_shared(pair[1], EP, msg, ring, slot, sink, counts))
         _equal(got, _batch(k))
+        del got  # a view of its slot holds the slot until then
         assert ring.ledger.free == 2
     assert counts["shm_batches"] == 5
     sink.close()
@@ -133,6 +134,42 @@ def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy
         r.close()
         segments.close()
         sink.close()
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("pin", [False, True])
+def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
+        pin, tmp_path, pair) -> None:  # noqa: F811
+    """Unpinned, or pinned where the segment is registered with CUDA (so its views are)."""
+    counts, geo = Counts(), Geometry(4, 1 << 20)
+    r = ShmRings(wire.Hello(2, "t"), geo, counts,
+                 register=lambda buf: (lambda: None) if pin else None,
+                 directory=str(tmp_path))
+    segments = Segments(directory=str(tmp_path))
+    sink = HostSink(pin=pin, alloc=lambda n: torch.empty(n, dtype=torch.uint8))
+    try:
+        offer = wire.decode(r.hello(0)).shm
+        r.joined(0, wire.Index(2, 1, "{}", "t", ("a",),
+                               shm=read_proof(offer.name, geo, str(tmp_path)).hex()), EP)
+        held = []
+        for k in range(6):
+            req = r.lend(0, wire.Request(k, [[0, 0, 4]]))
+            assert req.slot >= 0  # two held as views, the rest copied out: never starved
+            _serve(segments, offer, req, _batch(k), pair[0])
+            msg = _recv(pair[1])
+            ring, slot = r.take(0, msg, EP)
+            held.append(hand_over(receive_shared(pair[1], EP, msg, ring, slot, sink, counts)))
+        assert ring.ledger.free == 2
+        for k, got in enumerate(held):  # slots written again since: the views are intact
+            _equal(got, _batch(k))
+        segment = np.frombuffer(ring.segment.buf, np.uint8)
+        assert [np.shares_memory(got["x"].numpy(), segment) for got in held] == [
+            True, True, False, False, False, False]
+        del held[:2], got, segment
+        assert ring.ledger.free == 4
+    finally:
+        r.close()
+        segments.close()
     assert not os.listdir(tmp_path)
 
 
