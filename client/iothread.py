@@ -46,7 +46,7 @@ from dataflow.client.joins import Joins
 from dataflow.client.links import Links
 from dataflow.client.membership import Membership
 from dataflow.client.scheduler import CONTROL, Scheduler, State
-from dataflow.client.shmring import ShmRings
+from dataflow.client.shmring import ShmRings, cuda_register
 from dataflow.security import ClientCurve
 from dataflow.shm import Geometry
 
@@ -100,7 +100,9 @@ class IOThread(threading.Thread):
         self._links = Links(zmq.Context.instance(), self._poller, curve,
                             self._scheduler.endpoint)
         self._data = self._links.data
-        self._shm = ShmRings(hello, shm, self.handoff.count)
+        pins = isinstance(sink, CudaSink) or sink.pin
+        self._shm = ShmRings(hello, shm, self.handoff.count,
+                             register=cuda_register if pins else None)
         self._joins = Joins(self._shm, self._scheduler, self.handoff, self._links,
                             self._control)
         self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink,

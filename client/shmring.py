@@ -80,6 +80,11 @@ def cuda_register(buf: memoryview) -> Callable[[], None] | None:
     return lambda: cudart.cudaHostUnregister(ptr)
 
 
+def _unpinned(buf: memoryview) -> None:
+    """No registration."""
+    return None
+
+
 class Ring:
     """One server session's segment and its slots.
 
@@ -138,12 +143,14 @@ class ShmRings:
         geometry: slots of each segment, or None: shared memory off (every HELLO is
             ``hello``).
         count: the loader's counters (``shm_sessions``, ``shm_batches``).
-        register: the CUDA registration seam (:func:`cuda_register`).
+        register: how a segment is pinned (:func:`cuda_register`, given where the sink pins:
+            a CUDA ``device``, or ``pin_memory`` with CUDA), or None: never (no CUDA context
+            is made for it).
         directory: where segments are made (``/dev/shm``).
     """
 
     def __init__(self, hello: wire.Hello, geometry: Geometry | None,
-                 count: Callable[[str, int], None], register: Register = cuda_register,
+                 count: Callable[[str, int], None], register: Register | None = None,
                  directory: str = SHM_DIR) -> None:
         self._hello = hello
         self._plain = wire.encode(hello)
@@ -199,7 +206,7 @@ class ShmRings:
                      else "the server read another segment's nonce")
             seg.close()
             return
-        self._rings[server] = Ring(seg, self._register)
+        self._rings[server] = Ring(seg, self._register or _unpinned)
         self._count("shm_sessions", 1)
 
     def lend(self, server: int, req: wire.Request) -> wire.Request:

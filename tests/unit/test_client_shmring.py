@@ -44,8 +44,7 @@ def _batch(seed: int) -> dict:
 @pytest.fixture
 def rings(tmp_path) -> Iterator[tuple[ShmRings, Counts, Segments]]:
     counts = Counts()
-    r = ShmRings(wire.Hello(2, "t"), GEO, counts, register=lambda buf: None,
-                 directory=str(tmp_path))
+    r = ShmRings(wire.Hello(2, "t"), GEO, counts, directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
     yield r, counts, segments
     r.close()
