@@ -195,10 +195,10 @@ class DataLoader:
             (:mod:`dataflow.client.shmring`); any other server, or one started with
             ``--shared-memory refuse``, uses TCP frames. ``"off"``: TCP frames only.
         shared_memory_slot_bytes: bytes of one slot (a batch larger than a slot travels in
-            TCP frames). Each server's segment holds ``prefetch + 3`` slots, reserved in
-            ``/dev/shm`` at its join: at most ``servers x (prefetch + 3) x slot bytes`` per
-            loader (default 32 MiB slots: 224 MiB per server at ``prefetch`` 4). A
-            ``/dev/shm`` too small for it turns shared memory off, logged.
+            TCP frames, and so does one a full ``/dev/shm`` has no room for). Each server's
+            segment holds ``prefetch + 3`` slots, taking ``/dev/shm`` memory as they are
+            written: at most ``servers x (prefetch + 3) x`` the largest batch that fits a
+            slot, per loader (default 32 MiB slots).
 
     Raises:
         ConfigError: an argument is invalid.

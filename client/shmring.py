@@ -3,12 +3,12 @@ lent with REQUESTs, and batches read from them.
 
 Per server join (:mod:`dataflow.client.joins`) the client creates a fresh segment in
 ``/dev/shm`` (:class:`dataflow.shm.Segment`: mode 0600, a random name carrying its uid, PID
-namespace and pid, its size reserved) and offers it in the HELLO. The server answers the nonce
-it read there in INDEX ``shm``; only when it is this segment's does the session use it (a
-server on another host, of another user or in another ``/dev/shm`` cannot read it; one that
-refuses, ``--shared-memory refuse``, or predates the field answers none; an old server that
-refuses the unknown HELLO field is asked again without it). Otherwise the segment is unlinked
-at once and the session uses TCP frames.
+namespace and pid; sparse, memory is taken as slots are written) and offers it in the HELLO.
+The server answers the nonce it read there in INDEX ``shm``; only when it is this segment's
+does the session use it (a server on another host, of another user or in another
+``/dev/shm`` cannot read it; one that refuses, ``--shared-memory refuse``, or predates the
+field answers none; an old server that refuses the unknown HELLO field is asked again without
+it). Otherwise the segment is unlinked at once and the session uses TCP frames.
 
 A REQUEST then lends a free slot (:class:`~dataflow.shm.SlotLedger`; none free: TCP frames for
 it); the reader writes the arrays there and answers a BATCH whose descriptor names it, which

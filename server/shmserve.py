@@ -121,7 +121,8 @@ class Segments:
     def place(self, task: Task, msg: wire.BatchMsg) -> wire.BatchMsg:
         """Write ``msg``'s arrays into the slot ``task`` lent and return the BATCH describing
         them there (no data); ``msg`` itself when the task lent no slot, the batch does not
-        fit one, or the segment cannot be used (logged): it then travels in frames."""
+        fit one, or the segment cannot be used (the client closed it, ``/dev/shm`` is full; logged):
+        it then travels in frames."""
         if task.shm is None or task.slot < 0:
             return msg
         layout = wire.BatchLayout.of(msg)
@@ -131,6 +132,7 @@ class Segments:
             return msg
         try:
             mapped = self._get(task.shm, time.monotonic())
+            mapped.reserve(task.slot, layout.nbytes)
             for arr, offset in zip(msg.data, layout.offsets, strict=True):
                 flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
                 mapped.write(task.slot, offset, flat.data)

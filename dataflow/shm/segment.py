@@ -7,9 +7,12 @@ random name that carries its creator's uid, PID namespace and pid::
 
 Its first :data:`HEADER_BYTES` bytes are a header (magic, a random nonce, the creator's pid
 and process start time, the slot count and slot size); then ``slots`` slots of ``slot_bytes``
-bytes, slot ``i`` at :meth:`Geometry.offset`. Its whole size is reserved at creation
-(``posix_fallocate``), so a write into a mapped slot never meets a full tmpfs (``SIGBUS``):
-a full ``/dev/shm`` fails the creation instead, and the client stays on TCP.
+bytes, slot ``i`` at :meth:`Geometry.offset`. The file is sparse: only the header is
+allocated at creation, and memory is taken as slots are written, no more than the batches
+need. Whoever writes a slot reserves the bytes first (``posix_fallocate``,
+:meth:`Mapped.reserve`), so a write into a mapped slot never meets a full tmpfs (``SIGBUS``):
+a full ``/dev/shm`` fails the reservation instead, and that batch travels in TCP frames. The
+client reads only bytes a BATCH says were written, so it never touches a hole.
 
 The server never creates a segment: it opens one a client named (:func:`open_segment`), only
 when the file is a regular file owned by the server's own effective uid with no permission for
@@ -118,13 +121,14 @@ class Segment:
             raise SegmentError(f"cannot create shared-memory segment {self.path}: {e}") from e
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
-            os.posix_fallocate(fd, 0, geometry.nbytes)
+            os.posix_fallocate(fd, 0, HEADER_BYTES)
+            os.ftruncate(fd, geometry.nbytes)
             self._mm = mmap.mmap(fd, geometry.nbytes)
         except OSError as e:
             os.close(fd)
             self._unlink()
-            raise SegmentError(f"cannot reserve {geometry.nbytes} bytes of shared memory in "
-                               f"{directory} ({e}); is it full or too small?") from e
+            raise SegmentError(f"cannot make a shared-memory segment of {geometry.nbytes} "
+                               f"bytes in {directory} ({e}); is it full?") from e
         os.close(fd)
         me = os.getpid()
         self._mm[: _HEADER.size] = _HEADER.pack(MAGIC, self.nonce, me, start_time(me) or 0,
@@ -230,6 +234,20 @@ class Mapped:
             os.close(self._fd)
             raise SegmentError(f"cannot map {name}: {e}") from e
         self.buf = memoryview(self._mm)
+
+    def reserve(self, slot: int, nbytes: int) -> None:
+        """Allocate the first ``nbytes`` bytes of ``slot`` (before writing them).
+
+        Raises:
+            SegmentError: they do not fit the slot, or the filesystem is full.
+        """
+        if not 0 <= slot < self.geometry.slots or not 0 <= nbytes <= self.geometry.slot_bytes:
+            raise SegmentError(f"{nbytes} bytes do not fit slot {slot} of {self.name}")
+        try:
+            os.posix_fallocate(self._fd, self.geometry.offset(slot), max(nbytes, 1))
+        except OSError as e:
+            raise SegmentError(f"cannot reserve {nbytes} bytes of shared memory for slot "
+                               f"{slot} of {self.name}: {e}") from e
 
     def write(self, slot: int, offset: int, data: memoryview) -> None:
         """Write ``data`` at ``offset`` of ``slot``.

@@ -14,19 +14,20 @@ import pytest
 
 from dataflow import wire
 from dataflow.errors import ProtocolError, SegmentError
-from dataflow.shm import Geometry, Mapped, Segment, SlotLedger, read_proof, remove_stale
+from dataflow.shm import SHM_DIR, Geometry, Mapped, Segment, SlotLedger, read_proof, remove_stale
 
 GEO = Geometry(3, 4096)
 
 
-def test_segment_is_private_reserved_and_proved_by_its_nonce(tmp_path) -> None:
+def test_segment_is_private_sparse_and_proved_by_its_nonce(tmp_path) -> None:
     seg = Segment(GEO, str(tmp_path))
     try:
         st = os.stat(seg.path)
         assert st.st_mode & 0o777 == 0o600 and st.st_size == GEO.nbytes
-        assert st.st_blocks * 512 >= GEO.nbytes  # reserved, not sparse
+        assert st.st_blocks * 512 < GEO.nbytes  # the slots take memory only once written
         assert read_proof(seg.name, GEO, str(tmp_path)) == seg.nonce
         mapped = Mapped(seg.name, GEO, str(tmp_path))
+        mapped.reserve(2, 67)
         mapped.write(2, 64, memoryview(b"abc"))
         assert bytes(seg.slot(2, 67)[64:]) == b"abc"
         with pytest.raises(SegmentError, match="do not fit slot 2"):
@@ -66,12 +67,29 @@ def test_a_named_segment_is_refused_unless_it_is_exactly_the_clients(tmp_path) -
         seg.close()
 
 
-def test_a_full_directory_fails_creation_cleanly(tmp_path) -> None:
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm")
-    with pytest.raises(SegmentError, match="cannot reserve"):
-        Segment(Geometry(1, 1 << 60 & ~63), "/dev/shm")
-    assert not [n for n in os.listdir("/dev/shm") if f"-{os.getpid()}-" in n]
+def test_a_segment_too_big_to_map_fails_creation_cleanly() -> None:
+    with pytest.raises(SegmentError, match="cannot make a shared-memory segment"):
+        Segment(Geometry(1, 1 << 60), SHM_DIR)
+    assert not [n for n in os.listdir(SHM_DIR) if f"-{os.getpid()}-" in n]
+
+
+def test_a_full_dev_shm_refuses_the_reservation_not_the_write() -> None:
+    """A slot larger than what /dev/shm has free: reserving it fails cleanly (no SIGBUS)."""
+    free = os.statvfs(SHM_DIR)
+    slot = (free.f_bavail * free.f_frsize * 2 + 4096) // 64 * 64
+    seg = Segment(Geometry(1, slot), SHM_DIR)
+    try:
+        mapped = Mapped(seg.name, seg.geometry, SHM_DIR)
+        with pytest.raises(SegmentError, match=f"cannot reserve {slot} bytes"):
+            mapped.reserve(0, slot)
+        mapped.reserve(0, 4096)
+        mapped.write(0, 0, memoryview(b"ok"))
+        assert bytes(seg.slot(0, 2)) == b"ok"
+        with pytest.raises(SegmentError, match="do not fit slot 1"):
+            mapped.reserve(1, 1)
+        mapped.close()
+    finally:
+        seg.close()
 
 
 CREATE = """
