@@ -32,7 +32,7 @@ def test_shared_memory_batches_equal_tcp_batches(device, tmp_path) -> None:
     demo = make_demo(str(tmp_path), DemoSpec(shards=4, samples_per_shard=64), progress=None)
     with launch(list(demo.paths), workers=2) as server:
         kw = dict(batch_size=16, rank=0, world_size=1, seed=1, timeout=30, device=device,
-                  pin_memory=True)
+                  pin_memory=True, read_ahead=False)  # every batch received is delivered
         with DataLoader(server.endpoint, **kw) as shm, \
                 DataLoader(server.endpoint, shared_memory="off", **kw) as tcp:
             n = 0

@@ -71,7 +71,8 @@ def test_a_curve_session_on_this_host_uses_shared_memory(keys: Keys, demo_data,
     demo = demo_data("arrow")
     server = servers([str(p) for p in demo.paths], extra_args=keys.server_args())
     with DataLoader(server.endpoint, batch_size=BATCH, rank=0, world_size=1, timeout=20,
-                    curve_key=keys.client_secret, server_key=keys.server_public) as dl:
+                    curve_key=keys.client_secret, server_key=keys.server_public,
+                    read_ahead=False) as dl:  # every batch received is delivered
         ids = [i for batch in dl for i in batch["id"].tolist()]
         stats = dl.stats()
     assert Counter(ids) == Counter(range(demo.total))
