@@ -259,11 +259,11 @@ class HostSink:
     """
 
     def __init__(self, pin: bool, alloc: Callable[[int], torch.Tensor] = pinned) -> None:
-        self._pin = pin
+        self.pin = pin
         self._alloc = alloc
 
     def land(self, layout: wire.BatchLayout) -> Landing:
-        if not self._pin:
+        if not self.pin:
             return MessageLanding(layout)
         return BufferLanding(self._alloc(layout.nbytes), layout)
 
@@ -299,11 +299,15 @@ class CudaSink:
         device: the CUDA device.
         slots: ring size.
         copier: host buffers and copies (default: :class:`CudaCopier` of ``device``).
+
+    Attributes:
+        copier: its copier (also used for copies from registered shared memory,
+            :mod:`dataflow.client.shmring`).
     """
 
     def __init__(self, device: torch.device, slots: int = RING_SLOTS,
                  copier: DeviceCopier | None = None) -> None:
-        self._copier = copier if copier is not None else CudaCopier(device)
+        self.copier = copier if copier is not None else CudaCopier(device)
         self._slots: list[torch.Tensor | None] = [None] * slots
         self._landed: list[RingLanding | None] = [None] * slots
         self._next = 0
@@ -317,8 +321,8 @@ class CudaSink:
             last.event.synchronize()
         slot = self._slots[i]
         if slot is None or slot.numel() < layout.nbytes:
-            slot = self._slots[i] = self._copier.host(max(layout.nbytes, wire.ALIGN))
-        landing = self._landed[i] = RingLanding(slot[: layout.nbytes], layout, self._copier)
+            slot = self._slots[i] = self.copier.host(max(layout.nbytes, wire.ALIGN))
+        landing = self._landed[i] = RingLanding(slot[: layout.nbytes], layout, self.copier)
         return landing
 
     def close(self) -> None:

@@ -12,11 +12,16 @@ import torch
 from dataflow.checks import check_int
 from dataflow.client.decode import Decode, as_decode
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
+from dataflow.client.shmring import VIEWS
 from dataflow.errors import ConfigError, FieldError
 from dataflow.security import ClientCurve
+from dataflow.shm import Geometry
 from dataflow.shuffle import Shuffle, as_shuffle
 from dataflow.wire import Hello
-from dataflow.wire.fields import MAX_BATCH_SIZE, column_names
+from dataflow.wire.fields import MAX_BATCH_SIZE, MAX_MESSAGE_BYTES, column_names
+
+SHARED_MEMORY = ("auto", "off")
+DEFAULT_SLOT_BYTES = 32 * 2**20
 
 # ZeroMQ I/O threads of a loader's own context: they receive the servers' bytes from the
 # kernel (one TCP connection is served by one of them). One was as fast as two on a 2-core
@@ -100,6 +105,8 @@ class LoaderConfig:
     collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None
     decode: Decode | None = None
     io_threads: int = DEFAULT_IO_THREADS
+    shared_memory: str = "auto"
+    shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode", as_decode(self.decode))
@@ -115,6 +122,12 @@ class LoaderConfig:
         if self.collate_fn is not None and not callable(self.collate_fn):
             raise ConfigError("`collate_fn` must be a function of a batch, or None. "
                               f"Found: {self.collate_fn!r}")
+        if self.shared_memory not in SHARED_MEMORY:
+            raise ConfigError(f"`shared_memory` must be one of {list(SHARED_MEMORY)}. "
+                              f"Found: {self.shared_memory!r}")
+        object.__setattr__(self, "shared_memory_slot_bytes",
+                           check_int("shared_memory_slot_bytes",
+                                     self.shared_memory_slot_bytes, 4096, MAX_MESSAGE_BYTES))
         if not isinstance(self.read_ahead, bool):
             raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
         for name, lo, hi in (("batch_size", 1, MAX_BATCH_SIZE), ("world_size", 1, None),
@@ -140,6 +153,17 @@ class LoaderConfig:
                               f"Found: {self.device!r}")
         if self.device is not None and not torch.cuda.is_available():
             raise ConfigError(f"`device` is {self.device!r} but CUDA is not available")
+
+    @property
+    def shm_geometry(self) -> Geometry | None:
+        """Slots of the shared-memory segment offered to each server: ``prefetch + 3`` slots
+        (the most requests a server holds, one whose device copy may still read it, and the
+        two batches the consumer may hold as views of their slots,
+        :data:`~dataflow.client.shmring.VIEWS`) of ``shared_memory_slot_bytes`` rounded up to
+        64; None when ``shared_memory`` is off."""
+        if self.shared_memory == "off":
+            return None
+        return Geometry(self.prefetch + 1 + VIEWS, -(-self.shared_memory_slot_bytes // 64) * 64)
 
     @property
     def request_limit(self) -> float:

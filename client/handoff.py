@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 # The I/O thread's counters (see :meth:`Handoff.count`).
 COUNTERS = ("skipped", "servers_lost", "rejoined", "rerequested", "recovered", "joined", "left",
-            "late")
+            "late", "shm_sessions", "shm_batches")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataflow.client.links import Links
 from dataflow.client.receive import drain, receive_batch, receive_header
 from dataflow.client.reorder import Reorder
 from dataflow.client.scheduler import Late, Scheduler, State
+from dataflow.client.shmring import ShmRings, receive_shared
 from dataflow.client.stream import Demand
 from dataflow.errors import ProtocolError, RemoteError, RequestTimeout
 from dataflow.wire import ErrorKind
@@ -41,12 +42,13 @@ class Inbox:
     their numbers; their endpoints are the scheduler's."""
 
     def __init__(self, scheduler: Scheduler, handoff: Handoff[Received], joins: Joins,
-                 links: Links, sink: HostSink | CudaSink) -> None:
+                 links: Links, sink: HostSink | CudaSink, shm: ShmRings) -> None:
         self._scheduler = scheduler
         self._handoff = handoff
         self._joins = joins
         self._data = links.data
         self._sink = sink
+        self._shm = shm
         self._reorder: Reorder[Received | Failed] = Reorder(0, 0)
 
     def _endpoint(self, server: int) -> str:
@@ -116,14 +118,20 @@ class Inbox:
         endpoint = self._endpoint(server)
         slot = self._scheduler.on_reply(server, msg.req_id, now)
         if slot is None:
+            self._shm.answered(server, msg.req_id)
             drain(sock)
             return
         try:
             slot.check_size(endpoint, msg.size, msg.skipped)
+            shared = self._shm.take(server, msg, endpoint)
         except ProtocolError:
             drain(sock)
             raise
-        ready = receive_batch(sock, endpoint, msg, self._sink)
+        if shared is None:
+            ready = receive_batch(sock, endpoint, msg, self._sink)
+        else:
+            ready = receive_shared(sock, endpoint, msg, *shared, self._sink,
+                                   self._handoff.count)
         if msg.skipped:
             self._handoff.count("skipped", msg.skipped)
         if slot.retry:
@@ -132,7 +140,9 @@ class Inbox:
 
     def _on_request_error(self, server: int, msg: wire.ErrorMsg, now: float) -> None:
         """A request failed: the batch is requested again (undeliverable), or its error takes
-        its place in stream order, raised when the consumer reaches it."""
+        its place in stream order, raised when the consumer reaches it. Its shared-memory
+        slot, if it lent one, is free again (the reader is done with it)."""
+        self._shm.answered(server, msg.req_id)
         if msg.kind is ErrorKind.UNDELIVERABLE:
             self._scheduler.undelivered(server, msg.req_id, now)
             return

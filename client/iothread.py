@@ -46,7 +46,9 @@ from dataflow.client.joins import Joins
 from dataflow.client.links import Links
 from dataflow.client.membership import Membership
 from dataflow.client.scheduler import CONTROL, Scheduler, State
+from dataflow.client.shmring import ShmRings, cuda_register
 from dataflow.security import ClientCurve
+from dataflow.shm import Geometry
 
 log = logging.getLogger("dataflow.client")
 
@@ -76,14 +78,16 @@ class IOThread(threading.Thread):
             another server, or fails (:meth:`Scheduler.late`).
         io_threads: ZeroMQ I/O threads of this loader's own context (terminated when the
             thread ends, or by :meth:`stop` when it never ran).
+        shm: slots of the shared-memory segment offered to each server
+            (:mod:`dataflow.client.shmring`), or None: TCP frames only.
     """
 
     def __init__(self, endpoints: Sequence[str], hello: wire.Hello, timeout: float,
                  grace: float, sink: HostSink | CudaSink, curve: ClientCurve | None = None,
                  find: Lookup | None = None, resolve_interval: float = 10.0,
-                 request_timeout: float = math.inf, io_threads: int = 1) -> None:
+                 request_timeout: float = math.inf, io_threads: int = 1,
+                 shm: Geometry | None = None) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
-        self._hello = wire.encode(hello)
         self._timeout = timeout
         self._request_timeout = request_timeout
         self._sink = sink
@@ -100,9 +104,13 @@ class IOThread(threading.Thread):
         self._links = Links(self._ctx, self._poller, curve,
                             self._scheduler.endpoint)
         self._data = self._links.data
-        self._joins = Joins(self._hello, self._scheduler, self.handoff, self._links,
+        pins = isinstance(sink, CudaSink) or sink.pin
+        self._shm = ShmRings(hello, shm, self.handoff.count,
+                             register=cuda_register if pins else None)
+        self._joins = Joins(self._shm, self._scheduler, self.handoff, self._links,
                             self._control)
-        self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink)
+        self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink,
+                            self._shm)
         self._watcher = None if find is None else Watcher(find, self._wake)
         self._resolve_interval = resolve_interval
         self._membership: Membership | None = None
@@ -253,7 +261,8 @@ class IOThread(threading.Thread):
         taken = self.handoff.taken(gen, full=False)
         while True:
             for slot in self._scheduler.assignments(taken, now):
-                self._control[slot.server].send_multipart(wire.encode(slot.request()),
+                request = self._shm.lend(slot.server, slot.request())
+                self._control[slot.server].send_multipart(wire.encode(request),
                                                           flags=zmq.NOBLOCK)
                 if slot.retry:
                     self.handoff.count("rerequested")
@@ -279,6 +288,7 @@ class IOThread(threading.Thread):
             self._links.close(sock, 0)
         self._inbox.close()
         self._sink.close()
+        self._shm.close()
         # Every socket was closed above (the BYEs linger BYE_LINGER_MS at most); one left open
         # by an error on the way is closed at once rather than hanging the term.
         self._ctx.destroy(linger=0)

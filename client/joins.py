@@ -22,6 +22,7 @@ from dataflow.client.handoff import Handoff
 from dataflow.client.handshake import Join
 from dataflow.client.links import Links
 from dataflow.client.scheduler import Scheduler, State
+from dataflow.client.shmring import ShmRings
 from dataflow.errors import DataflowError, DatasetMismatchError, ProtocolError, RemoteError
 from dataflow.wire import ErrorKind
 
@@ -36,7 +37,8 @@ class Joins:
     scheduler's).
 
     Args:
-        hello: the encoded HELLO every server is sent.
+        shm: the HELLO of each join (offering a fresh shared-memory segment, or plain) and
+            the segments of the sessions.
         control: each server's control socket.
 
     Attributes:
@@ -44,10 +46,10 @@ class Joins:
             later join must serve the same.
     """
 
-    def __init__(self, hello: list[wire.Buffer], scheduler: Scheduler,
+    def __init__(self, shm: ShmRings, scheduler: Scheduler,
                  handoff: Handoff[Received], links: Links,
                  control: dict[int, zmq.Socket]) -> None:
-        self._hello = hello
+        self._shm = shm
         self._scheduler = scheduler
         self._handoff = handoff
         self._links = links
@@ -72,16 +74,18 @@ class Joins:
         return self._transforms.get(server) or "none"
 
     def drop_data(self, server: int) -> None:
-        """Close the data connections of a lost server (and forget its join attempt)."""
+        """Close the data connections of a lost server (and forget its join attempt and its
+        session's shared memory)."""
         self._links.drop_data(server)
         self._joins.pop(server, None)
+        self._shm.drop(server)
 
     def hello(self, server: int, now: float) -> None:
         """Ask a server that has not joined (or was lost) to join (its connection is up)."""
         self.drop_data(server)
         self._joins[server] = Join(self._endpoint(server), self.fingerprint or None)
         try:
-            self._control[server].send_multipart(self._hello, flags=zmq.NOBLOCK)
+            self._control[server].send_multipart(self._shm.hello(server), flags=zmq.NOBLOCK)
         except zmq.Again:
             self._scheduler.join_failed(server, now, retry=True,
                                         why="HELLO could not be sent (queue full)")
@@ -105,6 +109,9 @@ class Joins:
         if isinstance(msg, wire.Heartbeat) and reader < 0:
             return None  # a probe of a session it still holds, or answers to heartbeats
         if isinstance(msg, wire.ErrorMsg) and msg.kind is ErrorKind.UNKNOWN_CLIENT:
+            return None
+        if reader < 0 and self._shm.refused_field(server, msg):
+            self.hello(server, now)  # a server that predates shared memory: without it
             return None
         try:
             if reader < 0:
@@ -177,6 +184,7 @@ class Joins:
         assert index is not None
         first = self._scheduler.grant(server, index.credits, now, readers=len(index.data))
         self._joins.pop(server)
+        self._shm.joined(server, index, endpoint)
         self._sessions[server] = index.session
         self._transforms[server] = index.transform
         self._said.pop(server, None)

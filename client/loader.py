@@ -18,7 +18,13 @@ from dataflow.batch import Schema
 from dataflow.checks import check_int
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.compat import refuse_torch_arguments
-from dataflow.client.config import DEFAULT_IO_THREADS, LoaderConfig, dist_env, normalize_device
+from dataflow.client.config import (
+    DEFAULT_IO_THREADS,
+    DEFAULT_SLOT_BYTES,
+    LoaderConfig,
+    dist_env,
+    normalize_device,
+)
 from dataflow.client.cursor import EpochCursor
 from dataflow.client.decode import BatchDecoder, Decode, ImageDecode, as_decode
 from dataflow.client.discovery import (
@@ -213,12 +219,22 @@ class DataLoader:
             crops. A missing or non-bytes field, or an image that does not decode, raises
             :class:`~dataflow.errors.DecodeError` naming the field, the sample's position,
             the batch and its shard. None (the default): bytes arrive as bytes.
-
         io_threads: ZeroMQ I/O threads of this loader's own ZeroMQ context (closed with the
             loader): they copy the servers' bytes out of the kernel, one TCP connection (a
             server's reader process) per thread at a time, so more than one helps only with
             several reader connections and idle cores. Default 1 (see README, "Receive
             path").
+
+        shared_memory: ``"auto"`` (the default): with each server that proves it runs on this
+            host as this user (it opens a segment this loader made in ``/dev/shm``, mode
+            0600), batches land in that shared memory instead of travelling over TCP
+            (:mod:`dataflow.client.shmring`); any other server, or one started with
+            ``--shared-memory refuse``, uses TCP frames. ``"off"``: TCP frames only.
+        shared_memory_slot_bytes: bytes of one slot (a batch larger than a slot travels in
+            TCP frames, and so does one a full ``/dev/shm`` has no room for). Each server's
+            segment holds ``prefetch + 3`` slots, taking ``/dev/shm`` memory as they are
+            written: at most ``servers x (prefetch + 3) x`` the largest batch that fits a
+            slot, per loader (default 32 MiB slots).
 
     torch's DataLoader arguments that have no place here (``num_workers``,
     ``prefetch_factor``, ``persistent_workers``, ``sampler``, ``generator``, ...) raise
@@ -264,6 +280,8 @@ class DataLoader:
         collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None,
         decode: Mapping[str, ImageDecode] | Decode | None = None,
         io_threads: int = DEFAULT_IO_THREADS,
+        shared_memory: str = "auto",
+        shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES,
         **torch_only: object,
     ) -> None:
         refuse_torch_arguments(torch_only)
@@ -279,6 +297,7 @@ class DataLoader:
             collate_fn=collate_fn,
             decode=as_decode(decode),
             io_threads=io_threads,
+            shared_memory=shared_memory, shared_memory_slot_bytes=shared_memory_slot_bytes,
         )
         self._start(metrics)
 
@@ -315,7 +334,7 @@ class DataLoader:
         self._io = IOThread(endpoints, cfg.hello(name),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
                             find if source.dynamic else None, cfg.resolve_interval,
-                            cfg.request_limit, cfg.io_threads)
+                            cfg.request_limit, cfg.io_threads, cfg.shm_geometry)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._metrics: LoaderMetrics | None = None
@@ -474,7 +493,8 @@ class DataLoader:
         servers that ``joined`` after the loader started without them (found by discovery, or
         listed but busy, slow or not up at the start), servers that ``left`` (discovery), and
         batches ``late`` (no reply within ``request_timeout``: asked of another server, or
-        failed)."""
+        failed), server sessions that use shared memory (``shm_sessions``) and batches
+        received through it (``shm_batches``)."""
         return self._io.handoff.stats()
 
     # -- resume ---------------------------------------------------------------------------------

@@ -170,6 +170,12 @@ class ReplyTooLarge(DataflowError):
     client gets an ERROR of kind ``ReadFailed`` ("ReplyTooLarge: ...")."""
 
 
+class SegmentError(DataflowError):
+    """A shared-memory segment cannot be created, or one a peer named cannot be opened or
+    used (:mod:`dataflow.shm`; the message names the file and why). Internal: the session,
+    or the one batch, then travels in TCP frames."""
+
+
 class ServerStartError(DataflowError):
     """A loader server (or one of its reader processes) could not start."""
 

@@ -42,6 +42,7 @@ from dataflow.server.guard import OLD_ZMTP, InboundGuard, address_of, message_fd
 from dataflow.server.ledger import Ledger, Refusal
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.sessions import Expiry, Session, Sessions, Timeouts
+from dataflow.server.shmserve import prove, slot_problem
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import Task
 
@@ -221,6 +222,8 @@ class ClientHandler:
         s = self._sessions.open(identity, msg.client, outcome.credits, now,
                                 max_samples=outcome.max_samples, columns=msg.columns,
                                 address=address)
+        s.shm, proof = prove(msg.shm, self._config.shared_memory, identity.hex()[:64])
+        self._counters["shm_sessions"] += s.shm is not None
         self._ledger.open(s.token, outcome.credits, owner=identity, address=s.address)
         log.info("client %s (%s, %s) connected with %d credit(s), at most %d sample(s) a "
                  "request, columns %s", identity.hex()[:64], quote(msg.client),
@@ -229,7 +232,7 @@ class ClientHandler:
         workers, endpoints = self._server_info()
         frames = wire.encode(wire.Index(outcome.credits, workers, self._index_json,
                                         s.token.decode(), tuple(endpoints),
-                                        self._config.transform or ""))
+                                        self._config.transform or "", proof))
         frames[-1] = self._index_body  # the same bytes, shared by every INDEX queued
         if self._delivery.send_frames(identity, frames) is not SendResult.OK:
             self._counters["dropped_sends"] += 1
@@ -243,13 +246,16 @@ class ClientHandler:
             return
         problem = range_problem(msg.ranges, self._sizes, self._index.shards, s.max_samples)
         if problem is None:
+            problem = slot_problem(msg.slot, s.shm)
+        if problem is None:
             if self._ledger.at_credits(s.token) or not s.attached:
                 # A reader notifies us just before it hands a reply to ZeroMQ, and before it
                 # answers a data connection's first HEARTBEAT, so the notice is normally here
                 # before the client can react to the reply: read them.
                 self._read_notices()
             outcome = self._ledger.admit(Task(s.token, msg.req_id, msg.ranges, msg.tag,
-                                              s.columns))
+                                              s.columns, shm=s.shm if msg.slot >= 0 else None,
+                                              slot=msg.slot))
             if isinstance(outcome, Refusal):
                 problem = outcome.message
         if problem is not None:

@@ -83,6 +83,9 @@ class ServerConfig:
         tar: WebDataset conventions of tar shards: the ``__key__`` field, samples missing a
             field (:class:`~dataflow.readers.TarOptions`).
         exit_with_parent: stop when the process that started the server exits.
+        shared_memory: let a client on this host, of this user, receive batches in the
+            shared-memory segment it offers (:mod:`dataflow.server.shmserve`); False: TCP
+            frames only (``--shared-memory refuse``).
         max_sessions: most sessions at once; a HELLO beyond is refused (SERVER_BUSY).
         session_idle_timeout: seconds after which a session that sent nothing at all (not
             even a HEARTBEAT) is freed, even with its connection open, and told so.
@@ -130,6 +133,7 @@ class ServerConfig:
     on_error: str = "raise"
     tar: TarOptions = DEFAULT_OPTIONS
     exit_with_parent: bool = False
+    shared_memory: bool = True
     max_sessions: int = DEFAULT_MAX_SESSIONS
     session_idle_timeout: float = DEFAULT_SESSION_IDLE_TIMEOUT
     max_request_samples: int = DEFAULT_MAX_REQUEST_SAMPLES

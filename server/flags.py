@@ -203,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="indexing progress bar (tqdm) on stderr, drawn once indexing "
                             "takes over 1 s: auto draws it only when stderr is a terminal, "
                             "never into a log file (default: %(default)s)")
+    p.add_argument("--shared-memory", choices=("allow", "refuse"), default="allow",
+                   help="allow: a client on this host running as this user may have its "
+                        "batches written into a shared-memory segment it created in /dev/shm "
+                        "(mode 0600; this server proves it can open it; the BATCH header still "
+                        "travels on the socket); refuse: TCP frames only (default: "
+                        "%(default)s)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
@@ -228,7 +234,7 @@ def parse_args(argv: Sequence[str] | None = None,
             max_credits=ns.max_credits, client_ttl=ns.client_ttl, worker_queue=ns.worker_queue,
             on_error=ns.on_error,
             tar=TarOptions(keys=ns.key_field, missing_field=ns.missing_field),
-            exit_with_parent=ns.exit_with_parent,
+            exit_with_parent=ns.exit_with_parent, shared_memory=ns.shared_memory == "allow",
             max_sessions=ns.max_sessions, session_idle_timeout=ns.session_idle_timeout,
             max_request_samples=ns.max_request_samples, max_reply_bytes=ns.max_reply_bytes,
             max_inbound_bytes=ns.max_inbound_bytes, max_inbound_total=ns.max_inbound_total,

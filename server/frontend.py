@@ -70,7 +70,7 @@ COUNTERS = ("malformed", "refused", "dropped_sends", "stale_notices", "requests"
             "bytes_sent", "clients_expired", "clients_probed", "sessions_refused",
             "address_sessions_refused", "sessions_idle_expired", "sessions_unattached_expired",
             "sessions_unused_expired", "connections_cut", "tasks_requeued", "replies_too_large",
-            "skipped_samples", "samples_sent")
+            "skipped_samples", "samples_sent", "shm_sessions")
 
 
 def _bind(sock: zmq.Socket, endpoint: str, what: str) -> None:

@@ -85,6 +85,8 @@ METRICS: dict[str, Spec] = {
     "sessions_unused_expired": _c(EXPIRED, EXPIRED_HELP, why="unused"),
     "clients_probed": _c("clients_probed", "silent clients whose connection was probed"),
     "tasks_requeued": _c("tasks_requeued", "tasks of dead readers queued again"),
+    "shm_sessions": _c("shm_sessions", "client sessions whose batches land in the shared "
+                                       "memory they offered (same host and user)"),
     "worker_restarts": _c("worker_restarts", "reader processes replaced after they died"),
     "log_lines_suppressed": _c("log_lines_suppressed", "peer log lines rate-limited away"),
     "clients": _g("sessions", "client sessions open"),

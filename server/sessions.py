@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any
 
 from dataflow.server.framing import SendResult
-from dataflow.wire import MAX_BATCH_SIZE
+from dataflow.wire import MAX_BATCH_SIZE, ShmOffer
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,8 @@ class Session:
         token: session token (32 ASCII hex bytes): the routing id of the client's data
             connections to the readers, and the key of its credit account.
         parked: replies refused by the client's full send queue.
+        shm: the shared-memory segment its last HELLO offered and this server proved it can
+            open (its REQUESTs may lend slots of it), or None.
     """
 
     identity: bytes
@@ -121,6 +123,7 @@ class Session:
     stats_waiting: bool = False
     token: bytes = field(default_factory=lambda: secrets.token_hex(16).encode())
     parked: Parked = field(default_factory=Parked)
+    shm: ShmOffer | None = None
 
 
 class Expiry(Enum):

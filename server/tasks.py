@@ -21,6 +21,7 @@ from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar.options import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
+from dataflow.server.shmserve import Segments
 from dataflow.server.transform import Transform, apply_transform
 from dataflow.storage.remote import RemoteConfig
 from dataflow.subset import select
@@ -163,7 +164,7 @@ def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> Tr
 
 
 def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-               task: Task) -> tuple[list[wire.Buffer], Sent]:
+               task: Task, segments: Segments | None = None) -> tuple[list[wire.Buffer], Sent]:
     """The reply to ``task`` (BATCH or ERROR) and the SENT notice that accounts for it; never
     raises.
 
@@ -173,11 +174,15 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
     over ``--max-reply-bytes``; or an ``OSError``) is answered with READ_FAILED. Any other
     exception, :class:`~dataflow.errors.InternalError` included, is a bug of the server: it is
     answered with INTERNAL and logged with its traceback. Either message starts with the
-    exception's class name; shard paths in it are relative to the dataset root.
+    exception's class name; shard paths in it are relative to the dataset root. A task that
+    lent a shared-memory slot has its arrays written there by ``segments`` when they fit
+    (:meth:`~dataflow.server.shmserve.Segments.place`).
     """
     meter = SkipMeter(readers)
     try:
         msg, skips = _batch(meter, transform, spec, task)
+        if segments is not None:
+            msg = segments.place(task, msg)
         frames = wire.encode(msg)
         # Arrays may view a shard's map (Arrow): a shard rewritten since they were read fails
         # the reply here, even under --on-error skip (the batch is built). ZeroMQ reads the

@@ -72,6 +72,7 @@ from dataflow.server.guard import (
 )
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.sender import DataSender
+from dataflow.server.shmserve import Segments
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
@@ -83,6 +84,7 @@ from dataflow.wire.internal import (
 )
 
 PARENT_CHECK_MS = 500
+SWEEP_S = 0.5  # how often mapped shared-memory segments are checked (unlinked: unmapped)
 RETRY_MS = 20
 MAX_DATA_INBOUND = 64 * 1024
 MAX_DATA_INBOUND_TOTAL = 1024 * 1024
@@ -175,14 +177,20 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     poller.register(sock, zmq.POLLIN)
     poller.register(data, zmq.POLLIN)
     poller.register(guard.monitor, zmq.POLLIN)
+    segments = Segments()
+    swept = time.monotonic()
     try:
         data.bind(data_bind)
         sock.send_multipart(encode_internal(Started(data.getsockopt_string(zmq.LAST_ENDPOINT))))
         while True:
             busy = sender.busy or len(guard) > 0
             events = dict(poller.poll(min(RETRY_MS, GUARD_MS) if busy else PARENT_CHECK_MS))
-            guard.check(time.monotonic())
+            now = time.monotonic()
+            guard.check(now)
             peer_log.tick()
+            if segments and now - swept > SWEEP_S:
+                segments.sweep(now)
+                swept = now
             if sender.unrouted:
                 sender.retry()
             if sender.unsent:
@@ -200,8 +208,9 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
             if task.attempts:
                 log.warning("request %d: %d reader(s) exited holding it before; reading ranges "
                             "%s", task.req_id, task.attempts, task.ranges[:8].tolist())
-            sender.send(*serve_task(readers, transform, spec, task))
+            sender.send(*serve_task(readers, transform, spec, task, segments))
     finally:
+        segments.close()
         readers.close()
         guard.close()
         sock.close()

@@ -27,6 +27,7 @@ from dataflow.wire.fields import (
     MAX_INDEX_BYTES,
     MAX_NAME,
     MAX_RANGES,
+    MAX_SHM_SLOTS,
     MAX_TEXT,
 )
 from dataflow.wire.layout import (
@@ -53,6 +54,8 @@ from dataflow.wire.messages import (
     Kind,
     Message,
     Request,
+    ShmOffer,
+    ShmRef,
     Stats,
     StatsReply,
 )
@@ -65,7 +68,7 @@ __all__ = [
     "MAX_INDEX_BYTES", "MAX_NAME", "NO_TAG", "MAX_RANGES", "MAX_TEXT", "SPECS",
     "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "BatchTag", "Buffer", "Bye", "ErrorKind",
     "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",
-    "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES",
+    "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES", "ShmOffer", "ShmRef", "MAX_SHM_SLOTS",
     "Stats", "StatsReply", "batch_to_message", "decode",
     "decode_header", "encode", "kind_of", "message_to_batch", "parse_header",
 ]

@@ -17,6 +17,7 @@ from dataflow.wire.fields import (
     MAX_NAME,
     MAX_NDIM,
     BodyCodec,
+    check_sizes,
     frame_sizes,
 )
 from dataflow.wire.layout import BatchLayout, chunk_sizes
@@ -100,6 +101,10 @@ def check_batch(msg: BatchMsg) -> None:
             raise ProtocolError(f"BATCH header field `arrays`: array {s.name!r}: first "
                                 f"dimension must be the batch size {msg.size}. Found shape "
                                 f"{s.shape}")
+    if msg.shm is not None and msg.shm.nbytes != BatchLayout.of(msg).nbytes:
+        raise ProtocolError(f"BATCH header field `shm`: the arrays take "
+                            f"{BatchLayout.of(msg).nbytes} bytes laid out. Found: "
+                            f"{msg.shm.nbytes}")
 
 
 def _array_frames(arr: np.ndarray) -> list[Buffer]:
@@ -114,12 +119,15 @@ def _array_frames(arr: np.ndarray) -> list[Buffer]:
 
 
 class ArraysBody(BodyCodec):
-    """A BATCH's arrays: raw frames laid out by :class:`BatchLayout`."""
+    """A BATCH's arrays: raw frames laid out by :class:`BatchLayout`; none when the header's
+    ``shm`` says they lie in the client's shared memory (the receiver reads them there)."""
 
     attr = "data"
     empty = ()
 
     def encode(self, msg: BatchMsg) -> tuple[dict[str, Any], list[Any]]:
+        if msg.shm is not None:
+            return {}, []
         if len(msg.data) != len(msg.arrays):
             raise ProtocolError(f"BATCH has {len(msg.arrays)} array specs but "
                                 f"{len(msg.data)} arrays")
@@ -130,6 +138,9 @@ class ArraysBody(BodyCodec):
 
     def decode(self, head: BatchMsg, described: dict[str, Any],
                frames: Sequence[Any]) -> BatchMsg:
+        if head.shm is not None:
+            check_sizes(f"BATCH {head.req_id}", [], frame_sizes(frames))
+            return head
         layout = BatchLayout.of(head)
         layout.check_frames(head, frame_sizes(frames), frames)
         buf = np.empty(layout.nbytes, dtype=np.uint8)

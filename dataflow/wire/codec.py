@@ -21,14 +21,17 @@ import numpy as np
 
 from dataflow.checks import as_int
 from dataflow.errors import FieldError, ProtocolError
+from dataflow.shm.segment import NONCE_BYTES, is_segment_name
 from dataflow.wire.arrays import ArraysBody, array_specs, check_batch, ragged_fields
 from dataflow.wire.fields import (
     INT64_MAX,
     MAX_BATCH_SIZE,
     MAX_CREDITS,
     MAX_INDEX_BYTES,
+    MAX_MESSAGE_BYTES,
     MAX_NAME,
     MAX_RANGES,
+    MAX_SHM_SLOTS,
     MAX_TEXT,
     MAX_WORKERS,
     BodyCodec,
@@ -38,6 +41,7 @@ from dataflow.wire.fields import (
     column_names,
     counters,
     frame_sizes,
+    hex_text,
     integer,
     string_list,
     text,
@@ -56,6 +60,8 @@ from dataflow.wire.messages import (
     Kind,
     Message,
     Request,
+    ShmOffer,
+    ShmRef,
     Stats,
     StatsReply,
 )
@@ -118,6 +124,32 @@ def batch_tag(v: Any) -> BatchTag:
     return BatchTag(*v)
 
 
+def shm_offer(v: Any) -> ShmOffer:
+    """HELLO ``shm``: ``[name, slots, slot_bytes]``: a segment name of :mod:`dataflow.shm`,
+    1 to :data:`MAX_SHM_SLOTS` slots of a positive multiple of 64 bytes, at most
+    :data:`~dataflow.wire.fields.MAX_MESSAGE_BYTES` each."""
+    if not isinstance(v, list) or len(v) != 3 or not isinstance(v[0], str):
+        raise FieldError("must be [name, slots, slot_bytes]")
+    name, slots, slot_bytes = v
+    if not is_segment_name(name):
+        raise FieldError("name must be dataflow-<uid>-<pidns>-<pid>-<32 hex digits>")
+    integer(1, MAX_SHM_SLOTS)(slots)
+    if as_int(slot_bytes) is None or not 0 < slot_bytes <= MAX_MESSAGE_BYTES or slot_bytes % 64:
+        raise FieldError(f"slot_bytes must be a multiple of 64 in [64, {MAX_MESSAGE_BYTES}]")
+    return ShmOffer(name, slots, slot_bytes)
+
+
+def shm_ref(v: Any) -> ShmRef:
+    """BATCH ``shm``: ``[slot, nbytes]``, integers in ``[0, MAX_SHM_SLOTS)`` and
+    ``[0, MAX_MESSAGE_BYTES]``."""
+    if (not isinstance(v, list) or len(v) != 2 or as_int(v[0]) is None
+            or not 0 <= v[0] < MAX_SHM_SLOTS or as_int(v[1]) is None
+            or not 0 <= v[1] <= MAX_MESSAGE_BYTES):
+        raise FieldError(f"must be [slot, nbytes]: a slot in [0, {MAX_SHM_SLOTS}) and bytes in "
+                         f"[0, {MAX_MESSAGE_BYTES}]")
+    return ShmRef(v[0], v[1])
+
+
 TAG = FieldSpec("tag", batch_tag, dump=list, optional=True, omit=NO_TAG)
 COLUMNS = FieldSpec("columns", column_names, dump=list, optional=True)
 
@@ -128,6 +160,8 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("client", text(MAX_NAME), dump=lambda s: s[:MAX_NAME]),
         FieldSpec("batch_size", integer(1, MAX_BATCH_SIZE), optional=True),
         COLUMNS,
+        FieldSpec("shm", shm_offer, dump=lambda o: [o.name, o.slots, o.slot_bytes],
+                  optional=True),
     )),
     Kind.INDEX: MessageSpec(Index, (
         FieldSpec("credits", integer(1, MAX_CREDITS)),
@@ -136,8 +170,11 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("data", string_list(1024, MAX_NAME), dump=list),
         FieldSpec("transform", text(MAX_NAME), dump=lambda s: s[:MAX_NAME], optional=True,
                   omit=""),
+        FieldSpec("shm", hex_text(2 * NONCE_BYTES), optional=True, omit=""),
     ), IndexBody()),
-    Kind.REQUEST: MessageSpec(Request, (REQ_ID, TAG), RangesBody("REQUEST")),
+    Kind.REQUEST: MessageSpec(Request, (
+        REQ_ID, TAG, FieldSpec("slot", integer(-1, MAX_SHM_SLOTS - 1), optional=True, omit=-1),
+    ), RangesBody("REQUEST")),
     Kind.BATCH: MessageSpec(BatchMsg, (
         REQ_ID,
         FieldSpec("size", integer(0, INT64_MAX)),
@@ -145,6 +182,7 @@ SPECS: dict[Kind, MessageSpec] = {
                   dump=lambda a: [[s.name, s.dtype, list(s.shape)] for s in a]),
         FieldSpec("ragged", ragged_fields, dump=lambda r: [list(p) for p in r]),
         FieldSpec("skipped", integer(0, INT64_MAX), optional=True, omit=0),
+        FieldSpec("shm", shm_ref, dump=lambda r: [r.slot, r.nbytes], optional=True),
     ), ArraysBody(), check_batch),
     Kind.ERROR: MessageSpec(ErrorMsg, (
         FieldSpec("req_id", integer(-1, INT64_MAX)),

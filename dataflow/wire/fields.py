@@ -31,6 +31,7 @@ MAX_COUNTER_LIST = 4096
 MAX_BATCH_SIZE = 1 << 24
 MAX_COLUMNS = 1024
 MAX_COLUMNS_BYTES = 32 * 1024
+MAX_SHM_SLOTS = 4096
 INT64_MAX = 2**63 - 1
 
 Validator = Callable[[Any], Any]
@@ -69,6 +70,16 @@ def text(limit: int) -> Validator:
     def check(v: Any) -> str:
         if not isinstance(v, str) or len(v) > limit:
             raise FieldError(f"must be a string of at most {limit} characters")
+        return v
+    return check
+
+
+def hex_text(length: int) -> Validator:
+    """A string of exactly ``length`` lowercase hex digits."""
+    def check(v: Any) -> str:
+        if (not isinstance(v, str) or len(v) != length
+                or v.strip("0123456789abcdef") != ""):
+            raise FieldError(f"must be {length} lowercase hex digits")
         return v
     return check
 

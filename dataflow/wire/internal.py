@@ -31,10 +31,11 @@ from typing import Any
 import numpy as np
 
 from dataflow.errors import ProtocolError
-from dataflow.wire.codec import COLUMNS, REQ_ID, TAG, RangesBody
+from dataflow.wire.codec import COLUMNS, REQ_ID, TAG, RangesBody, shm_offer
 from dataflow.wire.fields import (
     INT64_MAX,
     MAX_RANGES,
+    MAX_SHM_SLOTS,
     MAX_TEXT,
     BodyCodec,
     FieldSpec,
@@ -45,7 +46,7 @@ from dataflow.wire.fields import (
     routing_id,
     text,
 )
-from dataflow.wire.messages import NO_TAG, BatchTag
+from dataflow.wire.messages import NO_TAG, BatchTag, ShmOffer
 from dataflow.wire.table import Codec, MessageSpec
 
 
@@ -74,6 +75,9 @@ class Task:
         columns: the fields the reply keeps (the session's HELLO ``columns`` when the request
             was admitted), or None: all.
         attempts: readers that exited holding it before.
+        shm: the session's shared-memory segment, when the REQUEST lent a slot of it, else
+            None.
+        slot: the slot lent (the reader writes the reply's arrays there), or -1.
     """
 
     token: bytes
@@ -82,6 +86,8 @@ class Task:
     tag: BatchTag = NO_TAG
     columns: tuple[str, ...] | None = None
     attempts: int = 0
+    shm: ShmOffer | None = None
+    slot: int = -1
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,9 @@ INTERNAL_SPECS: dict[InternalKind, MessageSpec] = {
     InternalKind.TASK: MessageSpec(Task, (
         _TOKEN, REQ_ID, TAG, COLUMNS,
         FieldSpec("attempts", integer(0, INT64_MAX), optional=True, omit=0),
+        FieldSpec("shm", shm_offer, dump=lambda o: [o.name, o.slots, o.slot_bytes],
+                  optional=True),
+        FieldSpec("slot", integer(-1, MAX_SHM_SLOTS - 1), optional=True, omit=-1),
     ), RangesBody("TASK")),
     InternalKind.STARTED: MessageSpec(Started, (FieldSpec("endpoint", text(MAX_TEXT)),)),
     InternalKind.SENT: MessageSpec(Sent, (

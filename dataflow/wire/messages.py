@@ -43,6 +43,36 @@ class Kind(IntEnum):
 
 
 @dataclass(frozen=True)
+class ShmOffer:
+    """A client's shared-memory segment, offered in HELLO (:mod:`dataflow.shm`).
+
+    Attributes:
+        name: the segment's file name in ``/dev/shm`` (``dataflow-<uid>-<pidns>-<pid>-<hex>``).
+        slots: its slot count (at most this many requests carry a slot at once).
+        slot_bytes: bytes of one slot (a multiple of 64).
+    """
+
+    name: str
+    slots: int
+    slot_bytes: int
+
+
+@dataclass(frozen=True)
+class ShmRef:
+    """Where a BATCH's arrays lie instead of in frames: the descriptor of a shared-memory reply.
+
+    Attributes:
+        slot: the slot the client lent with the REQUEST (its offset in the session's segment
+            is :meth:`dataflow.shm.Geometry.offset`).
+        nbytes: bytes written there, laid out as :class:`~dataflow.wire.BatchLayout` says
+            (equal to its ``nbytes``).
+    """
+
+    slot: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class Hello:
     """Client -> server: open a session.
 
@@ -56,12 +86,15 @@ class Hello:
         columns: the served fields the client's batches hold (names or parent names,
             :mod:`dataflow.subset`), or None (not on the wire): every field. The server refuses
             a HELLO naming a field it does not serve.
+        shm: the client's shared-memory segment for this session, or None (not on the wire):
+            TCP frames only. A server that can open it answers its nonce in INDEX ``shm``.
     """
 
     credits: int
     client: str = ""
     batch_size: int | None = None
     columns: tuple[str, ...] | None = None
+    shm: ShmOffer | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +114,9 @@ class Index:
         transform: the server's ``--transform`` (``module:function``, for messages such as
             a request that timed out), or "" for none; optional: left out when "" (the header
             of a server without a transform is the old one).
+        shm: the nonce (hex) the server read from the HELLO's shared-memory segment: its proof
+            that it opened the client's file, so this session's REQUESTs may lend slots; ""
+            (not on the wire): none offered, or the server cannot or will not use it.
     """
 
     credits: int
@@ -89,6 +125,7 @@ class Index:
     session: str = ""
     data: tuple[str, ...] = ()
     transform: str = ""
+    shm: str = ""
 
 
 def as_ranges(ranges: Any) -> np.ndarray:
@@ -139,20 +176,26 @@ class Request:
             from an array or any sequence of triples. Travels as one raw frame.
         tag: the batch's (seed, epoch, global batch index), from which the server's transform
             gets its per-batch seed (:mod:`dataflow.transform`). Not on the wire when all 0.
+        slot: the shared-memory slot lent for the reply (a session whose INDEX proved the
+            segment), or -1 (not on the wire): the reply comes in TCP frames.
     """
 
     req_id: int
     ranges: np.ndarray
     tag: BatchTag
+    slot: int
 
-    def __init__(self, req_id: int, ranges: RangesLike, tag: BatchTag = NO_TAG) -> None:
+    def __init__(self, req_id: int, ranges: RangesLike, tag: BatchTag = NO_TAG,
+                 slot: int = -1) -> None:
         object.__setattr__(self, "req_id", req_id)
         object.__setattr__(self, "ranges", as_ranges(ranges))
         object.__setattr__(self, "tag", BatchTag(*tag))
+        object.__setattr__(self, "slot", slot)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Request) and self.req_id == other.req_id
-                and np.array_equal(self.ranges, other.ranges) and self.tag == other.tag)
+                and np.array_equal(self.ranges, other.ranges) and self.tag == other.tag
+                and self.slot == other.slot)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -191,6 +234,8 @@ class BatchMsg:
         skipped: samples of the request not served because they were damaged (server
             ``--on-error skip``); ``size + skipped`` is the request's sample count. Not on the
             wire when 0.
+        shm: where the arrays lie in the client's shared memory (no buffer frames follow the
+            header), or None (not on the wire): in frames.
     """
 
     req_id: int
@@ -199,6 +244,7 @@ class BatchMsg:
     ragged: tuple[tuple[str, str], ...] = ()
     data: tuple[np.ndarray, ...] = field(default=(), compare=False)
     skipped: int = 0
+    shm: ShmRef | None = None
 
 
 @dataclass(frozen=True, init=False)

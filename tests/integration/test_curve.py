@@ -64,6 +64,22 @@ def test_allowed_client_gets_an_exact_epoch(keys: Keys, demo_data, servers) -> N
 
 
 @pytest.mark.timeout(60)
+def test_a_curve_session_on_this_host_uses_shared_memory(keys: Keys, demo_data,
+                                                         servers) -> None:
+    """The HELLO offering the segment, the INDEX proving it and every BATCH descriptor travel
+    over the authenticated sockets; the arrays land in the segment."""
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], extra_args=keys.server_args())
+    with DataLoader(server.endpoint, batch_size=BATCH, rank=0, world_size=1, timeout=20,
+                    curve_key=keys.client_secret, server_key=keys.server_public,
+                    read_ahead=False) as dl:  # every batch received is delivered
+        ids = [i for batch in dl for i in batch["id"].tolist()]
+        stats = dl.stats()
+    assert Counter(ids) == Counter(range(demo.total))
+    assert stats["shm_sessions"] == 1 and stats["shm_batches"] == stats["delivered"] > 0
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("who", ["stranger", "no keys"])
 def test_refused_client_fails_fast(who: str, keys: Keys, demo_data, servers) -> None:
     demo = demo_data("arrow")
@@ -83,9 +99,10 @@ def test_refused_client_fails_fast(who: str, keys: Keys, demo_data, servers) -> 
         assert "'auth_refused': 0" not in log and "'auth_refused': " in log
 
 
-def _capture(server_args: list[str], tmp_path: Path, demo, servers, **cred) -> bytes:
+def _capture(server_args: list[str], tmp_path: Path, demo, servers, least: int = 50_000,
+             **cred) -> bytes:
     """Raw bytes of every packet on ``lo`` to and from the server's and readers' ports while
-    one epoch runs."""
+    one epoch runs (at least ``least`` bytes of them, else the capture failed)."""
     server = servers([str(p) for p in demo.paths], workers=2, extra_args=server_args)
     ports = [urlparse(e).port for e in [server.endpoint, *server.ready["data_endpoints"]]]
     pcap = tmp_path / "lo.pcap"
@@ -105,7 +122,7 @@ def _capture(server_args: list[str], tmp_path: Path, demo, servers, **cred) -> b
         dump.send_signal(signal.SIGINT)
         _, tail = dump.communicate(timeout=10)
     data = pcap.read_bytes()
-    assert len(data) > 50_000, f"the capture holds too little to judge: {tail!r}"
+    assert len(data) > least, f"the capture holds too little to judge: {tail!r}"
     return data
 
 
@@ -114,13 +131,17 @@ def _capture(server_args: list[str], tmp_path: Path, demo, servers, **cred) -> b
                     reason="needs tcpdump and root to capture on lo")
 def test_no_sample_bytes_in_clear(keys: Keys, demo_data, servers, tmp_path: Path) -> None:
     demo = demo_data("arrow")
-    for name in ("clear", "curve"):
+    for name in ("clear", "curve", "shm"):
         (tmp_path / name).mkdir()
-    clear = _capture([], tmp_path / "clear", demo, servers)
+    clear = _capture([], tmp_path / "clear", demo, servers, shared_memory="off")
     assert MARKER in clear  # the check can see sample text when it travels in clear
     sealed = _capture(keys.server_args(), tmp_path / "curve", demo, servers,
-                      curve_key=keys.client_secret, server_key=keys.server_public)
+                      curve_key=keys.client_secret, server_key=keys.server_public,
+                      shared_memory="off")
     assert MARKER not in sealed
     assert b"sample " not in sealed
+    # Same host, same user: the arrays land in shared memory, and only headers cross lo.
+    shared = _capture([], tmp_path / "shm", demo, servers, least=1000)
+    assert MARKER not in shared
     print(f"capture: {len(clear)} bytes in clear with {clear.count(MARKER)} markers; "
           f"{len(sealed)} bytes with CURVE, none")

@@ -10,6 +10,7 @@ from dataflow import wire
 from dataflow.client.config import LoaderConfig, dist_env, normalize_device
 from dataflow.client.discovery import parse_servers
 from dataflow.errors import ConfigError
+from dataflow.shm import Geometry
 from dataflow.shuffle import Shuffle
 
 
@@ -44,6 +45,10 @@ def _cfg(**kw) -> LoaderConfig:
     (dict(request_timeout=float("inf")), "request_timeout"),
     (dict(request_timeout="8"), "request_timeout"),
     (dict(request_timeout=True), "request_timeout"),
+    (dict(shared_memory="on"), "shared_memory"),
+    (dict(shared_memory=True), "shared_memory"),
+    (dict(shared_memory_slot_bytes=4095), "shared_memory_slot_bytes"),
+    (dict(shared_memory_slot_bytes=True), "shared_memory_slot_bytes"),
 ])
 def test_config_rejects(kw: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=f"`{field}`"):
@@ -145,3 +150,9 @@ def test_io_threads_default_and_accepted() -> None:
     assert _cfg().io_threads == 1
     assert _cfg(io_threads=64).io_threads == 64
     assert _cfg(io_threads=np.int64(4)).io_threads == 4
+
+
+def test_shared_memory_slots_are_prefetch_plus_three_of_the_slot_size_rounded_to_64() -> None:
+    assert _cfg().shm_geometry == Geometry(7, 32 * 2**20)
+    assert _cfg(prefetch=2, shared_memory_slot_bytes=5000).shm_geometry == Geometry(5, 5056)
+    assert _cfg(shared_memory="off").shm_geometry is None

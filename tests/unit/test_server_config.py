@@ -95,3 +95,9 @@ def test_startup_flags() -> None:
         ServerConfig(("x",), progress="yes")
     text = build_parser().format_help()
     assert "--index-workers" in text and "--progress" in text
+
+
+def test_shared_memory_is_allowed_unless_refused() -> None:
+    assert parse_args(["--data", "x"]).shared_memory is True
+    assert parse_args(["--data", "x", "--shared-memory", "refuse"]).shared_memory is False
+    assert "--shared-memory" in build_parser().format_help()
