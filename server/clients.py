@@ -222,7 +222,16 @@ class ClientHandler:
         s = self._sessions.open(identity, msg.client, outcome.credits, now,
                                 max_samples=outcome.max_samples, columns=msg.columns,
                                 address=address)
-        s.shm, proof = prove(msg.shm, self._config.shared_memory, identity.hex()[:64])
+        offer = msg.shm
+        if offer is not None and any(o is not s and o.shm is not None and o.shm.name == offer.name
+                                     for o in self._sessions):
+            # One segment, one session: replies of two sessions written into the same slots
+            # would overwrite each other's batches.
+            self._peer_log.warning("client %s (%s) offered shared-memory segment %s, which "
+                                   "another session uses: TCP frames", identity.hex()[:64],
+                                   quote(msg.client), quote(offer.name))
+            offer = None
+        s.shm, proof = prove(offer, self._config.shared_memory, identity.hex()[:64])
         self._counters["shm_sessions"] += s.shm is not None
         self._ledger.open(s.token, outcome.credits, owner=identity, address=s.address)
         log.info("client %s (%s, %s) connected with %d credit(s), at most %d sample(s) a "

@@ -218,6 +218,12 @@ def test_malformed_or_unproved_shared_memory_requests_never_hurt_the_server(
         reply = d.call(wire.Request(2, [[0, 0, 2]], slot=1))
         assert isinstance(reply, wire.BatchMsg) and reply.shm is not None
         assert reply.shm.slot == 1 and reply.data == ()
+        # another session offering the same segment is not given it: TCP frames
+        e = raw_client(server.endpoint)
+        index = e.call(wire.Hello(2, "copycat", shm=wire.ShmOffer(seg.name, 2, 4096)))
+        assert isinstance(index, wire.Index) and index.shm == ""
+        refused = e.call(wire.Request(1, [[0, 0, 2]], slot=0))
+        assert isinstance(refused, wire.ErrorMsg) and "no shared-memory segment" in refused.message
         layout = wire.BatchLayout.of(reply)
         where = {s.name: (s, off) for s, off in zip(reply.arrays, layout.offsets, strict=True)}
         spec, off = where["id"]
