@@ -5,7 +5,9 @@ arrow``; torch side: a map-style Arrow dataset, ``bench.torch_datasets.ArrowMapD
 tar written by webdataset's ``TarWriter``, PAX headers included (``--format tar``; torch side:
 the bench's webdataset pipeline, batching in the workers). torch runs
 ``DataLoader(num_workers=2, pin_memory=True)``; dataflow one loader server (``--workers 2``)
-and ``client.DataLoader``. Only the trainer process is measured (``getrusage(RUSAGE_SELF)``:
+and ``client.DataLoader``, twice: over TCP frames (``shared_memory="off"``, the path of a
+server on another host) and through same-host shared memory (the default beside the
+trainer). Only the trainer process is measured (``getrusage(RUSAGE_SELF)``:
 user + system CPU of all its threads, not of worker or server processes), and for dataflow
 also per thread (``/proc/self/task``: the trainer's own thread, the client's I/O thread and
 ZeroMQ's I/O thread, which receives the bytes from the kernel). The target is a ratio <= 0.25.
@@ -98,6 +100,9 @@ def _torch_loader(fmt: str, paths: list[str], batch_size: int) -> torch.utils.da
                                        persistent_workers=True)
 
 
+SHARED_MEMORY = {"off": "TCP frames", "auto": "same-host shared memory"}
+
+
 def metrics_overhead(endpoint: str, batch_size: int, rounds: int) -> list:
     """Rows (name, CPU s, wall s, batches) of loaders without and with metrics, timed an epoch
     each in turn for ``rounds`` rounds."""
@@ -148,14 +153,19 @@ def main(argv: list[str] | None = None) -> None:
         rows.append((f"torch DataLoader(num_workers=2, pin_memory=True), {kind}", cpu, wall, n))
         del torch_dl
 
-        with launch(list(demo.paths), workers=2) as server, DataLoader(
-            server.endpoint, batch_size=args.batch_size, rank=0, world_size=1, timeout=60
-        ) as dl:
-            for _ in dl:
-                pass
-            cpu, wall, n, threads = measure((dl for _ in range(args.epochs)),
-                                            args.step_ms / 1e3)
-            rows.append(("dataflow DataLoader, 1 server --workers 2", cpu, wall, n))
+        by_thread = {}
+        with launch(list(demo.paths), workers=2) as server:
+            for mode, path in SHARED_MEMORY.items():
+                with DataLoader(server.endpoint, batch_size=args.batch_size, rank=0,
+                                world_size=1, timeout=60, shared_memory=mode) as dl:
+                    for _ in dl:
+                        pass
+                    cpu, wall, n, by_thread[path] = measure(
+                        (dl for _ in range(args.epochs)), args.step_ms / 1e3)
+                    if (dl.stats()["shm_batches"] > 0) != (mode == "auto"):
+                        raise RuntimeError(f"shared_memory={mode!r}: "
+                                           f"{dl.stats()['shm_batches']} batches through it")
+                rows.append((f"dataflow DataLoader, 1 server --workers 2, {path}", cpu, wall, n))
             if args.metrics_rounds:
                 rows += metrics_overhead(server.endpoint, args.batch_size,
                                          args.metrics_rounds)
@@ -172,10 +182,11 @@ def main(argv: list[str] | None = None) -> None:
     for name, cpu, wall, n in rows:
         print(f"| {name} | {n} | {cpu:.2f} | {1000 * cpu / n:.2f} | {wall:.2f} | "
               f"{cpu / n / base:.2f} |")
-    n = rows[1][3]
-    print("\ndataflow trainer CPU by thread, ms / batch: " + ", ".join(
-        f"{name} {1000 * s / n:.2f}" for name, s in sorted(threads.items(), key=lambda t: -t[1])
-        if s > 0))
+    for row, (path, threads) in zip(rows[1:], by_thread.items(), strict=False):
+        n = row[3]
+        print(f"\ndataflow trainer CPU by thread ({path}), ms / batch: " + ", ".join(
+            f"{name} {1000 * s / n:.2f}"
+            for name, s in sorted(threads.items(), key=lambda t: -t[1]) if s > 0))
     if args.metrics_rounds:
         (_, off_cpu, _, off_n), (_, on_cpu, _, on_n) = rows[-2:]
         ratio = on_cpu / on_n / (off_cpu / off_n)

@@ -163,7 +163,8 @@ def dataflow_rate(endpoint: str, batch: int, gib: float, io_threads: int
     """Bytes/s through the DataLoader (after one warm-up epoch; whole epochs of about ``gib``
     GiB timed) and the client process's CPU seconds per GiB."""
     with DataLoader(endpoint, batch_size=batch, rank=0, world_size=1, shuffle=False,
-                    prefetch=4, timeout=60, io_threads=io_threads) as dl:
+                    prefetch=4, timeout=60, io_threads=io_threads,
+                    shared_memory="off") as dl:  # the link's path: TCP frames
         epoch_bytes = 0
         for b in dl:
             epoch_bytes += b["x"].numel()
