@@ -19,7 +19,7 @@ from dataflow import wire
 from dataflow.batch import Ragged
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.receive import receive_header
-from dataflow.client.shmring import ShmRings, receive_shared
+from dataflow.client.shmring import VIEWS, ShmRings, receive_shared
 from dataflow.errors import ProtocolError
 from dataflow.server.shmserve import Segments
 from dataflow.shm import Geometry, read_proof
@@ -139,8 +139,10 @@ def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy
 @pytest.mark.parametrize("pin", [False, True])
 def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
         pin, tmp_path, pair) -> None:  # noqa: F811
-    """Unpinned, or pinned where the segment is registered with CUDA (so its views are)."""
-    counts, geo = Counts(), Geometry(4, 1 << 20)
+    """Unpinned, or pinned where the segment is registered with CUDA (so its views are). The
+    segment has the slots of a loader at ``prefetch`` 1: one request held, :data:`VIEWS`
+    batches held as views, however many the consumer keeps."""
+    counts, geo = Counts(), Geometry(1 + VIEWS, 1 << 20)
     r = ShmRings(wire.Hello(2, "t"), geo, counts,
                  register=lambda buf: (lambda: None) if pin else None,
                  directory=str(tmp_path))
@@ -153,19 +155,19 @@ def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
         held = []
         for k in range(6):
             req = r.lend(0, wire.Request(k, [[0, 0, 4]]))
-            assert req.slot >= 0  # two held as views, the rest copied out: never starved
+            assert req.slot >= 0  # VIEWS held as views, the rest copied out: never starved
             _serve(segments, offer, req, _batch(k), pair[0])
             msg = _recv(pair[1])
             ring, slot = r.take(0, msg, EP)
             held.append(hand_over(receive_shared(pair[1], EP, msg, ring, slot, sink, counts)))
-        assert ring.ledger.free == 2
+        assert ring.ledger.free == 1
         for k, got in enumerate(held):  # slots written again since: the views are intact
             _equal(got, _batch(k))
         segment = np.frombuffer(ring.segment.buf, np.uint8)
         assert [np.shares_memory(got["x"].numpy(), segment) for got in held] == [
-            True, True, False, False, False, False]
-        del held[:2], got, segment
-        assert ring.ledger.free == 4
+            k < VIEWS for k in range(6)]
+        del held[:VIEWS], got, segment
+        assert ring.ledger.free == 1 + VIEWS
     finally:
         r.close()
         segments.close()
