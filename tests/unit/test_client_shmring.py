@@ -174,6 +174,33 @@ def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("kept", ["x", "y", "t.offsets"])
+def test_any_one_tensor_of_a_viewed_batch_holds_its_slot(kept, rings, pair,  # noqa: F811
+                                                         tmp_path) -> None:
+    """The slot of a batch viewing it is not lent again while any one of its tensors (or a
+    slice of one) lives, however the others were freed; then it is."""
+    r, counts, segments = rings
+    offer = _join(r, tmp_path)
+    req = r.lend(0, wire.Request(0, [[0, 0, 4]]))
+    _serve(segments, offer, req, _batch(0), pair[0])
+    msg = _recv(pair[1])
+    got = hand_over(receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), HostSink(pin=False),
+                                   counts))
+    tensor = got.pop(kept)[1:]
+    want = tensor.clone()
+    del got
+    for k in range(1, 4):  # the other slot only, written again each time
+        other = r.lend(0, wire.Request(k, [[0, 0, 4]]))
+        assert other.slot not in (-1, req.slot)
+        _serve(segments, offer, other, _batch(k), pair[0])
+        _recv(pair[1])
+        r.answered(0, k)  # as a reply discarded: its slot is free again
+    assert torch.equal(tensor, want)
+    assert r.lend(0, wire.Request(9, [[0, 0, 4]])).slot != req.slot
+    del tensor
+    assert r.lend(0, wire.Request(10, [[0, 0, 4]])).slot == req.slot
+
+
 def test_what_was_not_lent_is_refused_naming_the_endpoint(rings, pair, tmp_path) -> None:  # noqa: F811
     r, _, segments = rings
     offer = _join(r, tmp_path)
