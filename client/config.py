@@ -157,13 +157,12 @@ class LoaderConfig:
     @property
     def shm_geometry(self) -> Geometry | None:
         """Slots of the shared-memory segment offered to each server: ``prefetch + 3`` slots
-        (the most requests a server holds, one whose device copy may still read it, and the
-        two batches the consumer may hold as views of their slots,
-        :data:`~dataflow.client.shmring.VIEWS`) of ``shared_memory_slot_bytes`` rounded up to
-        64; None when ``shared_memory`` is off."""
+        (the most requests a server holds, and three batches held as views of their slots or
+        read by device copies, :data:`~dataflow.client.shmring.VIEWS`) of
+        ``shared_memory_slot_bytes`` rounded up to 64; None when ``shared_memory`` is off."""
         if self.shared_memory == "off":
             return None
-        return Geometry(self.prefetch + 1 + VIEWS, -(-self.shared_memory_slot_bytes // 64) * 64)
+        return Geometry(self.prefetch + VIEWS, -(-self.shared_memory_slot_bytes // 64) * 64)
 
     @property
     def request_limit(self) -> float:

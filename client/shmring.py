@@ -18,14 +18,15 @@ again: a reader still holding a request of the old session writes into memory no
 and its reply is discarded as late) and when the loader closes; one left by a killed loader
 is removed by the next loader start of the same user (:func:`dataflow.shm.remove_stale`).
 
-No copy on the client where it can be helped (:func:`receive_shared`): CPU batches are views
-of their slot, which is lent again once the batch's tensors are all freed (at most
-:data:`VIEWS` held at once; beyond, a batch is copied out). On a GPU the segment is registered
-with ``cudaHostRegister`` (:func:`cuda_register`, the one seam that touches CUDA: it does
-nothing without it), so those views are pinned, and a :class:`CudaSink`'s host-to-device copy
-reads the slot itself; the slot is lent again once that copy finished. Otherwise a batch is
-copied out of its slot into memory of its own (pinned, or the CUDA ring's slot, where the sink
-pins). Every batch is checked by :meth:`dataflow.wire.BatchLayout.check_frames` first.
+No copy on the client where it can be helped (:func:`receive_shared`): CPU batches are views of
+their slot, which is lent again once the batch's tensors are all freed (at most :data:`VIEWS`
+held at once, those waiting in the hand-off included; beyond, a batch is copied out). On a GPU
+the segment is registered with ``cudaHostRegister`` (:func:`cuda_register`, the one seam that
+touches CUDA: it does nothing without it), so those views are pinned, and a :class:`CudaSink`'s
+host-to-device copy reads the slot itself; the slot is lent again once that copy finished.
+Otherwise a batch is copied out of its slot into memory of its own (pinned, or the CUDA ring's
+slot, where the sink pins). Every batch is checked by
+:meth:`dataflow.wire.BatchLayout.check_frames` first.
 
 Thread invariant: used by the client's I/O thread only.
 """
@@ -33,7 +34,6 @@ Thread invariant: used by the client's I/O thread only.
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -58,7 +58,10 @@ from dataflow.shm import SHM_DIR, Geometry, Segment, SlotLedger, remove_stale
 log = logging.getLogger("dataflow.client")
 
 Register = Callable[[memoryview], Callable[[], None] | None]
-VIEWS = 2  # batches of a ring the consumer may hold as views of their slots at once
+# Slots of a ring beyond the requests its server holds (``prefetch``): a loader's batches are
+# either views of their slots (CPU: at most this many held at once, waiting in the hand-off or
+# the consumer's) or read by device copies (a CUDA ``device``), never both.
+VIEWS = 3
 
 
 def cuda_register(buf: memoryview) -> Callable[[], None] | None:
@@ -102,20 +105,20 @@ class Ring:
         self.host = (torch.frombuffer(segment.buf, dtype=torch.uint8)
                      if self._unregister is not None else None)
         self._copies: list[CopyEvent] = []
-        self._views: list[threading.Event] = []
+        self._views: list[weakref.ref[np.ndarray]] = []
 
     def may_view(self) -> bool:
         """Whether a batch may be a view of its slot (fewer than :data:`VIEWS` are held)."""
-        self._views = [e for e in self._views if not e.is_set()]
+        self._views = [v for v in self._views if v() is not None]
         return len(self._views) < VIEWS
 
     def viewed(self, arr: np.ndarray) -> Callable[[], bool]:
-        """Track a batch viewing a slot through ``arr``; returns whether it is gone (every
-        tensor of it freed, on whichever thread)."""
-        gone = threading.Event()
-        weakref.finalize(arr, gone.set)
-        self._views.append(gone)
-        return gone.is_set
+        """Track a batch viewing a slot through ``arr`` (every tensor of the batch holds it);
+        returns whether it is gone (every tensor of it freed, on whichever thread: its weak
+        reference is then dead)."""
+        view = weakref.ref(arr)
+        self._views.append(view)
+        return lambda: view() is None
 
     def copied(self, event: CopyEvent) -> Callable[[], bool]:
         """Track a device copy reading a slot; returns whether it finished."""
@@ -282,7 +285,7 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
         _check(endpoint, msg, layout, arr)
         ring.ledger.release(slot, ring.viewed(arr))
         count("shm_batches", 1)
-        return Received(typed_views(torch.from_numpy(arr), msg.arrays, layout.offsets))
+        return Received(_tensors(msg, layout, arr))
     if isinstance(sink, CudaSink) and ring.host is not None:
         host = ring.host[start : start + nbytes]
         _check(endpoint, msg, layout, host.numpy())
@@ -302,6 +305,15 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
         landing.frames = frames
         return landing.finish(msg)
     return Received(typed_views(own, msg.arrays, layout.offsets))
+
+
+def _tensors(msg: wire.BatchMsg, layout: wire.BatchLayout,
+             buf: np.ndarray) -> dict[str, torch.Tensor]:
+    """Typed tensors of ``msg``'s arrays over the uint8 array ``buf`` (no copy), by name. Each
+    holds a numpy view whose base is ``buf``, so ``buf`` lives while any of them does (what
+    :meth:`Ring.viewed` watches); numpy's views cost a third of torch's slice and two views per
+    array (:func:`~dataflow.client.buffers.typed_views`)."""
+    return {name: torch.from_numpy(a) for name, a in layout.arrays(msg, buf).items()}
 
 
 def _check(endpoint: str, msg: wire.BatchMsg, layout: wire.BatchLayout,

@@ -19,7 +19,7 @@ from dataflow import wire
 from dataflow.batch import Ragged
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.receive import receive_header
-from dataflow.client.shmring import ShmRings, receive_shared
+from dataflow.client.shmring import VIEWS, ShmRings, receive_shared
 from dataflow.errors import ProtocolError
 from dataflow.server.shmserve import Segments
 from dataflow.shm import Geometry, read_proof
@@ -139,8 +139,10 @@ def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy
 @pytest.mark.parametrize("pin", [False, True])
 def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
         pin, tmp_path, pair) -> None:  # noqa: F811
-    """Unpinned, or pinned where the segment is registered with CUDA (so its views are)."""
-    counts, geo = Counts(), Geometry(4, 1 << 20)
+    """Unpinned, or pinned where the segment is registered with CUDA (so its views are). The
+    segment has the slots of a loader at ``prefetch`` 1: one request held, :data:`VIEWS`
+    batches held as views, however many the consumer keeps."""
+    counts, geo = Counts(), Geometry(1 + VIEWS, 1 << 20)
     r = ShmRings(wire.Hello(2, "t"), geo, counts,
                  register=lambda buf: (lambda: None) if pin else None,
                  directory=str(tmp_path))
@@ -153,23 +155,50 @@ def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
         held = []
         for k in range(6):
             req = r.lend(0, wire.Request(k, [[0, 0, 4]]))
-            assert req.slot >= 0  # two held as views, the rest copied out: never starved
+            assert req.slot >= 0  # VIEWS held as views, the rest copied out: never starved
             _serve(segments, offer, req, _batch(k), pair[0])
             msg = _recv(pair[1])
             ring, slot = r.take(0, msg, EP)
             held.append(hand_over(receive_shared(pair[1], EP, msg, ring, slot, sink, counts)))
-        assert ring.ledger.free == 2
+        assert ring.ledger.free == 1
         for k, got in enumerate(held):  # slots written again since: the views are intact
             _equal(got, _batch(k))
         segment = np.frombuffer(ring.segment.buf, np.uint8)
         assert [np.shares_memory(got["x"].numpy(), segment) for got in held] == [
-            True, True, False, False, False, False]
-        del held[:2], got, segment
-        assert ring.ledger.free == 4
+            k < VIEWS for k in range(6)]
+        del held[:VIEWS], got, segment
+        assert ring.ledger.free == 1 + VIEWS
     finally:
         r.close()
         segments.close()
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("kept", ["x", "y", "t.offsets"])
+def test_any_one_tensor_of_a_viewed_batch_holds_its_slot(kept, rings, pair,  # noqa: F811
+                                                         tmp_path) -> None:
+    """The slot of a batch viewing it is not lent again while any one of its tensors (or a
+    slice of one) lives, however the others were freed; then it is."""
+    r, counts, segments = rings
+    offer = _join(r, tmp_path)
+    req = r.lend(0, wire.Request(0, [[0, 0, 4]]))
+    _serve(segments, offer, req, _batch(0), pair[0])
+    msg = _recv(pair[1])
+    got = hand_over(receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), HostSink(pin=False),
+                                   counts))
+    tensor = got.pop(kept)[1:]
+    want = tensor.clone()
+    del got
+    for k in range(1, 4):  # the other slot only, written again each time
+        other = r.lend(0, wire.Request(k, [[0, 0, 4]]))
+        assert other.slot not in (-1, req.slot)
+        _serve(segments, offer, other, _batch(k), pair[0])
+        _recv(pair[1])
+        r.answered(0, k)  # as a reply discarded: its slot is free again
+    assert torch.equal(tensor, want)
+    assert r.lend(0, wire.Request(9, [[0, 0, 4]])).slot != req.slot
+    del tensor
+    assert r.lend(0, wire.Request(10, [[0, 0, 4]])).slot == req.slot
 
 
 def test_what_was_not_lent_is_refused_naming_the_endpoint(rings, pair, tmp_path) -> None:  # noqa: F811
