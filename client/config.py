@@ -18,7 +18,7 @@ from dataflow.security import ClientCurve
 from dataflow.shm import Geometry
 from dataflow.shuffle import Shuffle, as_shuffle
 from dataflow.wire import Hello
-from dataflow.wire.fields import MAX_BATCH_SIZE, MAX_MESSAGE_BYTES, column_names
+from dataflow.wire.fields import MAX_BATCH_SIZE, MAX_GROUP, MAX_MESSAGE_BYTES, column_names
 
 SHARED_MEMORY = ("auto", "off")
 DEFAULT_SLOT_BYTES = 32 * 2**20
@@ -29,6 +29,11 @@ DEFAULT_SLOT_BYTES = 32 * 2**20
 # idle cores.
 DEFAULT_IO_THREADS = 1
 MAX_IO_THREADS = 64
+
+# batches_per_request="auto": requests carry up to AUTO_GROUP batches, as many as make a reply
+# of about GROUP_BYTES (bench/RESULTS.md, "Several batches a request").
+AUTO_GROUP = 8
+GROUP_BYTES = 16 * 2**20
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -107,6 +112,7 @@ class LoaderConfig:
     io_threads: int = DEFAULT_IO_THREADS
     shared_memory: str = "auto"
     shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES
+    batches_per_request: int | str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode", as_decode(self.decode))
@@ -128,6 +134,10 @@ class LoaderConfig:
         object.__setattr__(self, "shared_memory_slot_bytes",
                            check_int("shared_memory_slot_bytes",
                                      self.shared_memory_slot_bytes, 4096, MAX_MESSAGE_BYTES))
+        if self.batches_per_request != "auto":
+            object.__setattr__(self, "batches_per_request",
+                               check_int("batches_per_request", self.batches_per_request, 1,
+                                         MAX_GROUP))
         if not isinstance(self.read_ahead, bool):
             raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
         for name, lo, hi in (("batch_size", 1, MAX_BATCH_SIZE), ("world_size", 1, None),
@@ -165,6 +175,15 @@ class LoaderConfig:
         return Geometry(self.prefetch + VIEWS, -(-self.shared_memory_slot_bytes // 64) * 64)
 
     @property
+    def request_group(self) -> tuple[int, int | None]:
+        """The most batches a request carries, and the reply's bytes they are sized to from
+        the first batch received (None: that many always); see ``batches_per_request``."""
+        if self.batches_per_request != "auto":
+            return int(self.batches_per_request), None
+        geometry = self.shm_geometry
+        return AUTO_GROUP, min(GROUP_BYTES, geometry.slot_bytes if geometry else GROUP_BYTES)
+
+    @property
     def request_limit(self) -> float:
         """Seconds a request may go unanswered before its batch is asked of another server
         (``request_timeout``, or ``timeout`` when None)."""
@@ -181,7 +200,8 @@ class LoaderConfig:
         ``name``, its ``batch_size`` (no REQUEST of it is larger: a server whose
         ``--max-request-samples`` is smaller refuses the HELLO, naming it) and its ``columns``."""
         return Hello(self.prefetch, name, batch_size=self.batch_size,
-                     columns=None if self.columns is None else tuple(self.columns))
+                     columns=None if self.columns is None else tuple(self.columns),
+                     group=self.request_group[0])
 
 
 def normalize_device(device: str | torch.device | None) -> str | None:

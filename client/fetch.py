@@ -26,7 +26,9 @@ class Fetch:
     (requested, no reply accepted yet) and which to request again.
 
     Batches are requested in order from ``demand.first``, at most ``depth`` of them requested
-    and not taken by the consumer (who took ``taken``: the index of the batch it takes next).
+    and not taken by the consumer (who took ``taken``: the index of the batch it takes next);
+    a request may carry a run of consecutive batches of one pass (:meth:`run`), each open on
+    its own. A batch to request again goes alone.
 
     Thread invariant: used by the I/O thread only (through the scheduler).
     """
@@ -82,13 +84,30 @@ class Fetch:
         """Whether :meth:`peek`'s ``index`` is a batch to request again."""
         return bool(self.retry) and self.retry[0] == index
 
-    def claim(self, index: int) -> bool:
-        """The batch :meth:`peek` gave is requested now; returns whether it is a re-request."""
+    def run(self, index: int, taken: int, depth: int, group: int) -> int:
+        """How many batches from ``index`` (:meth:`peek`'s, not one to request again) one
+        request takes: at most ``group``, within its pass and within ``depth``; at least 1."""
+        return max(1, min(group, self.demand.pass_end(index) - index,
+                          taken + depth - index))
+
+    def claim(self, index: int, count: int = 1) -> bool:
+        """The batch :meth:`peek` gave, and the ``count - 1`` after it (:meth:`run`), are
+        requested now; returns whether it is a re-request (then ``count`` is 1).
+
+        Raises:
+            InternalError: a re-request of more than one batch, or a run that is not next.
+        """
         if self.retry and self.retry[0] == index:
+            if count != 1:
+                raise InternalError(f"batch {index} requested again with {count - 1} more")
             heapq.heappop(self.retry)
             return True
-        self.next_request += 1
-        self.open.add(index)
+        if index != self.next_request or index + count > self.demand.end:
+            raise InternalError(f"batches [{index}, {index + count}) claimed; the next to "
+                                f"request is {self.next_request} of [{self.demand.first}, "
+                                f"{self.demand.end})")
+        self.next_request += count
+        self.open.update(range(index, index + count))
         return False
 
     def full(self, taken: int, depth: int) -> bool:
@@ -103,13 +122,16 @@ class Fetch:
         return (any(i < needed for i in self.open)
                 or (self._unsent_due(taken, depth) and self.next_request < needed))
 
-    def accept(self, slot: Slot) -> bool:
-        """A reply for ``slot`` arrived: True when it is the first for an open batch of this
-        generation (the batch is then closed)."""
-        if slot.gen != self.gen or slot.index not in self.open:
-            return False
-        self.close(slot.index)
-        return True
+    def accept(self, slot: Slot) -> tuple[int, ...]:
+        """A reply for ``slot`` arrived: its batches for which it is the first reply (open
+        batches of this generation), which are then closed; the others' parts of the reply
+        are to be discarded."""
+        if slot.gen != self.gen:
+            return ()
+        first = tuple(i for i in slot.indexes if i in self.open)
+        for i in first:
+            self.close(i)
+        return first
 
     def close(self, index: int) -> None:
         """Batch ``index`` is done with (answered, or failed): later replies are discarded."""

@@ -116,41 +116,47 @@ class Inbox:
 
     def _on_batch(self, sock: zmq.Socket, server: int, msg: wire.BatchMsg, now: float) -> None:
         endpoint = self._endpoint(server)
-        slot = self._scheduler.on_reply(server, msg.req_id, now)
-        if slot is None:
+        reply = self._scheduler.on_reply(server, msg.req_id, now)
+        if reply is None:
             self._shm.answered(server, msg.req_id)
             drain(sock)
             return
+        slot = reply.slot
         try:
-            slot.check_size(endpoint, msg.size, msg.skipped)
+            slot.check_size(endpoint, msg)
             shared = self._shm.take(server, msg, endpoint)
         except ProtocolError:
             drain(sock)
             raise
         if shared is None:
-            ready = receive_batch(sock, endpoint, msg, self._sink)
+            batches = receive_batch(sock, endpoint, msg, self._sink)
         else:
-            ready = receive_shared(sock, endpoint, msg, *shared, self._sink,
-                                   self._handoff.count)
+            batches = receive_shared(sock, endpoint, msg, *shared, self._sink,
+                                     self._handoff.count)
         if msg.skipped:
             self._handoff.count("skipped", msg.skipped)
         if slot.retry:
             self._handoff.count("recovered")
-        self._hand_over(slot.gen, slot.index, ready)
+        if self._scheduler.sized(wire.BatchLayout.of(msg).nbytes // len(batches)):
+            self._grow()
+        for index, ready in zip(slot.indexes, batches, strict=True):
+            if index in reply.indexes:
+                self._hand_over(slot.gen, index, ready)
 
     def _on_request_error(self, server: int, msg: wire.ErrorMsg, now: float) -> None:
-        """A request failed: the batch is requested again (undeliverable), or its error takes
-        its place in stream order, raised when the consumer reaches it. Its shared-memory
-        slot, if it lent one, is free again (the reader is done with it)."""
+        """A request failed: its batches are requested again (undeliverable, or a request of
+        several batches: each is asked alone, so an error lands on its own batch), or its
+        error takes its batch's place in stream order, raised when the consumer reaches it.
+        Its shared-memory slot, if it lent one, is free again (the reader is done with it)."""
         self._shm.answered(server, msg.req_id)
-        if msg.kind is ErrorKind.UNDELIVERABLE:
-            self._scheduler.undelivered(server, msg.req_id, now)
+        reply = self._scheduler.on_reply(server, msg.req_id, now)
+        if reply is None:
             return
-        slot = self._scheduler.on_reply(server, msg.req_id, now)
-        if slot is not None:
-            self._hand_over(slot.gen, slot.index,
-                            Failed(RemoteError(self._endpoint(server), msg.kind,
-                                               msg.message)))
+        if msg.kind is ErrorKind.UNDELIVERABLE or reply.slot.parts:
+            self._scheduler.again(reply)
+            return
+        self._hand_over(reply.slot.gen, reply.slot.index,
+                        Failed(RemoteError(self._endpoint(server), msg.kind, msg.message)))
 
     def late(self, late: Late, *, request_timeout: float) -> None:
         """A batch got no reply within ``request_timeout``: log its request to another server,
@@ -162,12 +168,13 @@ class Inbox:
         if not late.again:
             self._handoff.count("late")
         if not late.failed:
-            log.warning("%s: no reply within request_timeout %g s from %s; asking another "
-                        "server", what, request_timeout, asked)
+            log.warning("%s: no reply within request_timeout %g s from %s; asking for it "
+                        "again, alone", what, request_timeout, asked)
             return
-        why = ("asked of another server too" if late.again
+        why = ("asked for again, alone, with no reply either" if late.again
                else "no other server could take it")
-        error = RequestTimeout(", ".join(self._endpoint(i) for i, _ in late.asked),
+        servers = dict.fromkeys(self._endpoint(i) for i, _ in late.asked)
+        error = RequestTimeout(", ".join(servers),
                                f"no reply within request_timeout {request_timeout:g} s to "
                                f"{what} (global batch index) from {asked}; {why}",
                                epoch=late.tag.epoch, batch=late.tag.batch)

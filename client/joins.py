@@ -182,7 +182,8 @@ class Joins:
     def _joined(self, server: int, join: Join, now: float) -> wire.Index:
         index, endpoint = join.index, self._endpoint(server)
         assert index is not None
-        first = self._scheduler.grant(server, index.credits, now, readers=len(index.data))
+        first = self._scheduler.grant(server, index.credits, now, readers=len(index.data),
+                                      group=index.group)
         self._joins.pop(server)
         self._shm.joined(server, index, endpoint)
         self._sessions[server] = index.session

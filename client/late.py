@@ -1,12 +1,14 @@
 """Requests that take too long: the request timeout's rule. Pure, no sockets.
 
 A batch whose every request at a usable server was sent more than ``request_timeout`` seconds
-ago, without a reply, is *late*: it is requested again, before any new batch, from a usable
-server that does not hold it (the first reply is accepted, as in failover); when there is
-none, or that request too is not answered within ``request_timeout`` (counted from when it was
-decided), the batch fails. A late request says nothing about its server's liveness: the server
-keeps its other requests and gets new ones. Applied by :meth:`~dataflow.client.scheduler.
-Scheduler.late` to its records, with the time passed in.
+ago, without a reply, is *late*: it is requested again, alone, before any new batch, from a
+usable server that does not hold a request of it alone (the first reply is accepted, as in
+failover): a request of several batches may be late for one of them, so its server may be
+asked for each of the others alone. When there is none, or that request too is not answered
+within ``request_timeout`` (counted from when it was decided), the batch fails. A late
+request says nothing about its server's liveness: the server keeps its other requests and
+gets new ones. Applied by :meth:`~dataflow.client.scheduler.Scheduler.late` to its records,
+with the time passed in.
 """
 
 from __future__ import annotations
@@ -47,9 +49,17 @@ def _held(fetch: Fetch, servers: Sequence[ServerRecord]) -> dict[int, list[Slot]
     for s in servers:
         if s.state is State.UP:
             for slot in s.outstanding.values():
-                if slot.gen == fetch.gen and slot.index in fetch.open:
-                    held.setdefault(slot.index, []).append(slot)
+                if slot.gen == fetch.gen:
+                    for index in slot.indexes:
+                        if index in fetch.open:
+                            held.setdefault(index, []).append(slot)
     return held
+
+
+def alone_at(holders: Sequence[Slot]) -> set[int]:
+    """The servers of ``holders`` (requests of one batch) that hold it alone: those not to ask
+    it of again."""
+    return {slot.server for slot in holders if not slot.parts}
 
 
 def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
@@ -71,14 +81,15 @@ def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
         since = fetch.late.get(index)
         if since is not None and now - since <= limit:
             continue  # requested again: waiting for a server's credit
-        failed = since is not None or not up - {slot.server for slot in holders}
+        failed = since is not None or not up - alone_at(holders)
         if failed:
             fetch.close(index)
         else:
             fetch.late[index] = now
             fetch.requeue([index])
         asked = tuple((slot.server, now - slot.sent) for slot in holders)
-        out.append(Late(fetch.gen, index, holders[0].tag, asked, failed, since is not None))
+        out.append(Late(fetch.gen, index, fetch.batch(index)[1], asked, failed,
+                        since is not None))
     return out
 
 

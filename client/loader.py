@@ -235,6 +235,14 @@ class DataLoader:
             segment holds ``prefetch + 3`` slots, taking ``/dev/shm`` memory as they are
             written: at most ``servers x (prefetch + 3) x`` the largest batch that fits a
             slot, per loader (default 32 MiB slots).
+        batches_per_request: how many consecutive batches of a pass one request to a server
+            carries (one credit, one reply, each batch handed over on its own: the order,
+            exactly-once and resume are the same). ``"auto"`` (the default): one at first,
+            then as many as make a reply of about 16 MiB (at most 8, and at most a shared
+            memory slot), sized from the first batch received; an integer from 1 to 64:
+            that many. More per request divides the per-batch cost of requests, replies and
+            wake-ups on both sides (the trainer's CPU per batch, see README "Receive path");
+            the loader then holds up to ``prefetch x`` that many batches per server.
 
     torch's DataLoader arguments that have no place here (``num_workers``,
     ``prefetch_factor``, ``persistent_workers``, ``sampler``, ``generator``, ...) raise
@@ -282,6 +290,7 @@ class DataLoader:
         io_threads: int = DEFAULT_IO_THREADS,
         shared_memory: str = "auto",
         shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES,
+        batches_per_request: int | str = "auto",
         **torch_only: object,
     ) -> None:
         refuse_torch_arguments(torch_only)
@@ -298,6 +307,7 @@ class DataLoader:
             decode=as_decode(decode),
             io_threads=io_threads,
             shared_memory=shared_memory, shared_memory_slot_bytes=shared_memory_slot_bytes,
+            batches_per_request=batches_per_request,
         )
         self._start(metrics)
 
@@ -334,7 +344,8 @@ class DataLoader:
         self._io = IOThread(endpoints, cfg.hello(name),
                             cfg.timeout, cfg.grace, sink, cfg.curve,
                             find if source.dynamic else None, cfg.resolve_interval,
-                            cfg.request_limit, cfg.io_threads, cfg.shm_geometry)
+                            cfg.request_limit, cfg.io_threads, cfg.shm_geometry,
+                            cfg.request_group)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._io.start()
         self._metrics: LoaderMetrics | None = None

@@ -14,6 +14,7 @@ import zmq
 
 from dataflow import wire
 from dataflow.client.buffers import CudaSink, HostSink, Received
+from dataflow.client.parts import split
 from dataflow.errors import ProtocolError
 
 
@@ -54,8 +55,9 @@ def receive_header(sock: zmq.Socket, endpoint: str) -> wire.Message | None:
 
 
 def receive_batch(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
-                  sink: HostSink | CudaSink) -> Received:
-    """Receive the array frames of ``msg`` where ``sink`` lands them and finish the batch.
+                  sink: HostSink | CudaSink) -> list[Received]:
+    """Receive the array frames of ``msg`` where ``sink`` lands them and finish its batches
+    (one, or one per ``parts`` entry: :func:`dataflow.client.parts.split`).
 
     Every frame of the message is received (those beyond the announced ones are discarded), so
     the socket is at the next message whatever arrived.
@@ -77,7 +79,7 @@ def receive_batch(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
             size, more = len(extra), extra.more
         sizes.append(size)
     try:
-        layout.check_frames(msg, sizes, landing.frames)
+        bounds = layout.check_frames(msg, sizes, landing.frames)
     except ProtocolError as e:
         raise ProtocolError(f"{endpoint}: {e}") from e
-    return landing.finish(msg)
+    return split(landing.finish(msg), msg, bounds)

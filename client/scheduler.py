@@ -9,9 +9,16 @@ time passed in, so every rule here is unit-tested with a fake clock:
 * **Depth.** At most ``depth`` batches of the consumer's stream are requested but not yet
   taken by the consumer (received, reordered and waiting count too), so the consumer's
   hand-off never holds more. ``depth`` is the sum of the credits the servers granted at their
-  first join; it grows when a server joins for the first time (also mid-epoch: the loader
-  starts with the first server, and the others' credits count as soon as they join), and
-  never shrinks (servers that left or were lost keep their part: they may come back).
+  first join, times the batches a request carries; it grows when a server joins for the first
+  time (also mid-epoch: the loader starts with the first server, and the others' credits
+  count as soon as they join) and when requests carry more batches, and never shrinks
+  (servers that left or were lost keep their part: they may come back).
+* **Batches per request.** A request carries a run of up to ``group`` consecutive batches of
+  one pass (one credit, one reply; each batch still open, accepted and handed over on its
+  own): fixed, or sized once from the first batch received so that a request's reply is
+  about ``group_bytes`` (:meth:`Scheduler.sized`). A batch requested again goes alone, so a
+  failed request of several batches is asked again batch by batch and an error lands on its
+  own batch.
 * **Membership.** A server found by discovery is :meth:`Scheduler.add`-ed (it joins and then
   takes requests at once, the stream's batches not yet requested and re-requests, within the
   depth); a removed one is :meth:`Scheduler.retire`-d (GONE: its open batches go to
@@ -19,7 +26,7 @@ time passed in, so every rule here is unit-tested with a fake clock:
   never reused.
 * **Choice.** Batches are requested in stream order (:mod:`dataflow.client.fetch`), batches to
   re-request first, each from a usable server with credit (for a re-request, one that does
-  not hold it), shared in proportion to the servers' capacity (:mod:`dataflow.client.shares`:
+  not hold it alone), shared in proportion to the servers' capacity (:mod:`dataflow.client.shares`:
   their readers and their service times; servers alike take turns). A stalled server (it
   answered nothing for a while though it holds requests) gets none while another server
   that answers may take it.
@@ -53,8 +60,10 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from dataflow.client.fetch import Fetch
-from dataflow.client.late import Late, find_late, late_in
+from dataflow.client.late import Late, alone_at, find_late, late_in
 from dataflow.client.servers import (
     CONTROL,
     ServerRecord,
@@ -68,8 +77,17 @@ from dataflow.client.shares import Shares
 from dataflow.client.slots import Slot
 from dataflow.client.stream import Demand
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
+from dataflow.wire import Part
 
-__all__ = ["CONTROL", "Late", "Loss", "Scheduler", "Slot", "State"]
+__all__ = ["CONTROL", "Late", "Loss", "Reply", "Scheduler", "Slot", "State"]
+
+
+class Reply(NamedTuple):
+    """A reply accepted for request ``slot``: for its batches ``indexes`` (in order), the
+    first reply; its other batches' parts are to be discarded."""
+
+    slot: Slot
+    indexes: tuple[int, ...]
 
 
 class Loss(NamedTuple):
@@ -93,13 +111,17 @@ class Scheduler:
         now: the start (no server joined within ``timeout`` of it: unavailable).
         request_timeout: seconds a request may go unanswered before its batch is late
             (:mod:`dataflow.client.late`); infinite: never.
+        group: the most batches one request carries (the HELLO's ``group``).
+        group_bytes: None: every request carries up to ``group`` batches; else one until
+            :meth:`sized` says how large a batch is, then up to ``group_bytes`` of them.
 
     Thread invariant: used by the I/O thread only.
     """
 
     def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
                  silent_s: float, grace: float, now: float = 0.0,
-                 request_timeout: float = math.inf) -> None:
+                 request_timeout: float = math.inf, group: int = 1,
+                 group_bytes: int | None = None) -> None:
         self._servers = [ServerRecord(e, state=State.DOWN, since=now, down_links={CONTROL},
                                       note="not connected") for e in endpoints]
         self._started = now
@@ -115,12 +137,18 @@ class Scheduler:
         self._req_ids = 0
         self._taken = 0
         self._stalled_since: float | None = None
+        if group < 1 or (group_bytes is not None and group_bytes < 1):
+            raise InternalError(f"requests of {group} batches, {group_bytes} bytes")
+        self._most = group
+        self._group_bytes = group_bytes
+        self._group = group if group_bytes is None else 1
 
     # -- joining --------------------------------------------------------------------------------
 
-    def grant(self, server: int, credits: int, now: float, *, readers: int) -> bool:
+    def grant(self, server: int, credits: int, now: float, *, readers: int,
+              group: int = 1) -> bool:
         """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``,
-        with ``readers`` reader processes.
+        with ``readers`` reader processes, and taking requests of up to ``group`` batches.
 
         Returns:
             Whether it joined for the first time (not again after it was lost).
@@ -133,10 +161,13 @@ class Scheduler:
         if s.state not in (State.JOINING, State.DOWN):
             raise InternalError(f"{s.endpoint}: granted credits while {s.state.value}")
         first = not s.share
+        if group < 1:
+            raise ProtocolError(f"{s.endpoint}: requests of {group} batches")
         s.credits = credits
+        s.group = group
         s.share = s.share or credits
         self._admitted = True
-        self._depth = max(self._depth, self._members_depth())
+        self._depth = max(self._depth, self._members_depth() * self._group)
         s.failures, s.note, s.failure = 0, "", ""
         s.unanswered = None
         s.broken = False
@@ -177,6 +208,29 @@ class Scheduler:
 
     def state(self, server: int) -> State:
         return self._servers[server].state
+
+    @property
+    def group(self) -> int:
+        """The most batches a request carries now."""
+        return self._group
+
+    def sized(self, nbytes: int) -> bool:
+        """A batch of ``nbytes`` bytes was received: the first one sizes requests (with
+        ``group_bytes``: ``group_bytes // nbytes`` batches, 1 to ``group``).
+
+        Returns:
+            Whether :attr:`depth` grew.
+        """
+        if self._group_bytes is None:
+            return False
+        group = max(1, min(self._most, self._group_bytes // max(nbytes, 1)))
+        self._group_bytes = None
+        if group <= self._group:
+            return False
+        self._group = group
+        depth = self._depth
+        self._depth = max(depth, self._members_depth() * group)
+        return self._depth > depth
 
     @property
     def depth(self) -> int:
@@ -272,9 +326,11 @@ class Scheduler:
         return self._shares.pick(pool, ready, usable, held) if ready else None
 
     def _holders(self, gen: int, index: int) -> set[int]:
-        """The servers holding a request for batch ``index`` of generation ``gen``."""
-        return {i for i, s in enumerate(self._servers)
-                for slot in s.outstanding.values() if slot.gen == gen and slot.index == index}
+        """The servers holding a request for batch ``index`` of generation ``gen`` alone
+        (:func:`~dataflow.client.late.alone_at`: a request of several batches may be held up
+        by another of them, so its server may be asked for this one alone)."""
+        return alone_at([slot for s in self._servers for slot in s.outstanding.values()
+                         if slot.gen == gen and index in slot.indexes])
 
     def assignments(self, taken: int, now: float) -> list[Slot]:
         """Requests to send now, given that the consumer took ``taken`` batches of the
@@ -295,12 +351,20 @@ class Scheduler:
                                 else set(), now)
             if best is None:
                 break
-            retry = fetch.claim(index)
+            retry = fetch.retrying(index)
+            most = min(self._group, self._servers[best].group)
+            count = 1 if retry else fetch.run(index, taken, self.depth, most)
+            fetch.claim(index, count)
             self._req_ids += 1
             rows, tag = fetch.batch(index)
+            parts: tuple[Part, ...] = ()
+            if count > 1:
+                batches = [fetch.batch(i) for i in range(index, index + count)]
+                rows = np.concatenate([r for r, _ in batches])
+                parts = tuple(Part(len(r), t) for r, t in batches)
             held = self._servers[best].outstanding
             slot = Slot(best, self._req_ids, fetch.gen, index, rows, tag, retry, now,
-                        queued=len(held) + 1)
+                        queued=len(held) + 1, parts=parts)
             held[self._req_ids] = slot
             out.append(slot)
         return out
@@ -309,12 +373,13 @@ class Scheduler:
         """True when only the consumer taking batches lets more requests go out."""
         return self._fetch is not None and self._fetch.full(taken, self.depth)
 
-    def on_reply(self, server: int, req_id: int, now: float) -> Slot | None:
+    def on_reply(self, server: int, req_id: int, now: float) -> Reply | None:
         """A reply (batch or error) to ``req_id`` arrived from ``server``.
 
         Returns:
-            The request it answers when it is the first reply for an open batch of the
-            current generation, else None (stale, late or duplicate: discard it).
+            The request it answers and its batches for which it is the first reply (open
+            batches of the current generation), else None: none is (stale, late or
+            duplicate: discard it).
 
         Raises:
             ProtocolError: ``server`` has no such request outstanding (nor forgotten).
@@ -330,14 +395,15 @@ class Scheduler:
                 return None
             raise ProtocolError(f"{s.endpoint}: reply to unknown request {req_id}")
         self._shares.answered(server, now, now - slot.sent, slot.queued)
-        return slot if self._fetch is not None and self._fetch.accept(slot) else None
+        first = () if self._fetch is None else self._fetch.accept(slot)
+        return Reply(slot, first) if first else None
 
-    def undelivered(self, server: int, req_id: int, now: float) -> None:
-        """The server could not deliver its reply to ``req_id``: request the batch again."""
-        slot = self._servers[server].outstanding.get(req_id)
-        if (self.on_reply(server, req_id, now) is not None and slot is not None
-                and self._fetch is not None):
-            self._fetch.again(slot.index)
+    def again(self, reply: Reply) -> None:
+        """``reply``'s batches are requested again (each alone): the server could not
+        deliver the reply, or failed a request of several batches."""
+        if self._fetch is not None and self._fetch.gen == reply.slot.gen:
+            for index in reply.indexes:
+                self._fetch.again(index)
 
     def outstanding(self, server: int) -> int:
         return len(self._servers[server].outstanding)
@@ -377,10 +443,11 @@ class Scheduler:
         fetch = self._fetch
         if fetch is None:
             return
-        covered = {slot.index for o in self._servers if o.state is State.UP and o is not s
-                   for slot in o.outstanding.values() if slot.gen == fetch.gen}
-        fetch.requeue(slot.index for slot in s.outstanding.values()
-                      if slot.gen == fetch.gen and slot.index not in covered)
+        covered = {i for o in self._servers if o.state is State.UP and o is not s
+                   for slot in o.outstanding.values() if slot.gen == fetch.gen
+                   for i in slot.indexes}
+        fetch.requeue(i for slot in s.outstanding.values() if slot.gen == fetch.gen
+                      for i in slot.indexes if i not in covered)
 
     def heartbeats_due(self, now: float) -> list[int]:
         """Joined servers to send a HEARTBEAT to now (each is then due again in

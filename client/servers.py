@@ -59,6 +59,7 @@ class ServerRecord:
     state: State = State.JOINING
     credits: int = 0
     share: int = 0  # credits granted at the first join: this server's part of the window
+    group: int = 1  # most batches one request may carry (its INDEX's)
     outstanding: dict[int, Slot] = field(default_factory=dict)
     forgotten: set[int] = field(default_factory=set)  # requests whose replies are discarded
     down_links: set[Hashable] = field(default_factory=set)

@@ -51,6 +51,7 @@ from dataflow.client.buffers import (
     Received,
     typed_views,
 )
+from dataflow.client.parts import split
 from dataflow.client.receive import drain
 from dataflow.errors import ProtocolError, SegmentError
 from dataflow.shm import SHM_DIR, Geometry, Segment, SlotLedger, remove_stale
@@ -218,7 +219,7 @@ class ShmRings:
         if ring is None:
             return req
         slot = ring.ledger.lend(req.req_id)
-        return req if slot < 0 else wire.Request(req.req_id, req.ranges, req.tag, slot)
+        return req if slot < 0 else replace(req, slot=slot)
 
     def answered(self, server: int, req_id: int) -> None:
         """Request ``req_id`` of ``server`` got an answer not read from its slot (an ERROR, a
@@ -261,13 +262,15 @@ class ShmRings:
 
 
 def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ring, slot: int,
-                   sink: HostSink | CudaSink, count: Callable[[str, int], None]) -> Received:
-    """Read the batch ``msg`` from ``slot`` of ``ring`` (taken) where ``sink`` wants it, and
-    give the slot back: at once when the batch was copied out of it, when the device copy
-    reading it finished (a registered segment, a CUDA ``device``), or, for CPU batches viewing
-    the slot in place (no copy: unpinned, or pinned by the registration), once every tensor of
-    the batch is freed; while :data:`VIEWS` such batches are held, the next ones are copied
-    out, so the consumer keeping batches never starves the ring.
+                   sink: HostSink | CudaSink,
+                   count: Callable[[str, int], None]) -> list[Received]:
+    """Read the batches of ``msg`` (one, or one per ``parts`` entry:
+    :func:`dataflow.client.parts.split`) from ``slot`` of ``ring`` (taken) where ``sink``
+    wants them, and give the slot back: at once when they were copied out of it, when the
+    device copy reading it finished (a registered segment, a CUDA ``device``), or, for CPU
+    batches viewing the slot in place (no copy: unpinned, or pinned by the registration),
+    once every tensor of them is freed; while :data:`VIEWS` such slots are held, the next ones
+    are copied out, so the consumer keeping batches never starves the ring.
 
     Raises:
         ProtocolError: buffer frames follow the header, or the arrays fail
@@ -282,29 +285,30 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
     if (isinstance(sink, HostSink) and (not sink.pin or ring.host is not None)
             and ring.may_view()):
         arr = np.frombuffer(ring.segment.buf, dtype=np.uint8, count=nbytes, offset=start)
-        _check(endpoint, msg, layout, arr)
+        _, bounds = _check(endpoint, msg, layout, arr)
         ring.ledger.release(slot, ring.viewed(arr))
-        count("shm_batches", 1)
-        return Received(_tensors(msg, layout, arr))
+        count("shm_batches", max(1, len(msg.parts)))
+        return split(Received(_tensors(msg, layout, arr)), msg, bounds)
     if isinstance(sink, CudaSink) and ring.host is not None:
         host = ring.host[start : start + nbytes]
-        _check(endpoint, msg, layout, host.numpy())
+        _, bounds = _check(endpoint, msg, layout, host.numpy())
         dev, event = sink.copier.copy(host)
         ring.ledger.release(slot, ring.copied(event))
-        count("shm_batches", 1)
-        return Received(typed_views(dev, msg.arrays, layout.offsets), event, dev)
+        count("shm_batches", max(1, len(msg.parts)))
+        return split(Received(typed_views(dev, msg.arrays, layout.offsets), event, dev), msg,
+                     bounds)
     landing = sink.land(layout)
     own = (landing.host if isinstance(landing, BufferLanding)
            else torch.empty(nbytes, dtype=torch.uint8))
     dst = own.numpy()
     np.copyto(dst[:nbytes], np.frombuffer(ring.segment.slot(slot, nbytes), dtype=np.uint8))
     ring.ledger.release(slot)
-    frames = _check(endpoint, msg, layout, dst)
-    count("shm_batches", 1)
+    frames, bounds = _check(endpoint, msg, layout, dst)
+    count("shm_batches", max(1, len(msg.parts)))
     if isinstance(landing, BufferLanding):
         landing.frames = frames
-        return landing.finish(msg)
-    return Received(typed_views(own, msg.arrays, layout.offsets))
+        return split(landing.finish(msg), msg, bounds)
+    return split(Received(typed_views(own, msg.arrays, layout.offsets)), msg, bounds)
 
 
 def _tensors(msg: wire.BatchMsg, layout: wire.BatchLayout,
@@ -317,11 +321,12 @@ def _tensors(msg: wire.BatchMsg, layout: wire.BatchLayout,
 
 
 def _check(endpoint: str, msg: wire.BatchMsg, layout: wire.BatchLayout,
-           buf: np.ndarray) -> list[np.ndarray]:
-    """Views of ``buf`` at the batch's frame places, checked as frames are."""
+           buf: np.ndarray) -> tuple[list[np.ndarray], dict[str, tuple[int, ...]]]:
+    """Views of ``buf`` at the batch's frame places, checked as frames are, and the ragged
+    values bounds of its batches (``BatchLayout.check_frames``)."""
     frames = [buf[s : s + n] for s, n in layout.frames]
     try:
-        layout.check_frames(msg, layout.sizes, frames)
+        bounds = layout.check_frames(msg, layout.sizes, frames)
     except ProtocolError as e:
         raise ProtocolError(f"{endpoint}: {e}") from e
-    return frames
+    return frames, bounds

@@ -13,16 +13,20 @@ from dataflow.errors import ProtocolError
 @dataclass(frozen=True, eq=False)
 class Slot:
     """Request ``req_id`` to server number ``server``, for batch ``index`` of stream
-    generation ``gen``; it goes on the wire as :meth:`request`.
+    generation ``gen`` (and the batches after it of ``parts``); it goes on the wire as
+    :meth:`request`.
 
     Attributes:
-        ranges: int64 array of shape ``(n, 3)``: the batch's ``(shard, start, stop)`` rows.
-        tag: the batch's (seed, epoch, global batch index), for the server's transform.
+        ranges: int64 array of shape ``(n, 3)``: the batches' ``(shard, start, stop)`` rows.
+        tag: the (first) batch's (seed, epoch, global batch index), for the server's
+            transform.
         retry: the batch was requested before (from a lost server, or after a request that
             took longer than ``request_timeout``).
         sent: when the request was sent (the scheduler's clock).
         queued: the requests its server held when it was sent, itself counted (for the
             server's service time, :mod:`dataflow.client.shares`).
+        parts: the batches ``index, index + 1, ...`` the request carries, 2 or more (their
+            rows of ``ranges`` and their tags), or empty: batch ``index`` alone.
     """
 
     server: int
@@ -34,23 +38,44 @@ class Slot:
     retry: bool
     sent: float
     queued: int = 1
+    parts: tuple[wire.Part, ...] = ()
+
+    @property
+    def indexes(self) -> range:
+        """The stream indexes of the batches the request carries."""
+        return range(self.index, self.index + max(1, len(self.parts)))
 
     @property
     def samples(self) -> int:
-        """Samples the batch holds (the sum of its ranges' ``stop - start``)."""
+        """Samples the batches hold (the sum of their ranges' ``stop - start``)."""
         return int((self.ranges[:, 2] - self.ranges[:, 1]).sum())
 
     def request(self) -> wire.Request:
         """The REQUEST message."""
+        if self.parts:
+            return wire.Request(self.req_id, self.ranges, parts=self.parts)
         return wire.Request(self.req_id, self.ranges, self.tag)
 
-    def check_size(self, endpoint: str, size: int, skipped: int) -> None:
-        """Check a BATCH for this request: ``size`` samples served plus ``skipped`` left out
-        (damaged, server ``--on-error skip``) must be the samples asked for.
+    def check_size(self, endpoint: str, msg: wire.BatchMsg) -> None:
+        """Check BATCH ``msg`` for this request: it carries as many batches, and each one's
+        samples served plus those left out (damaged, server ``--on-error skip``) are the
+        samples asked for, ``msg.skipped`` in all.
 
         Raises:
             ProtocolError: naming the endpoint, the request and the counts.
         """
-        if size + skipped != self.samples:
-            raise ProtocolError(f"{endpoint}: BATCH {self.req_id} has {size} samples and "
-                                f"{skipped} skipped; the request asked for {self.samples}")
+        if len(msg.parts) != (len(self.parts) if self.parts else 0):
+            raise ProtocolError(f"{endpoint}: BATCH {self.req_id} carries "
+                                f"{max(1, len(msg.parts))} batches; the request asked for "
+                                f"{max(1, len(self.parts))}")
+        if msg.size + msg.skipped != self.samples:
+            raise ProtocolError(f"{endpoint}: BATCH {self.req_id} has {msg.size} samples and "
+                                f"{msg.skipped} skipped; the request asked for {self.samples}")
+        row = 0
+        for j, (part, size) in enumerate(zip(self.parts, msg.parts, strict=True)):
+            rows = self.ranges[row : row + part.rows]
+            asked = int((rows[:, 2] - rows[:, 1]).sum())
+            if size > asked:
+                raise ProtocolError(f"{endpoint}: BATCH {self.req_id} has {size} samples in "
+                                    f"its batch {j}; the request asked for {asked}")
+            row += part.rows

@@ -59,6 +59,20 @@ class Demand:
         """One past the last batch wanted."""
         return self.first + sum(len(p) for p in self.passes)
 
+    def pass_end(self, index: int) -> int:
+        """One past the last batch of the pass batch ``index`` is of.
+
+        Raises:
+            InternalError: ``index`` is not a batch of this demand.
+        """
+        start = self.first
+        for p in self.passes:
+            if start <= index < start + len(p):
+                return start + len(p)
+            start += len(p)
+        raise InternalError(f"batch {index} is outside generation {self.gen}'s batches "
+                            f"[{self.first}, {self.end})")
+
     def batch(self, index: int) -> tuple[np.ndarray, BatchTag]:
         """Batch ``index``'s ``(shard, start, stop)`` rows and its tag.
 

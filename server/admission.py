@@ -24,10 +24,13 @@ class Grant:
     Attributes:
         credits: credits granted to the session.
         max_samples: most samples one of its REQUESTs may name.
+        group: most batches one of its REQUESTs may carry (its HELLO's ``group``, at most
+            as many batches of its ``batch_size`` as ``max_samples`` holds, at least 1).
     """
 
     credits: int
     max_samples: int
+    group: int = 1
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,9 @@ def admit_hello(msg: Hello, config: ServerConfig, served: Sequence[str], *, rene
     ``--max-request-samples``, ``columns`` naming a field not in ``served``) is refused as a
     protocol error. A new session is refused as busy while the server holds ``sessions`` of
     ``--max-sessions``, or its peer address ``of_address`` of ``--max-sessions-per-address``.
-    A session may name ``batch_size`` samples a request (``--max-request-samples`` without
-    one) and is granted its ``credits``, at most ``--max-credits`` and at most
+    A session may name ``batch_size x group`` samples a request (a REQUEST carries up to
+    ``group`` batches), at most ``--max-request-samples`` (also without a ``batch_size``), and
+    is granted its ``credits``, at most ``--max-credits`` and at most
     ``--max-window-samples`` samples' worth, at least one.
     """
     cap = config.max_request_samples
@@ -68,10 +72,11 @@ def admit_hello(msg: Hello, config: ServerConfig, served: Sequence[str], *, rene
                        f"this server holds {of_address} sessions of this client's address, "
                        "the most one address may (--max-sessions-per-address); use another "
                        "server or retry later")
-    max_samples = msg.batch_size or cap
+    max_samples = min(msg.batch_size * msg.group, cap) if msg.batch_size else cap
     credits = min(msg.credits, config.max_credits,
                   max(1, config.max_window_samples // max_samples))
-    return Grant(credits, max_samples)
+    group = max(1, min(msg.group, max_samples // msg.batch_size)) if msg.batch_size else 1
+    return Grant(credits, max_samples, group)
 
 
 def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],

@@ -241,7 +241,8 @@ class ClientHandler:
         workers, endpoints = self._server_info()
         frames = wire.encode(wire.Index(outcome.credits, workers, self._index_json,
                                         s.token.decode(), tuple(endpoints),
-                                        self._config.transform or "", proof))
+                                        self._config.transform or "", proof,
+                                        outcome.group))
         frames[-1] = self._index_body  # the same bytes, shared by every INDEX queued
         if self._delivery.send_frames(identity, frames) is not SendResult.OK:
             self._counters["dropped_sends"] += 1
@@ -264,7 +265,7 @@ class ClientHandler:
                 self._read_notices()
             outcome = self._ledger.admit(Task(s.token, msg.req_id, msg.ranges, msg.tag,
                                               s.columns, shm=s.shm if msg.slot >= 0 else None,
-                                              slot=msg.slot))
+                                              slot=msg.slot, parts=msg.parts))
             if isinstance(outcome, Refusal):
                 problem = outcome.message
         if problem is not None:

@@ -90,7 +90,8 @@ class ServerConfig:
         session_idle_timeout: seconds after which a session that sent nothing at all (not
             even a HEARTBEAT) is freed, even with its connection open, and told so.
         max_request_samples: most samples one REQUEST may name for a client whose HELLO
-            declares no ``batch_size``, and the most a HELLO may declare.
+            declares no ``batch_size``, and the most a HELLO may declare; a REQUEST of several
+            batches carries as many as fit (:func:`~dataflow.server.admission.admit_hello`).
         max_reply_bytes: most bytes of one reply; a larger batch is answered with an ERROR.
         max_inbound_bytes: most bytes one client connection may have sent that the server has
             not received as whole messages (e.g. a multipart message never finished); the

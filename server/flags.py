@@ -151,8 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="N",
                       help="most samples in one REQUEST of a client whose HELLO declares no "
                            "batch_size, and the largest batch_size a HELLO may declare; a "
-                           "REQUEST of more samples than its session allows, or naming a "
-                           "sample twice (overlapping ranges), is refused before any read "
+                           "REQUEST carries as many of a client's batches as fit (up to the "
+                           "HELLO's group); a REQUEST of more samples than its session "
+                           "allows, or naming a sample twice (overlapping ranges), is refused "
+                           "before any read "
                            "(STATS refused) (default: %(default)s)")
     caps.add_argument("--max-reply-bytes", type=int, default=DEFAULT_MAX_REPLY_BYTES,
                       metavar="BYTES",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dataflow import wire
-from dataflow.batch import batch_len
+from dataflow.batch import Batch, batch_len
 from dataflow.convert.columns import ReadOptions
 from dataflow.errors import DataflowError, InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
@@ -196,27 +196,48 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
 
 def _batch(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec,
            task: Task) -> tuple[wire.BatchMsg, tuple[tuple[int, int], ...]]:
-    """The BATCH answering ``task``, and the ``(shard, samples)`` it left out as damaged."""
-    ranges, columns = task.ranges, task.columns
-    batch = read_ranges(meter.get, ranges)
-    if transform is not None:
-        batch = apply_transform(transform, batch, transform_context(spec, ranges, task.tag),
-                                columns)
-    if columns is not None:
-        batch = select(batch, columns)
-    skips = meter.skips()
-    skipped = sum(skips.values())
-    requested = int((ranges[:, 2] - ranges[:, 1]).sum())
-    if batch_len(batch) + skipped != requested:
-        raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
-                            f"for a request of {requested}")
-    msg = wire.batch_to_message(task.req_id, batch, skipped)
+    """The BATCH answering ``task``, and the ``(shard, samples)`` it left out as damaged.
+
+    A task with ``parts`` reads, transforms and selects each batch alone (its transform's
+    seed and context are the batch's own), and answers them in one BATCH."""
+    if not task.parts:
+        batch, skipped = _one(meter, transform, spec, task.ranges, task.tag, task.columns)
+        msg = wire.batch_to_message(task.req_id, batch, skipped)
+    else:
+        batches, skipped = [], 0
+        row = 0
+        for part in task.parts:
+            batch, n = _one(meter, transform, spec, task.ranges[row : row + part.rows],
+                            part.tag, task.columns)
+            batches.append(batch)
+            skipped += n
+            row += part.rows
+        msg = wire.batches_to_message(task.req_id, batches, skipped)
     nbytes = sum(a.nbytes for a in msg.arrays)
     if nbytes > spec.max_reply_bytes:
         raise ReplyTooLarge(f"batch of {nbytes} bytes exceeds this server's "
                             f"--max-reply-bytes {spec.max_reply_bytes}; ask for fewer "
                             "samples a request")
-    return msg, tuple(sorted(skips.items()))
+    return msg, tuple(sorted(meter.skips().items()))
+
+
+def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges: np.ndarray,
+         tag: BatchTag, columns: tuple[str, ...] | None) -> tuple[Batch, int]:
+    """One batch of ``ranges`` (``tag``) read, transformed and selected, and the samples left
+    out of it as damaged."""
+    before = sum(meter.skips().values())
+    batch = read_ranges(meter.get, ranges)
+    if transform is not None:
+        batch = apply_transform(transform, batch, transform_context(spec, ranges, tag),
+                                columns)
+    if columns is not None:
+        batch = select(batch, columns)
+    skipped = sum(meter.skips().values()) - before
+    requested = int((ranges[:, 2] - ranges[:, 1]).sum())
+    if batch_len(batch) + skipped != requested:
+        raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
+                            f"for a request of {requested}")
+    return batch, skipped
 
 
 def _failed(spec: WorkerSpec, task: Task, e: Exception) -> tuple[list[wire.Buffer], Sent]:

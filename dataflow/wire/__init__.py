@@ -15,7 +15,13 @@
 This package never imports pyarrow or torch.
 """
 
-from dataflow.wire.arrays import ZERO_COPY_MIN_BYTES, batch_to_message, message_to_batch
+from dataflow.wire.arrays import (
+    ZERO_COPY_MIN_BYTES,
+    batch_to_message,
+    batches_to_message,
+    message_to_batch,
+    message_to_batches,
+)
 from dataflow.wire.codec import SPECS, decode, decode_header, encode, kind_of, parse_header
 from dataflow.wire.fields import (
     MAX_BATCH_SIZE,
@@ -23,6 +29,7 @@ from dataflow.wire.fields import (
     MAX_COLUMNS_BYTES,
     MAX_COUNTER_LIST,
     MAX_CREDITS,
+    MAX_GROUP,
     MAX_HEADER_BYTES,
     MAX_INDEX_BYTES,
     MAX_NAME,
@@ -53,6 +60,7 @@ from dataflow.wire.messages import (
     Index,
     Kind,
     Message,
+    Part,
     Request,
     ShmOffer,
     ShmRef,
@@ -63,12 +71,13 @@ from dataflow.wire.table import Codec, Header, MessageSpec
 
 __all__ = [
     "ALIGN", "Codec", "DTYPES", "Header", "MAGIC", "MAX_BATCH_SIZE", "MAX_COLUMNS",
-    "MAX_COLUMNS_BYTES", "MAX_COUNTER_LIST", "MAX_CREDITS",
+    "MAX_COLUMNS_BYTES", "MAX_COUNTER_LIST", "MAX_CREDITS", "MAX_GROUP",
     "MAX_FRAME_BYTES", "MAX_HEADER_BYTES",
     "MAX_INDEX_BYTES", "MAX_NAME", "NO_TAG", "MAX_RANGES", "MAX_TEXT", "SPECS",
     "VERSION", "ArraySpec", "BatchLayout", "BatchMsg", "BatchTag", "Buffer", "Bye", "ErrorKind",
-    "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Request",
+    "ErrorMsg", "Heartbeat", "Hello", "Index", "Kind", "Message", "MessageSpec", "Part", "Request",
     "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES", "ShmOffer", "ShmRef", "MAX_SHM_SLOTS",
-    "Stats", "StatsReply", "batch_to_message", "decode",
-    "decode_header", "encode", "kind_of", "message_to_batch", "parse_header",
+    "Stats", "StatsReply", "batch_to_message", "batches_to_message", "decode",
+    "decode_header", "encode", "kind_of", "message_to_batch", "message_to_batches",
+    "parse_header",
 ]

@@ -81,6 +81,9 @@ def check_batch(msg: BatchMsg) -> None:
     Raises:
         ProtocolError: naming the field (``ragged`` or ``arrays``) that breaks a rule.
     """
+    if msg.parts and (len(msg.parts) < 2 or sum(msg.parts) != msg.size):
+        raise ProtocolError(f"BATCH header field `parts`: 2 or more batches adding up to "
+                            f"`size` {msg.size}. Found: {list(msg.parts)}"[:400])
     by_name = {s.name: s for s in msg.arrays}
     paired: set[str] = set()
     for name, _ in msg.ragged:
@@ -91,9 +94,10 @@ def check_batch(msg: BatchMsg) -> None:
         if len(values.shape) != 1:
             raise ProtocolError(f"BATCH header field `ragged`: field {name!r}: values must be "
                                 f"1-D. Found shape {values.shape}")
-        if offsets.dtype != "int64" or offsets.shape != (msg.size + 1,):
+        rows = msg.size + max(len(msg.parts), 1)
+        if offsets.dtype != "int64" or offsets.shape != (rows,):
             raise ProtocolError(f"BATCH header field `ragged`: field {name!r}: offsets must be "
-                                f"int64 of shape ({msg.size + 1},). Found: {offsets.dtype} "
+                                f"int64 of shape ({rows},). Found: {offsets.dtype} "
                                 f"{offsets.shape}")
         paired.update((name, name + OFFSETS_SUFFIX))
     for s in msg.arrays:
@@ -191,9 +195,73 @@ def batch_to_message(req_id: int, batch: Batch, skipped: int = 0) -> BatchMsg:
     return BatchMsg(req_id, size, tuple(specs), tuple(ragged), tuple(data), skipped)
 
 
+def batches_to_message(req_id: int, batches: Sequence[Batch],
+                       skipped: int = 0) -> BatchMsg:
+    """The BATCH message carrying ``batches`` (2 or more) as the reply to request ``req_id``
+    with as many ``parts``: each field's arrays one after the other, a ragged field's offsets
+    each batch's own (see :class:`BatchMsg`).
+
+    Raises:
+        ProtocolError: the batches do not have the same fields, of the same kinds, dtypes and
+            sample shapes (naming the first batch that differs), or what
+            :func:`batch_to_message` raises.
+    """
+    if len(batches) < 2:
+        raise ProtocolError(f"a BATCH with parts carries 2 or more batches. Found: "
+                            f"{len(batches)}")
+    msgs = [batch_to_message(req_id, b) for b in batches]
+    first = msgs[0]
+    for j, msg in enumerate(msgs[1:], 1):
+        if msg.ragged != first.ragged or _fields(msg) != _fields(first):
+            raise ProtocolError(f"batch {j} of request {req_id} does not have the fields of "
+                                f"batch 0 (names, kinds, dtypes, sample shapes): "
+                                f"{_fields(msg)} vs {_fields(first)}"[:1000])
+    merged = [np.concatenate(parts) for parts in zip(*(m.data for m in msgs), strict=True)]
+    sizes = tuple(m.size for m in msgs)
+    specs = tuple(ArraySpec(s.name, s.dtype, tuple(a.shape))
+                  for s, a in zip(first.arrays, merged, strict=True))
+    return BatchMsg(req_id, sum(sizes), specs, first.ragged, tuple(merged), skipped,
+                    parts=sizes)
+
+
+def _fields(msg: BatchMsg) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [(s.name, s.dtype, s.shape[1:]) for s in msg.arrays]
+
+
 def message_to_batch(msg: BatchMsg) -> Batch:
-    """The :data:`~dataflow.batch.Batch` carried by a decoded BATCH message."""
+    """The :data:`~dataflow.batch.Batch` carried by a decoded BATCH message of one batch (no
+    ``parts``: see :func:`message_to_batches`)."""
+    if msg.parts:
+        raise ProtocolError(f"BATCH {msg.req_id} carries {len(msg.parts)} batches")
+    return _batch_of(msg, dict(zip((s.name for s in msg.arrays), msg.data, strict=True)))
+
+
+def message_to_batches(msg: BatchMsg) -> list[Batch]:
+    """Every batch a decoded BATCH message carries, in order: one, or one per ``parts``
+    entry (views of the message's arrays)."""
+    if not msg.parts:
+        return [message_to_batch(msg)]
     arrays = dict(zip((s.name for s in msg.arrays), msg.data, strict=True))
+    ragged = {name for name, _ in msg.ragged}
+    out = []
+    row = 0
+    starts = dict.fromkeys(ragged, 0)
+    for j, n in enumerate(msg.parts):
+        part: dict[str, np.ndarray] = {}
+        for name, arr in arrays.items():
+            if name in ragged:
+                offsets = arrays[name + OFFSETS_SUFFIX][row + j : row + j + n + 1]
+                part[name] = arr[starts[name] : starts[name] + int(offsets[-1])]
+                part[name + OFFSETS_SUFFIX] = offsets
+                starts[name] += int(offsets[-1])
+            elif not (name.endswith(OFFSETS_SUFFIX) and name[: -len(OFFSETS_SUFFIX)] in ragged):
+                part[name] = arr[row : row + n]
+        out.append(_batch_of(msg, part))
+        row += n
+    return out
+
+
+def _batch_of(msg: BatchMsg, arrays: dict[str, np.ndarray]) -> Batch:
     kinds = dict(msg.ragged)
     out: Batch = {}
     for name, arr in arrays.items():

@@ -27,6 +27,7 @@ from dataflow.wire.fields import (
     INT64_MAX,
     MAX_BATCH_SIZE,
     MAX_CREDITS,
+    MAX_GROUP,
     MAX_INDEX_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_NAME,
@@ -59,6 +60,7 @@ from dataflow.wire.messages import (
     Index,
     Kind,
     Message,
+    Part,
     Request,
     ShmOffer,
     ShmRef,
@@ -110,6 +112,10 @@ class RangesBody(BodyCodec):
 
     def decode(self, head: Any, described: dict[str, Any], frames: Sequence[Any]) -> Any:
         check_sizes(self._what, [described["n"] * RANGE_BYTES], frame_sizes(frames))
+        parts = getattr(head, "parts", ())
+        if parts and sum(p.rows for p in parts) != described["n"]:
+            raise ProtocolError(f"{self._what} `parts` name {sum(p.rows for p in parts)} rows "
+                                f"of its {described['n']} ranges")
         return replace(head, ranges=np.frombuffer(frames[0], dtype="<i8").reshape(-1, 3))
 
 
@@ -150,7 +156,39 @@ def shm_ref(v: Any) -> ShmRef:
     return ShmRef(v[0], v[1])
 
 
+def request_parts(v: Any) -> tuple[Part, ...]:
+    """A REQUEST's ``parts``: 2 to :data:`MAX_GROUP` ``[rows, seed, epoch, batch]``, each of
+    1 or more rows, integers in ``[0, 2**63)``."""
+    if not isinstance(v, list) or not 2 <= len(v) <= MAX_GROUP:
+        raise FieldError(f"must be a list of 2 to {MAX_GROUP} [rows, seed, epoch, batch]")
+    out = []
+    for p in v:
+        if (not isinstance(p, list) or len(p) != 4
+                or not all(as_int(x) is not None and 0 <= x <= INT64_MAX for x in p)
+                or p[0] < 1):
+            raise FieldError("entries must be [rows, seed, epoch, batch]: integers in "
+                             f"[0, {INT64_MAX}], rows at least 1")
+        out.append(Part(p[0], BatchTag(*p[1:])))
+    return tuple(out)
+
+
+def batch_parts(v: Any) -> tuple[int, ...]:
+    """A BATCH's ``parts``: 2 to :data:`MAX_GROUP` sample counts."""
+    if (not isinstance(v, list) or not 2 <= len(v) <= MAX_GROUP
+            or not all(as_int(x) is not None and 0 <= x <= INT64_MAX for x in v)):
+        raise FieldError(f"must be a list of 2 to {MAX_GROUP} sample counts")
+    return tuple(v)
+
+
+def check_request(msg: Request) -> None:
+    """A REQUEST with ``parts`` tags each of them, not itself."""
+    if msg.parts and msg.tag != NO_TAG:
+        raise ProtocolError("REQUEST with `parts` must have no `tag` (each part has its own)")
+
+
 TAG = FieldSpec("tag", batch_tag, dump=list, optional=True, omit=NO_TAG)
+PARTS = FieldSpec("parts", request_parts, dump=lambda ps: [[p.rows, *p.tag] for p in ps],
+                  optional=True, omit=())
 COLUMNS = FieldSpec("columns", column_names, dump=list, optional=True)
 
 
@@ -162,6 +200,7 @@ SPECS: dict[Kind, MessageSpec] = {
         COLUMNS,
         FieldSpec("shm", shm_offer, dump=lambda o: [o.name, o.slots, o.slot_bytes],
                   optional=True),
+        FieldSpec("group", integer(1, MAX_GROUP), optional=True, omit=1),
     )),
     Kind.INDEX: MessageSpec(Index, (
         FieldSpec("credits", integer(1, MAX_CREDITS)),
@@ -171,10 +210,12 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("transform", text(MAX_NAME), dump=lambda s: s[:MAX_NAME], optional=True,
                   omit=""),
         FieldSpec("shm", hex_text(2 * NONCE_BYTES), optional=True, omit=""),
+        FieldSpec("group", integer(1, MAX_GROUP), optional=True, omit=1),
     ), IndexBody()),
     Kind.REQUEST: MessageSpec(Request, (
         REQ_ID, TAG, FieldSpec("slot", integer(-1, MAX_SHM_SLOTS - 1), optional=True, omit=-1),
-    ), RangesBody("REQUEST")),
+        PARTS,
+    ), RangesBody("REQUEST"), check_request),
     Kind.BATCH: MessageSpec(BatchMsg, (
         REQ_ID,
         FieldSpec("size", integer(0, INT64_MAX)),
@@ -183,6 +224,7 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("ragged", ragged_fields, dump=lambda r: [list(p) for p in r]),
         FieldSpec("skipped", integer(0, INT64_MAX), optional=True, omit=0),
         FieldSpec("shm", shm_ref, dump=lambda r: [r.slot, r.nbytes], optional=True),
+        FieldSpec("parts", batch_parts, dump=list, optional=True, omit=()),
     ), ArraysBody(), check_batch),
     Kind.ERROR: MessageSpec(ErrorMsg, (
         FieldSpec("req_id", integer(-1, INT64_MAX)),

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from dataflow.errors import ProtocolError
-from dataflow.wire.codec import COLUMNS, REQ_ID, TAG, RangesBody, shm_offer
+from dataflow.wire.codec import COLUMNS, PARTS, REQ_ID, TAG, RangesBody, shm_offer
 from dataflow.wire.fields import (
     INT64_MAX,
     MAX_RANGES,
@@ -46,7 +46,7 @@ from dataflow.wire.fields import (
     routing_id,
     text,
 )
-from dataflow.wire.messages import NO_TAG, BatchTag, ShmOffer
+from dataflow.wire.messages import NO_TAG, BatchTag, Part, ShmOffer
 from dataflow.wire.table import Codec, MessageSpec
 
 
@@ -78,6 +78,7 @@ class Task:
         shm: the session's shared-memory segment, when the REQUEST lent a slot of it, else
             None.
         slot: the slot lent (the reader writes the reply's arrays there), or -1.
+        parts: the REQUEST's batches (:class:`~dataflow.wire.Request`), or empty: one.
     """
 
     token: bytes
@@ -88,6 +89,7 @@ class Task:
     attempts: int = 0
     shm: ShmOffer | None = None
     slot: int = -1
+    parts: tuple[Part, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ INTERNAL_SPECS: dict[InternalKind, MessageSpec] = {
         FieldSpec("shm", shm_offer, dump=lambda o: [o.name, o.slots, o.slot_bytes],
                   optional=True),
         FieldSpec("slot", integer(-1, MAX_SHM_SLOTS - 1), optional=True, omit=-1),
+        PARTS,
     ), RangesBody("TASK")),
     InternalKind.STARTED: MessageSpec(Started, (FieldSpec("endpoint", text(MAX_TEXT)),)),
     InternalKind.SENT: MessageSpec(Sent, (

@@ -80,7 +80,7 @@ class BatchLayout:
         return cls(pos, tuple(offsets), tuple(frames), tuple(sizes), tuple(counts))
 
     def check_frames(self, msg: BatchMsg, sizes: Sequence[int],
-                     frames: Sequence[Any]) -> None:
+                     frames: Sequence[Any]) -> dict[str, tuple[int, ...]]:
         """The one check of a BATCH's buffer frames, run by every receiver of one.
 
         Args:
@@ -90,15 +90,21 @@ class BatchLayout:
                 (anything with the buffer protocol); only the ragged offsets are read, and
                 only once every size is right.
 
+        Returns:
+            For a BATCH with ``parts``, each ragged field's values bounds: where each batch's
+            values start, and the end (``len(parts) + 1`` numbers); else nothing.
+
         Raises:
             ProtocolError: a frame missing or in excess, a frame of another size than
                 announced, or a ragged field's offsets that do not start at 0, decrease or do
-                not end at its number of values; naming the request and the frame or field.
+                not end at its number of values (each batch's, for ``parts``); naming the
+                request and the frame or field.
         """
         if tuple(sizes) != self.sizes:  # on the hot path: the message only when it fails
             check_sizes(f"BATCH {msg.req_id}", self.sizes, sizes)
+        bounds: dict[str, tuple[int, ...]] = {}
         if not msg.ragged:
-            return
+            return bounds
         index = {s.name: k for k, s in enumerate(msg.arrays)}
         for name, _ in msg.ragged:
             k = index[name + OFFSETS_SUFFIX]
@@ -107,9 +113,14 @@ class BatchLayout:
                      for f in frames[first : first + self.counts[k]]]
             offsets = (parts[0] if len(parts) == 1 else np.concatenate(parts)).view(np.int64)
             n_values = msg.arrays[index[name]].shape[0]
-            if offsets[0] != 0 or offsets[-1] != n_values or (np.diff(offsets) < 0).any():
-                raise ProtocolError(f"BATCH {msg.req_id} ragged field {name!r}: offsets must "
-                                    f"start at 0, never decrease and end at {n_values} values")
+            if not msg.parts:
+                if offsets[0] != 0 or offsets[-1] != n_values or (np.diff(offsets) < 0).any():
+                    raise ProtocolError(f"BATCH {msg.req_id} ragged field {name!r}: offsets "
+                                        f"must start at 0, never decrease and end at "
+                                        f"{n_values} values")
+                continue
+            bounds[name] = _part_bounds(msg, name, offsets, n_values)
+        return bounds
 
     def arrays(self, msg: BatchMsg, buf: np.ndarray) -> dict[str, np.ndarray]:
         """Typed views (no copy) of ``msg``'s arrays in ``buf``, by name, in frame order.
@@ -122,3 +133,22 @@ class BatchLayout:
                                 f"{self.nbytes} bytes. Found: {buf.dtype} {buf.shape}")
         return {s.name: buf[off : off + s.nbytes].view(s.dtype).reshape(s.shape)
                 for s, off in zip(msg.arrays, self.offsets, strict=True)}
+
+
+def _part_bounds(msg: BatchMsg, name: str, offsets: np.ndarray,
+                 n_values: int) -> tuple[int, ...]:
+    """Where each batch's values of ragged field ``name`` start in a BATCH with ``parts``, and
+    the end; each batch's ``offsets`` (its own ``n + 1``) checked."""
+    starts = [0]
+    row = 0
+    for n in msg.parts:
+        own = offsets[row : row + n + 1]
+        if own[0] != 0 or (np.diff(own) < 0).any():
+            raise ProtocolError(f"BATCH {msg.req_id} ragged field {name!r}: each batch's "
+                                "offsets must start at 0 and never decrease")
+        starts.append(starts[-1] + int(own[-1]))
+        row += n + 1
+    if starts[-1] != n_values:
+        raise ProtocolError(f"BATCH {msg.req_id} ragged field {name!r}: the batches' values "
+                            f"add up to {starts[-1]}, not its {n_values} values")
+    return tuple(starts)

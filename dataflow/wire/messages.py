@@ -88,6 +88,8 @@ class Hello:
             a HELLO naming a field it does not serve.
         shm: the client's shared-memory segment for this session, or None (not on the wire):
             TCP frames only. A server that can open it answers its nonce in INDEX ``shm``.
+        group: most batches one REQUEST will carry (its ``parts``); 1 (not on the wire): one.
+            The server's samples per request for the session are ``batch_size x group``.
     """
 
     credits: int
@@ -95,6 +97,7 @@ class Hello:
     batch_size: int | None = None
     columns: tuple[str, ...] | None = None
     shm: ShmOffer | None = None
+    group: int = 1
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class Index:
         shm: the nonce (hex) the server read from the HELLO's shared-memory segment: its proof
             that it opened the client's file, so this session's REQUESTs may lend slots; ""
             (not on the wire): none offered, or the server cannot or will not use it.
+        group: most batches one REQUEST of this session may carry (at most the HELLO's);
+            1 (not on the wire): one.
     """
 
     credits: int
@@ -126,6 +131,7 @@ class Index:
     data: tuple[str, ...] = ()
     transform: str = ""
     shm: str = ""
+    group: int = 1
 
 
 def as_ranges(ranges: Any) -> np.ndarray:
@@ -166,9 +172,17 @@ class BatchTag(NamedTuple):
 NO_TAG = BatchTag()
 
 
+class Part(NamedTuple):
+    """One batch of a REQUEST that carries several: its next ``rows`` rows of ``ranges``, and
+    its tag (for the server's transform, which runs on each batch alone)."""
+
+    rows: int
+    tag: BatchTag
+
+
 @dataclass(frozen=True, eq=False, init=False)
 class Request:
-    """Client -> server: read one batch.
+    """Client -> server: read one batch, or several (``parts``) answered by one BATCH.
 
     Attributes:
         req_id: client-chosen id echoed in the reply, ``0 <= req_id < 2**63``.
@@ -178,24 +192,31 @@ class Request:
             gets its per-batch seed (:mod:`dataflow.transform`). Not on the wire when all 0.
         slot: the shared-memory slot lent for the reply (a session whose INDEX proved the
             segment), or -1 (not on the wire): the reply comes in TCP frames.
+        parts: 2 or more batches (at most the session's HELLO ``group``), in order, whose
+            ``rows`` add up to the rows of ``ranges``; each is read and transformed as its
+            own request would be, and the reply is one BATCH of their samples in order, with
+            its ``parts``. ``tag`` is then unused (NO_TAG). Empty (not on the wire): one batch.
     """
 
     req_id: int
     ranges: np.ndarray
     tag: BatchTag
     slot: int
+    parts: tuple[Part, ...]
 
     def __init__(self, req_id: int, ranges: RangesLike, tag: BatchTag = NO_TAG,
-                 slot: int = -1) -> None:
+                 slot: int = -1, parts: Sequence[tuple[int, BatchTag]] = ()) -> None:
         object.__setattr__(self, "req_id", req_id)
         object.__setattr__(self, "ranges", as_ranges(ranges))
         object.__setattr__(self, "tag", BatchTag(*tag))
         object.__setattr__(self, "slot", slot)
+        object.__setattr__(self, "parts", tuple(Part(rows, BatchTag(*tag))
+                                                for rows, tag in parts))
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Request) and self.req_id == other.req_id
                 and np.array_equal(self.ranges, other.ranges) and self.tag == other.tag
-                and self.slot == other.slot)
+                and self.slot == other.slot and self.parts == other.parts)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -236,6 +257,10 @@ class BatchMsg:
             wire when 0.
         shm: where the arrays lie in the client's shared memory (no buffer frames follow the
             header), or None (not on the wire): in frames.
+        parts: the samples of each batch, in order, of a reply to a REQUEST with ``parts``
+            (one entry each; they add up to ``size``); a ragged field's offsets then start
+            again at 0 for each batch (``size + len(parts)`` of them: each batch's own
+            ``n + 1``), its values follow one another. Empty (not on the wire): one batch.
     """
 
     req_id: int
@@ -245,6 +270,7 @@ class BatchMsg:
     data: tuple[np.ndarray, ...] = field(default=(), compare=False)
     skipped: int = 0
     shm: ShmRef | None = None
+    parts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, init=False)

@@ -217,19 +217,21 @@ STUCK = '''
 import os, time
 
 def stuck(batch, ctx):
-    if ctx.epoch == 0 and ctx.batch_index >= int(os.environ["STUCK_FROM"]):
+    if ctx.epoch == 0 and int(os.environ["STUCK_FROM"]) <= ctx.batch_index < int(
+            os.environ["STUCK_UNTIL"]):
         time.sleep(float(os.environ["STUCK_S"]))
     return batch
 '''
 
 
-def _stuck_server(servers, demo, tmp_path, stuck_from: int, stuck_s: float = 6.0):
-    """A server whose transform sleeps ``stuck_s`` on batches ``stuck_from``... of epoch 0
-    (never, for a ``stuck_from`` past the epoch)."""
+def _stuck_server(servers, demo, tmp_path, stuck_from: int, stuck_s: float = 6.0,
+                  stuck_until: int = 10**6, workers: int = 1):
+    """A server whose transform sleeps ``stuck_s`` on batches ``stuck_from`` to
+    ``stuck_until`` of epoch 0 (never, for a ``stuck_from`` past the epoch)."""
     (tmp_path / "stuck_transform.py").write_text(STUCK)
-    return servers([str(p) for p in demo.paths],
+    return servers([str(p) for p in demo.paths], workers=workers,
                    env={**repo_env(str(tmp_path)), "STUCK_FROM": str(stuck_from),
-                        "STUCK_S": str(stuck_s)},
+                        "STUCK_UNTIL": str(stuck_until), "STUCK_S": str(stuck_s)},
                    extra_args=["--transform", "stuck_transform:stuck"])
 
 
@@ -255,7 +257,7 @@ def test_a_request_no_other_server_can_take_fails_naming_server_batch_and_transf
     timeout defaults to) far shorter: the loop gets an error where it reaches the batch."""
     demo = demo_data("arrow")
     server = _stuck_server(servers, demo, tmp_path, stuck_from=3, stuck_s=30.0)
-    with _loader(server.endpoint, timeout=5) as dl:
+    with _loader(server.endpoint, timeout=5, batches_per_request=1) as dl:
         it = iter(dl)
         ids = [i for _ in range(3) for i in next(it)["id"].tolist()]
         with pytest.raises(RequestTimeout) as info:
@@ -269,3 +271,24 @@ def test_a_request_no_other_server_can_take_fails_naming_server_batch_and_transf
     assert (info.value.epoch, info.value.batch, info.value.endpoint) == (0, 3, server.endpoint)
     assert isinstance(info.value, ServerUnavailable)
     assert stats["late"] >= 1 and stats["servers_lost"] == 0, stats
+
+
+@pytest.mark.timeout(90)
+def test_a_late_request_of_several_batches_is_asked_again_batch_by_batch(
+        demo_data, servers, tmp_path) -> None:
+    """Batches 0-3 travel in one request, held up by batch 3 alone: past the request timeout
+    each is asked again alone (of the same server: the only one), so 0-2 arrive and the
+    error lands on batch 3 alone."""
+    demo = demo_data("arrow")
+    server = _stuck_server(servers, demo, tmp_path, stuck_from=3, stuck_until=4, stuck_s=30.0,
+                           workers=2)
+    with _loader(server.endpoint, timeout=5, batches_per_request=4) as dl:
+        it = iter(dl)
+        ids = [i for _ in range(3) for i in next(it)["id"].tolist()]
+        with pytest.raises(RequestTimeout) as info:
+            next(it)
+        stats = dl.stats()
+    assert ids == list(range(12))
+    assert (info.value.epoch, info.value.batch) == (0, 3), info.value
+    assert str(info.value).endswith("asked for again, alone, with no reply either"), info.value
+    assert stats["late"] == 4 and stats["servers_lost"] == 0, stats

@@ -38,9 +38,9 @@ def jpeg_shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 def _epoch(endpoint: str, *, rank: int = 0, world: int = 1, epoch: int = 0,
-           seed: int = 5) -> list[dict[str, np.ndarray]]:
+           seed: int = 5, per_request: int | str = "auto") -> list[dict[str, np.ndarray]]:
     with DataLoader(endpoint, batch_size=BATCH, rank=rank, world_size=world, seed=seed,
-                    drop_last=True, timeout=30) as dl:
+                    drop_last=True, timeout=30, batches_per_request=per_request) as dl:
         dl.set_epoch(epoch)
         return [{k: v.numpy() for k, v in b.items()} for b in dl]
 
@@ -82,6 +82,21 @@ def test_crops_are_the_same_for_a_batch_on_any_server_and_rank_split(jpeg_shards
         moved = sum(crops[i] != img.tobytes() for b in other_run
                     for i, img in zip(b["cls"].tolist(), b["image"], strict=True))
         assert moved > SAMPLES // 2
+
+
+@pytest.mark.timeout(90)
+def test_crops_are_the_same_whatever_the_batches_a_request_carries(jpeg_shards,
+                                                                    servers) -> None:
+    """The transform runs on each batch of a request of several alone, seeded by its own tag:
+    the same crops as requests of one batch, for every batch."""
+    one = servers(jpeg_shards, workers=2, extra_args=["--transform", "jpeg_crop:decode_crop"],
+                  cwd=EXAMPLES)
+    alone = _epoch(one.endpoint, per_request=1)
+    for per_request in (3, "auto"):
+        got = _epoch(one.endpoint, per_request=per_request)
+        assert [b["cls"].tolist() for b in got] == [b["cls"].tolist() for b in alone]
+        for mine, theirs in zip(got, alone, strict=True):
+            np.testing.assert_array_equal(mine["image"], theirs["image"])
 
 
 @pytest.mark.timeout(90)

@@ -76,18 +76,32 @@ def test_config_rejects_columns_naming_the_problem(columns: object, reason: str)
 
 def test_batch_size_and_columns_are_said_in_the_hello() -> None:
     assert _cfg().columns is None
-    assert _cfg().hello("rank 0") == wire.Hello(4, "rank 0", batch_size=4)
-    cfg = _cfg(columns=["id", "image.bytes"], prefetch=3, batch_size=7)
+    assert _cfg().hello("rank 0") == wire.Hello(4, "rank 0", batch_size=4, group=8)
+    cfg = _cfg(columns=["id", "image.bytes"], prefetch=3, batch_size=7, batches_per_request=1)
     assert cfg.columns == ("id", "image.bytes")
     assert cfg.hello("rank 1/2") == wire.Hello(3, "rank 1/2", batch_size=7,
                                                columns=("id", "image.bytes"))
+
+
+def test_batches_per_request_sizes_the_requests() -> None:
+    """"auto": up to 8 batches sized to a 16 MiB reply, at most a shared-memory slot; an
+    integer: that many, always."""
+    assert _cfg().request_group == (8, 16 * 2**20)
+    assert _cfg(shared_memory_slot_bytes=2**20).request_group == (8, 2**20)
+    assert _cfg(shared_memory="off").request_group == (8, 16 * 2**20)
+    assert _cfg(batches_per_request=np.int64(3)).request_group == (3, None)
+    assert _cfg(batches_per_request=3).hello("r").group == 3
+    for bad in (0, 65, "many", 2.0, True):
+        with pytest.raises(ConfigError, match="batches_per_request"):
+            _cfg(batches_per_request=bad)
 
 
 def test_numpy_and_torch_integers_are_kept_as_ints() -> None:
     """Integers of any kind are accepted and stored as ``int``: the HELLO is JSON."""
     cfg = _cfg(batch_size=np.int64(7), prefetch=torch.tensor(3), seed=np.uint32(5))
     assert [type(v) for v in (cfg.batch_size, cfg.prefetch, cfg.seed)] == [int] * 3
-    assert wire.decode(wire.encode(cfg.hello("r"))) == wire.Hello(3, "r", batch_size=7)
+    assert wire.decode(wire.encode(cfg.hello("r"))) == wire.Hello(3, "r", batch_size=7,
+                                                                  group=8)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")

@@ -348,7 +348,7 @@ def test_joins_and_leaves_at_random_keep_every_batch_exactly_once(seed: int) -> 
             pending.remove((server, req_id))
             slot = s.on_reply(server, req_id, now)
             if slot is not None:
-                accepted.append(slot.index)
+                accepted.extend(slot.indexes)
         done = set(accepted)
         while taken in done:  # the consumer takes batches in plan order
             taken += 1

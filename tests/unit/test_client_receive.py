@@ -123,7 +123,8 @@ def _ready(b: zmq.Socket, sink: HostSink | CudaSink) -> Received:
     assert b.poll(10_000)
     msg = receive_header(b, ENDPOINT)
     assert isinstance(msg, wire.BatchMsg)
-    return receive_batch(b, ENDPOINT, msg, sink)
+    (ready,) = receive_batch(b, ENDPOINT, msg, sink)
+    return ready
 
 
 def _receive(b: zmq.Socket, sink: HostSink | CudaSink) -> dict[str, torch.Tensor]:
@@ -142,6 +143,34 @@ def test_every_sink_lands_a_batch(pair, sink):
     batch = _batch()
     a.send_multipart(_frames(batch))
     _assert_batch(_receive(b, sink), batch)
+
+
+def _part(first: int, texts: list[bytes]) -> dict:
+    n = len(texts)
+    return {"image": np.full((n, 3000), first % 251, dtype=np.uint8),
+            "id": np.arange(first, first + n, dtype=np.int64),
+            "text": Ragged(np.frombuffer(b"".join(texts) or b"", dtype=np.uint8).copy(),
+                           np.cumsum([0, *map(len, texts)]).astype(np.int64), "bytes")}
+
+
+def test_every_sink_cuts_a_batch_of_several_into_views_of_each(pair, sink):
+    """One message of three batches (one of them empty): three batches of the message's
+    memory, each with its own rows, values and offsets from 0."""
+    a, b = pair
+    parts = [_part(0, [b"ab", b"", b"cde"]), _part(3, []), _part(3, [b"fghij", b"k"])]
+    a.send_multipart([bytes(f) for f in wire.encode(wire.batches_to_message(7, parts))])
+    assert b.poll(10_000)
+    msg = receive_header(b, ENDPOINT)
+    readies = receive_batch(b, ENDPOINT, msg, sink)
+    assert len(readies) == 3
+    for ready, want in zip(readies, parts, strict=True):
+        got = hand_over(ready)
+        assert torch.equal(got["image"], torch.from_numpy(want["image"]))
+        assert torch.equal(got["id"], torch.from_numpy(want["id"]))
+        assert bytes(got["text"].numpy()) == bytes(want["text"].values)
+        assert got["text.offsets"].tolist() == want["text"].offsets.tolist()
+    base = readies[0].tensors["image"].untyped_storage().data_ptr()
+    assert all(r.tensors["image"].untyped_storage().data_ptr() == base for r in readies)
 
 
 def test_an_array_over_several_frames_is_joined(pair, sink):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from dataflow import wire
 from dataflow.client.cursor import Pass
 from dataflow.client.passes import PassPlan
-from dataflow.client.scheduler import CONTROL, Loss, Scheduler, Slot, State
+from dataflow.client.scheduler import CONTROL, Loss, Reply, Scheduler, State
 from dataflow.client.stream import Demand
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches, Range
@@ -30,18 +31,23 @@ def _start(s: Scheduler, gen: int, batches: Batches, first: int = 0, *, seed: in
     assert s.follow(Demand(gen, (_plan(batches, seed=seed, epoch=epoch),), first))
 
 
-def _key(slot: Slot | None) -> tuple[int, int, int, bool] | None:
-    """What a request is for: ``(gen, index, samples, retry)``."""
-    return None if slot is None else (slot.gen, slot.index, slot.samples, slot.retry)
+def _key(reply: Reply | None) -> tuple[int, int, int, bool] | None:
+    """What an accepted reply's request is for: ``(gen, index, samples, retry)``."""
+    if reply is None:
+        return None
+    slot = reply.slot
+    assert reply.indexes == tuple(slot.indexes)
+    return (slot.gen, slot.index, slot.samples, slot.retry)
 
 
-def _sched(credits=(2, 2), timeout: float = 10.0, grace: float = 5.0) -> Scheduler:
+def _sched(credits=(2, 2), timeout: float = 10.0, grace: float = 5.0,
+           group: int = 1) -> Scheduler:
     s = Scheduler(EPS[: len(credits)], timeout=timeout, heartbeat_s=1.0, silent_s=3.0,
-                  grace=grace)
+                  grace=grace, group=group)
     for i, c in enumerate(credits):
         s.link(i, CONTROL, up=True, now=0.0)
         assert s.hellos_due(0.0) == [i]
-        s.grant(i, c, now=0.0, readers=c)
+        s.grant(i, c, now=0.0, readers=c, group=group)
     return s
 
 
@@ -140,7 +146,7 @@ def _serve_all(s: Scheduler, now: float) -> list[int]:
         for a in list(s._servers[server].outstanding):  # noqa: SLF001
             slot = s.on_reply(server, a, now)
             if slot is not None:
-                got.append(slot.index)
+                got.extend(slot.indexes)
     return got
 
 
@@ -157,7 +163,7 @@ def test_disconnected_server_is_suspect_and_its_batches_go_to_the_others_at_once
     again = s.assignments(taken=0, now=1.1)
     assert [(a.index, a.server, a.retry) for a in again] == [(1, 0, True), (3, 0, True)]
     # server 0 answers first: accepted; server 1's late replies are discarded
-    assert [s.on_reply(0, a.req_id, now=1.2).index for a in again] == [1, 3]
+    assert [s.on_reply(0, a.req_id, now=1.2).slot.index for a in again] == [1, 3]
     assert [s.on_reply(1, a.req_id, now=1.3) for a in first if a.server == 1] == [None, None]
 
 
@@ -192,7 +198,7 @@ def test_suspect_server_back_within_grace_keeps_its_session() -> None:
     again = s.assignments(taken=0, now=3.5)
     assert [(x.index, x.retry) for x in again] == [(0, True), (1, True)]
     assert s.on_reply(0, a.req_id, now=3.6) is None  # a late reply of a forgotten request
-    assert [s.on_reply(0, x.req_id, now=3.7).index for x in again] == [0, 1]
+    assert [s.on_reply(0, x.req_id, now=3.7).slot.index for x in again] == [0, 1]
     assert s.on_reply(0, b.req_id, now=3.8) is None
 
 
@@ -345,7 +351,7 @@ def test_no_server_joined_within_timeout_names_every_endpoint_and_its_state(
 def test_undeliverable_reply_is_requested_again() -> None:
     s = _sched(credits=(2,))
     a, b = _running(s)
-    s.undelivered(0, a.req_id, now=1.0)
+    s.again(s.on_reply(0, a.req_id, now=1.0))
     (again,) = s.assignments(taken=0, now=1.0)
     assert (again.index, again.retry) == (0, True)
     assert _key(s.on_reply(0, again.req_id, now=1.1)) == (1, 0, 4, True)
@@ -392,10 +398,11 @@ def test_consumer_not_taking_is_not_a_stall() -> None:
     s.check(60.0)  # as deep as allowed (1 batch received, not taken): no server is needed now
 
 
-def test_exactly_once_over_random_failures() -> None:
+@pytest.mark.parametrize("group", [1, 4])
+def test_exactly_once_over_random_failures(group: int) -> None:
     rng = __import__("random").Random(7)
     for trial in range(30):
-        s = _sched(credits=(2, 3), grace=2.0)
+        s = _sched(credits=(2, 3), grace=2.0, group=group)
         n = 40
         _start(s, 1, _batches(n))
         got: list[int] = []
@@ -408,14 +415,14 @@ def test_exactly_once_over_random_failures() -> None:
                     if rng.random() < 0.5 and s.state(server) is not State.DOWN:
                         slot = s.on_reply(server, req, now)
                         if slot is not None:
-                            got.append(slot.index)
+                            got.extend(slot.indexes)
                 if rng.random() < 0.05:
                     s.link(server, CONTROL, up=False, now=now)
                 elif rng.random() < 0.3:
                     s.link(server, CONTROL, up=True, now=now)
                     s.heard(server, now)
             for server in s.hellos_due(now):
-                s.grant(server, 2, now, readers=2)
+                s.grant(server, 2, now, readers=2, group=group)
             s.check(now)
         assert sorted(got) == list(range(n)), trial
 
@@ -423,14 +430,22 @@ def test_exactly_once_over_random_failures() -> None:
 def test_batch_size_plus_skipped_must_be_the_request() -> None:
     s = _sched(credits=(1,))
     (a,) = _running(s)
-    slot = s.on_reply(0, a.req_id, now=0.1)
-    slot.check_size("tcp://a:1", 4, 0)
-    slot.check_size("tcp://a:1", 1, 3)  # short under --on-error skip
+    slot = s.on_reply(0, a.req_id, now=0.1).slot
+    slot.check_size("tcp://a:1", _reply(1, 4, 0))
+    slot.check_size("tcp://a:1", _reply(1, 1, 3))  # short under --on-error skip
     with pytest.raises(ProtocolError, match=r"tcp://a:1: BATCH 1 has 3 samples and 0 skipped; "
                                             r"the request asked for 4"):
-        slot.check_size("tcp://a:1", 3, 0)
+        slot.check_size("tcp://a:1", _reply(1, 3, 0))
     with pytest.raises(ProtocolError, match="asked for 4"):
-        slot.check_size("tcp://a:1", 4, 1)
+        slot.check_size("tcp://a:1", _reply(1, 4, 1))
+    with pytest.raises(ProtocolError, match="carries 2 batches; the request asked for 1"):
+        slot.check_size("tcp://a:1", _reply(1, 4, 0, parts=(2, 2)))
+
+
+def _reply(req_id: int, size: int, skipped: int, parts: tuple[int, ...] = ()) -> wire.BatchMsg:
+    """A BATCH header of ``size`` samples of one int64 field."""
+    return wire.BatchMsg(req_id, size, (wire.ArraySpec("x", "int64", (size,)),),
+                         skipped=skipped, parts=parts)
 
 
 def _rows(batches: Batches) -> list[list[list[int]]]:
@@ -522,13 +537,14 @@ def test_a_pass_read_ahead_is_not_waited_for_until_the_consumer_begins_it() -> N
         s.check(205.1)
 
 
-def _late_sched(credits=(2, 2), request_timeout: float = 5.0) -> Scheduler:
+def _late_sched(credits=(2, 2), request_timeout: float = 5.0, group: int = 1) -> Scheduler:
     s = Scheduler([f"tcp://s{i}:1" for i in range(len(credits))], timeout=100.0,
-                  heartbeat_s=1.0, silent_s=3.0, grace=5.0, request_timeout=request_timeout)
+                  heartbeat_s=1.0, silent_s=3.0, grace=5.0, request_timeout=request_timeout,
+                  group=group)
     for i, c in enumerate(credits):
         s.link(i, CONTROL, up=True, now=0.0)
         s.hellos_due(0.0)
-        s.grant(i, c, now=0.0, readers=c)
+        s.grant(i, c, now=0.0, readers=c, group=group)
     return s
 
 
@@ -608,12 +624,15 @@ def test_no_request_timeout_means_no_late_batch() -> None:
     assert s.late(1e9) == []
 
 
+@pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("seed", range(10))
-def test_late_requests_at_random_keep_every_batch_once_answered_or_failed(seed: int) -> None:
+def test_late_requests_at_random_keep_every_batch_once_answered_or_failed(seed: int,
+                                                                          group: int) -> None:
     """Three servers answer after random delays, some far past the request timeout: every
-    batch is accepted once or fails once, never both, and no server is taken for dead."""
+    batch is accepted once or fails once, never both, and no server is taken for dead (also
+    with requests of up to ``group`` batches)."""
     rng = __import__("random").Random(seed)
-    s = _late_sched(credits=(2, 1, 2), request_timeout=2.0)
+    s = _late_sched(credits=(2, 1, 2), request_timeout=2.0, group=group)
     n = 30
     _start(s, 1, _batches(n))
     due: dict[tuple[int, int], float] = {}  # (server, req_id) -> when its reply comes
@@ -630,7 +649,7 @@ def test_late_requests_at_random_keep_every_batch_once_answered_or_failed(seed: 
                 del due[(server, req)]
                 slot = s.on_reply(server, req, now)
                 if slot is not None:
-                    accepted.append(slot.index)
+                    accepted.extend(slot.indexes)
         late = s.late(now)
         reasked += sum(not x.failed for x in late)
         failed += [x.index for x in late if x.failed]

@@ -175,8 +175,8 @@ class Cluster:
                 _, server, req = heapq.heappop(due)
                 slot = s.on_reply(server, req, now)
                 if slot is not None:
-                    assert slot.index not in received
-                    received.add(slot.index)
+                    assert not received & set(slot.indexes)
+                    received.update(slot.indexes)
             assert not any(late.failed for late in s.late(now))
             while taken in received and now >= next_take:
                 taken += 1

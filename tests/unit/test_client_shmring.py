@@ -97,9 +97,10 @@ def test_every_sink_gets_what_the_server_wrote_and_the_slot_comes_back(
         msg = _recv(pair[1])
         assert isinstance(msg, wire.BatchMsg) and msg.shm is not None
         ring, slot = r.take(0, msg, EP)
-        got = hand_over(receive_shared(pair[1], EP, msg, ring, slot, sink, counts))
+        (ready,) = receive_shared(pair[1], EP, msg, ring, slot, sink, counts)
+        got = hand_over(ready)
         _equal(got, _batch(k))
-        del got  # a view of its slot holds the slot until then
+        del got, ready  # a view of its slot holds the slot until then
         assert ring.ledger.free == 2
     assert counts["shm_batches"] == 5
     sink.close()
@@ -123,7 +124,7 @@ def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy
         for k, req in enumerate(reqs):
             _serve(segments, offer, req, _batch(k), pair[0])
             msg = _recv(pair[1])
-            readies.append(receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts))
+            readies += receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts)
         assert copier.hosts == []  # no copy into the sink's own ring: read in place
         assert r.lend(0, wire.Request(10, [[0, 0, 4]])).slot == -1  # copies not finished
         _equal(hand_over(readies[0]), _batch(0))
@@ -159,7 +160,7 @@ def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
             _serve(segments, offer, req, _batch(k), pair[0])
             msg = _recv(pair[1])
             ring, slot = r.take(0, msg, EP)
-            held.append(hand_over(receive_shared(pair[1], EP, msg, ring, slot, sink, counts)))
+            held += map(hand_over, receive_shared(pair[1], EP, msg, ring, slot, sink, counts))
         assert ring.ledger.free == 1
         for k, got in enumerate(held):  # slots written again since: the views are intact
             _equal(got, _batch(k))
@@ -184,8 +185,10 @@ def test_any_one_tensor_of_a_viewed_batch_holds_its_slot(kept, rings, pair,  # n
     req = r.lend(0, wire.Request(0, [[0, 0, 4]]))
     _serve(segments, offer, req, _batch(0), pair[0])
     msg = _recv(pair[1])
-    got = hand_over(receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), HostSink(pin=False),
-                                   counts))
+    (ready,) = receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), HostSink(pin=False),
+                              counts)
+    got = hand_over(ready)
+    del ready
     tensor = got.pop(kept)[1:]
     want = tensor.clone()
     del got

@@ -27,6 +27,10 @@ def _admit(msg: Hello, *, renewing: bool = False, sessions: int = 0,
     (Hello(3, batch_size=256), Grant(3, 256)),
     (Hello(5, batch_size=1000), Grant(4, 1000)),
     (Hello(1, columns=("image", "meta")), Grant(1, 1000)),  # a parent names its fields
+    (Hello(2, batch_size=100, group=4), Grant(2, 400, 4)),  # 4 batches a request
+    (Hello(8, batch_size=300, group=8), Grant(4, 1000, 3)),  # as many as 1000 samples hold
+    (Hello(8, batch_size=1000, group=8), Grant(4, 1000, 1)),
+    (Hello(8, group=8), Grant(4, 1000, 1)),  # no batch_size: one batch a request
 ])
 def test_a_session_gets_its_credits_within_every_cap(msg: Hello, grant: Grant) -> None:
     assert _admit(msg) == grant

@@ -11,6 +11,8 @@ from dataflow.batch import Batch
 from dataflow.errors import ShardReadError
 from dataflow.readers import ShardReader
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
+from dataflow.server.transform import Transform
+from dataflow.transform import TransformContext, batch_seed
 from dataflow.wire.internal import Sent, Task
 
 
@@ -122,3 +124,29 @@ def test_error_messages_name_shards_relative_to_the_root() -> None:
 def test_all_or_nothing_skipped(damaged: set[int]) -> None:
     msg, _ = _serve({0: LossyReader(3, damaged)}, 7, (0, 0, 3))
     assert isinstance(msg, wire.BatchMsg) and msg.size + msg.skipped == 3
+
+
+def _tagged(batch: Batch, ctx: TransformContext) -> Batch:
+    """Each sample gets its batch's global index and seed (as a transform's draws would)."""
+    n = len(batch["x"])
+    return {**batch, "batch": np.full(n, ctx.batch_index, np.int64),
+            "seed": np.full(n, ctx.seed % 2**62, np.int64)}
+
+
+def test_a_task_of_several_batches_reads_and_transforms_each_alone() -> None:
+    """Each batch of ``parts`` is transformed with its own tag (as if requested alone), its
+    skipped samples counted on its own, and the reply is one BATCH of them in order."""
+    readers = {0: LossyReader(20, {1, 9}), 1: LossyReader(20, set())}
+    tags = [wire.BatchTag(3, 1, 0), wire.BatchTag(3, 1, 4), wire.BatchTag(3, 2, 0)]
+    rows = np.array([[0, 0, 4], [1, 0, 2], [0, 8, 10], [0, 10, 12]], dtype=np.int64)
+    task = Task(b"tok", 5, rows, parts=(wire.Part(2, tags[0]), wire.Part(1, tags[1]),
+                                        wire.Part(1, tags[2])))
+    transform = Transform("m:_tagged", _tagged, with_context=True)
+    frames, sent = serve_task(FakeCache(readers), transform, _spec(), task)
+    msg = wire.decode(frames)
+    assert isinstance(msg, wire.BatchMsg) and msg.parts == (5, 1, 2) and msg.skipped == 2
+    got = wire.message_to_batches(msg)
+    assert [b["x"].tolist() for b in got] == [[0, 2, 3, 0, 1], [8], [10, 11]]
+    assert [set(b["batch"].tolist()) for b in got] == [{0}, {4}, {0}]
+    assert [set(b["seed"].tolist()) for b in got] == [{batch_seed(*t) % 2**62} for t in tags]
+    assert sent.samples == 8 and sent.skips == ((0, 2),)

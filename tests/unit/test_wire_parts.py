@@ -1,0 +1,140 @@
+"""Several batches in one REQUEST and one BATCH (``parts``): round trips, the rules between
+fields, and each batch's ragged offsets checked on its own."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dataflow import wire
+from dataflow.batch import Ragged
+from dataflow.errors import ProtocolError
+
+
+def _frames(msg: wire.Message) -> list[bytes]:
+    return [f if isinstance(f, bytes) else np.asarray(f).tobytes() for f in wire.encode(msg)]
+
+
+def _batch(first: int, n: int, text: list[bytes]) -> dict:
+    offsets = np.cumsum([0, *map(len, text)]).astype(np.int64)
+    return {"id": np.arange(first, first + n, dtype=np.int64),
+            "image": np.full((n, 2, 3), first, dtype=np.uint8),
+            "text": Ragged(np.frombuffer(b"".join(text), dtype=np.uint8).copy(), offsets,
+                           "bytes")}
+
+
+BATCHES = [_batch(0, 3, [b"a", b"bc", b""]), _batch(3, 1, [b"def"]),
+           _batch(4, 2, [b"", b""]), _batch(6, 0, [])]
+
+
+def _equal(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name, col in want.items():
+        if isinstance(col, Ragged):
+            np.testing.assert_array_equal(got[name].values, col.values)
+            np.testing.assert_array_equal(got[name].offsets, col.offsets)
+            assert got[name].kind == col.kind
+        else:
+            np.testing.assert_array_equal(got[name], col)
+
+
+def test_a_batch_of_parts_round_trips_to_the_same_batches() -> None:
+    msg = wire.batches_to_message(9, BATCHES, skipped=2)
+    assert msg.parts == (3, 1, 2, 0) and msg.size == 6 and msg.skipped == 2
+    specs = {s.name: s for s in msg.arrays}
+    assert specs["text.offsets"].shape == (6 + 4,)  # each batch's own n + 1
+    out = wire.decode(_frames(msg))
+    assert out == msg
+    for got, want in zip(wire.message_to_batches(out), BATCHES, strict=True):
+        _equal(got, want)
+    with pytest.raises(ProtocolError, match="carries 4 batches"):
+        wire.message_to_batch(out)
+    single = wire.batch_to_message(1, BATCHES[0])
+    _equal(wire.message_to_batches(wire.decode(_frames(single)))[0], BATCHES[0])
+
+
+def test_check_frames_gives_each_batch_s_values_bounds() -> None:
+    msg = wire.batches_to_message(9, BATCHES)
+    frames = _frames(msg)[1:]
+    bounds = wire.BatchLayout.of(msg).check_frames(msg, [len(f) for f in frames], frames)
+    assert bounds == {"text": (0, 3, 6, 6, 6)}
+    one = wire.batch_to_message(1, BATCHES[0])
+    frames = _frames(one)[1:]
+    assert wire.BatchLayout.of(one).check_frames(one, [len(f) for f in frames], frames) == {}
+
+
+@pytest.mark.parametrize("offsets, match", [
+    ([0, 1, 3, 3, 1, 3, 0, 0, 0, 0], "each batch's offsets must start at 0"),
+    ([0, 1, 3, 3, 0, 2, 0, 0, 0, 0], "the batches' values add up to 5, not its 6 values"),
+    ([0, 1, 0, 3, 0, 3, 0, 0, 0, 0], "never decrease"),
+])
+def test_each_batch_s_offsets_are_checked(offsets: list[int], match: str) -> None:
+    msg = wire.batches_to_message(9, BATCHES)
+    frames = _frames(msg)
+    frames[4] = np.array(offsets, np.int64).tobytes()
+    with pytest.raises(ProtocolError, match=f"^BATCH 9 ragged field 'text': .*{match}"):
+        wire.decode(frames)
+
+
+def test_batches_of_other_fields_are_not_put_in_one_message() -> None:
+    other = {**BATCHES[1], "image": np.zeros((1, 2, 4), np.uint8)}
+    with pytest.raises(ProtocolError, match="batch 1 of request 9 does not have the fields"):
+        wire.batches_to_message(9, [BATCHES[0], other])
+    with pytest.raises(ProtocolError, match="2 or more batches"):
+        wire.batches_to_message(9, BATCHES[:1])
+
+
+def _header(frames: list[bytes], **change) -> list[bytes]:
+    head = json.loads(frames[0])
+    head.update(change)
+    return [json.dumps(head).encode(), *frames[1:]]
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"parts": [3, 2]}, "`parts`: 2 or more batches adding up to `size` 6"),
+    ({"parts": [6]}, "`parts`"),
+    ({"parts": [1] * (wire.MAX_GROUP + 1)}, "`parts`"),
+    ({"parts": [3, "1", 2, 0]}, "`parts`"),
+])
+def test_a_batch_s_parts_must_add_up(change: dict, match: str) -> None:
+    frames = _header(_frames(wire.batches_to_message(9, BATCHES)), **change)
+    with pytest.raises(ProtocolError, match=match):
+        wire.decode(frames)
+
+
+TAGS = [wire.BatchTag(5, 1, 7), wire.BatchTag(5, 1, 9), wire.BatchTag(5, 2, 0)]
+
+
+def test_a_request_of_parts_round_trips() -> None:
+    req = wire.Request(4, [[0, 0, 3], [1, 5, 6], [0, 3, 5], [2, 0, 1]], slot=2,
+                       parts=[(2, TAGS[0]), (1, TAGS[1]), (1, TAGS[2])])
+    out = wire.decode(_frames(req))
+    assert out == req and out.parts[1] == wire.Part(1, TAGS[1])
+    hello = wire.Hello(2, "r", batch_size=8, group=4)
+    assert wire.decode(_frames(hello)) == hello
+    assert "group" not in json.loads(_frames(wire.Hello(2, "r"))[0])
+    assert "parts" not in json.loads(_frames(wire.Request(1, [[0, 0, 1]]))[0])
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"parts": [[2, 5, 1, 7], [1, 5, 1, 9]]}, "`parts` name 3 rows of its 4 ranges"),
+    ({"parts": [[4, 5, 1, 7]]}, "`parts`"),
+    ({"parts": [[0, 5, 1, 7], [4, 5, 1, 9]]}, "`parts`: .*rows at least 1"),
+    ({"parts": [[2, 5, -1, 7], [2, 5, 1, 9]]}, "`parts`"),
+    ({"parts": [[2, 5, 1], [2, 5, 1, 9]]}, "`parts`"),
+    ({"parts": [[1, 0, 0, 0]] * (wire.MAX_GROUP + 1)}, "`parts`"),
+    ({"tag": [5, 1, 7]}, "REQUEST with `parts` must have no `tag`"),
+])
+def test_a_request_s_parts_are_checked(change: dict, match: str) -> None:
+    req = wire.Request(4, [[0, 0, 3], [1, 5, 6], [0, 3, 5], [2, 0, 1]],
+                       parts=[(2, TAGS[0]), (2, TAGS[1])])
+    with pytest.raises(ProtocolError, match=match):
+        wire.decode(_header(_frames(req), **change))
+
+
+@pytest.mark.parametrize("group", [0, wire.MAX_GROUP + 1, "2"])
+def test_a_hello_s_group_is_checked(group: object) -> None:
+    with pytest.raises(ProtocolError, match="`group`"):
+        wire.decode(_header(_frames(wire.Hello(2, "r")), group=group))
