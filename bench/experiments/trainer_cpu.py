@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry
 
+from dataflow.bench.experiments.args import per_request
 from dataflow.bench.torch_datasets import ArrowMapDataset, webdataset_pipeline
 from dataflow.client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
@@ -134,6 +135,9 @@ def main(argv: list[str] | None = None) -> None:
                    "windows are full and every batch is a hand-over (default: %(default)s)")
     p.add_argument("--shards", type=int, default=8, help="default: %(default)s")
     p.add_argument("--samples-per-shard", type=int, default=1000, help="default: %(default)s")
+    p.add_argument("--batches-per-request", type=per_request, default="auto",
+                   help="the DataLoader's batches_per_request: auto, or 1 to 64 "
+                        "(default: %(default)s)")
     p.add_argument("--metrics-rounds", type=int, default=0,
                    help="also compare loaders with and without metrics=registry over this "
                         "many alternating epochs each (default: 0, not measured)")
@@ -157,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
         with launch(list(demo.paths), workers=2) as server:
             for mode, path in SHARED_MEMORY.items():
                 with DataLoader(server.endpoint, batch_size=args.batch_size, rank=0,
-                                world_size=1, timeout=60, shared_memory=mode) as dl:
+                                world_size=1, timeout=60, shared_memory=mode,
+                                batches_per_request=args.batches_per_request) as dl:
                     for _ in dl:
                         pass
                     cpu, wall, n, by_thread[path] = measure(
@@ -165,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
                     if (dl.stats()["shm_batches"] > 0) != (mode == "auto"):
                         raise RuntimeError(f"shared_memory={mode!r}: "
                                            f"{dl.stats()['shm_batches']} batches through it")
-                rows.append((f"dataflow DataLoader, 1 server --workers 2, {path}", cpu, wall, n))
+                rows.append((f"dataflow DataLoader, 1 server --workers 2, {path}, "
+                             f"batches_per_request={args.batches_per_request}", cpu, wall, n))
             if args.metrics_rounds:
                 rows += metrics_overhead(server.endpoint, args.batch_size,
                                          args.metrics_rounds)

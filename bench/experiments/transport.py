@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import zmq
 
+from dataflow.bench.experiments.args import per_request
 from dataflow.client import DataLoader
 from dataflow.server import launch
 
@@ -158,12 +159,13 @@ def _recv_some(poller: zmq.Poller, timeout_ms: int, got: Callable[[], None]) -> 
     return bool(ready)
 
 
-def dataflow_rate(endpoint: str, batch: int, gib: float, io_threads: int
-                  ) -> tuple[float, float]:
+def dataflow_rate(endpoint: str, batch: int, gib: float, io_threads: int,
+                  per_request: int | str = "auto") -> tuple[float, float]:
     """Bytes/s through the DataLoader (after one warm-up epoch; whole epochs of about ``gib``
     GiB timed) and the client process's CPU seconds per GiB."""
     with DataLoader(endpoint, batch_size=batch, rank=0, world_size=1, shuffle=False,
                     prefetch=4, timeout=60, io_threads=io_threads,
+                    batches_per_request=per_request,
                     shared_memory="off") as dl:  # the link's path: TCP frames
         epoch_bytes = 0
         for b in dl:
@@ -194,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="reader processes of the server (default: %(default)s)")
     p.add_argument("--io-threads", type=int, nargs="+", default=[1, 2],
                    help="the DataLoader's io_threads values tried (default: %(default)s)")
+    p.add_argument("--batches-per-request", type=per_request, nargs="+", default=["auto"],
+                   help="the DataLoader's batches_per_request values tried: auto, or 1 to 64 "
+                        "(default: %(default)s)")
     p.add_argument("--raw", type=Raw.parse, nargs="+",
                    default=[Raw(1, 1, 1), Raw(1, 1, 2), Raw(1, 1, 4), Raw(2, 2, 2)],
                    help="raw pyzmq configurations SxKxT: S senders, K PULL sockets (1 or S), "
@@ -217,10 +222,12 @@ def main(argv: list[str] | None = None) -> None:
                             raw_zmq(raw, n_raw, size))
                     for w, server in servers.items():
                         for t in args.io_threads:
-                            key = (name, "dataflow server + DataLoader",
-                                   f"{w} reader(s), io_threads={t}")
-                            rows.setdefault(key, []).append(
-                                dataflow_rate(server.endpoint, batch, args.gib, t))
+                            for k in args.batches_per_request:
+                                key = (name, "dataflow server + DataLoader",
+                                       f"{w} reader(s), io_threads={t}, "
+                                       f"batches_per_request={k}")
+                                rows.setdefault(key, []).append(
+                                    dataflow_rate(server.endpoint, batch, args.gib, t, k))
             finally:
                 for server in servers.values():
                     server.close()
