@@ -166,13 +166,15 @@ class LoaderConfig:
 
     @property
     def shm_geometry(self) -> Geometry | None:
-        """Slots of the shared-memory segment offered to each server: ``prefetch + 3`` slots
-        (the most requests a server holds, and three batches held as views of their slots or
-        read by device copies, :data:`~dataflow.client.shmring.VIEWS`) of
-        ``shared_memory_slot_bytes`` rounded up to 64; None when ``shared_memory`` is off."""
+        """Slots of the shared-memory segment offered to each server: ``2 x prefetch + 3``
+        slots (the most requests a server holds, and as many replies plus three more held as
+        views of their slots or read by device copies, :data:`~dataflow.client.shmring.
+        VIEWS`) of ``shared_memory_slot_bytes`` rounded up to 64; None when ``shared_memory``
+        is off."""
         if self.shared_memory == "off":
             return None
-        return Geometry(self.prefetch + VIEWS, -(-self.shared_memory_slot_bytes // 64) * 64)
+        return Geometry(2 * self.prefetch + VIEWS,
+                        -(-self.shared_memory_slot_bytes // 64) * 64)
 
     @property
     def request_group(self) -> tuple[int, int | None]:

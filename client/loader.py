@@ -232,9 +232,9 @@ class DataLoader:
             ``--shared-memory refuse``, uses TCP frames. ``"off"``: TCP frames only.
         shared_memory_slot_bytes: bytes of one slot (a batch larger than a slot travels in
             TCP frames, and so does one a full ``/dev/shm`` has no room for). Each server's
-            segment holds ``prefetch + 3`` slots, taking ``/dev/shm`` memory as they are
-            written: at most ``servers x (prefetch + 3) x`` the largest batch that fits a
-            slot, per loader (default 32 MiB slots).
+            segment holds ``2 x prefetch + 3`` slots, taking ``/dev/shm`` memory as they are
+            written: at most ``servers x (2 x prefetch + 3) x`` the largest reply that fits a
+            slot (a request's batches), per loader (default 32 MiB slots).
         batches_per_request: how many consecutive batches of a pass one request to a server
             carries (one credit, one reply, each batch handed over on its own: the order,
             exactly-once and resume are the same). ``"auto"`` (the default): one at first,

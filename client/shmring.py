@@ -19,8 +19,9 @@ and its reply is discarded as late) and when the loader closes; one left by a ki
 is removed by the next loader start of the same user (:func:`dataflow.shm.remove_stale`).
 
 No copy on the client where it can be helped (:func:`receive_shared`): CPU batches are views of
-their slot, which is lent again once the batch's tensors are all freed (at most :data:`VIEWS`
-held at once, those waiting in the hand-off included; beyond, a batch is copied out). On a GPU
+their slot, which is lent again once the batch's tensors are all freed (at most the slots
+beyond the server's credits held at once, those waiting in the hand-off included; beyond, a
+batch is copied out). On a GPU
 the segment is registered with ``cudaHostRegister`` (:func:`cuda_register`, the one seam that
 touches CUDA: it does nothing without it), so those views are pinned, and a :class:`CudaSink`'s
 host-to-device copy reads the slot itself; the slot is lent again once that copy finished.
@@ -59,9 +60,10 @@ from dataflow.shm import SHM_DIR, Geometry, Segment, SlotLedger, remove_stale
 log = logging.getLogger("dataflow.client")
 
 Register = Callable[[memoryview], Callable[[], None] | None]
-# Slots of a ring beyond the requests its server holds (``prefetch``): a loader's batches are
-# either views of their slots (CPU: at most this many held at once, waiting in the hand-off or
-# the consumer's) or read by device copies (a CUDA ``device``), never both.
+# Slots of a ring beyond twice the requests its server holds (``prefetch``): a loader's
+# batches are either views of their slots (CPU: held at once, waiting in the hand-off or the
+# consumer's; up to a server's credits' worth of replies of several batches waiting, and this
+# many slots more) or read by device copies (a CUDA ``device``), never both.
 VIEWS = 3
 
 
@@ -92,6 +94,12 @@ def _unpinned(buf: memoryview) -> None:
 class Ring:
     """One server session's segment and its slots.
 
+    Args:
+        segment: the segment.
+        register: registers its memory with CUDA (or does nothing).
+        views: the most slots held by batches viewing them at once (beyond, batches are
+            copied out): its slots beyond the requests its server may hold.
+
     Attributes:
         segment: the segment.
         ledger: its slots.
@@ -99,8 +107,9 @@ class Ring:
             copies read the slots in place), else None.
     """
 
-    def __init__(self, segment: Segment, register: Register) -> None:
+    def __init__(self, segment: Segment, register: Register, views: int) -> None:
         self.segment = segment
+        self._most_views = views
         self.ledger = SlotLedger(segment.geometry.slots, segment.geometry.slot_bytes)
         self._unregister = register(segment.buf)
         self.host = (torch.frombuffer(segment.buf, dtype=torch.uint8)
@@ -109,9 +118,10 @@ class Ring:
         self._views: list[weakref.ref[np.ndarray]] = []
 
     def may_view(self) -> bool:
-        """Whether a batch may be a view of its slot (fewer than :data:`VIEWS` are held)."""
+        """Whether a batch may be a view of its slot (fewer slots than ``views``, its slots
+        beyond the server's credits, are held as views)."""
         self._views = [v for v in self._views if v() is not None]
-        return len(self._views) < VIEWS
+        return len(self._views) < self._most_views
 
     def viewed(self, arr: np.ndarray) -> Callable[[], bool]:
         """Track a batch viewing a slot through ``arr`` (every tensor of the batch holds it);
@@ -210,7 +220,8 @@ class ShmRings:
                      else "the server read another segment's nonce")
             seg.close()
             return
-        self._rings[server] = Ring(seg, self._register or _unpinned)
+        views = seg.geometry.slots - self._hello.credits
+        self._rings[server] = Ring(seg, self._register or _unpinned, views)
         self._count("shm_sessions", 1)
 
     def lend(self, server: int, req: wire.Request) -> wire.Request:

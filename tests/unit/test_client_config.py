@@ -166,7 +166,8 @@ def test_io_threads_default_and_accepted() -> None:
     assert _cfg(io_threads=np.int64(4)).io_threads == 4
 
 
-def test_shared_memory_slots_are_prefetch_plus_three_of_the_slot_size_rounded_to_64() -> None:
-    assert _cfg().shm_geometry == Geometry(7, 32 * 2**20)
-    assert _cfg(prefetch=2, shared_memory_slot_bytes=5000).shm_geometry == Geometry(5, 5056)
+def test_shared_memory_slots_are_twice_prefetch_plus_three_of_the_slot_size_rounded_to_64(
+        ) -> None:
+    assert _cfg().shm_geometry == Geometry(11, 32 * 2**20)
+    assert _cfg(prefetch=2, shared_memory_slot_bytes=5000).shm_geometry == Geometry(7, 5056)
     assert _cfg(shared_memory="off").shm_geometry is None

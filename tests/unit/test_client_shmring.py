@@ -44,7 +44,7 @@ def _batch(seed: int) -> dict:
 @pytest.fixture
 def rings(tmp_path) -> Iterator[tuple[ShmRings, Counts, Segments]]:
     counts = Counts()
-    r = ShmRings(wire.Hello(2, "t"), GEO, counts, directory=str(tmp_path))
+    r = ShmRings(wire.Hello(1, "t"), GEO, counts, directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
     yield r, counts, segments
     r.close()
@@ -141,10 +141,11 @@ def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy
 def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
         pin, tmp_path, pair) -> None:  # noqa: F811
     """Unpinned, or pinned where the segment is registered with CUDA (so its views are). The
-    segment has the slots of a loader at ``prefetch`` 1: one request held, :data:`VIEWS`
-    batches held as views, however many the consumer keeps."""
-    counts, geo = Counts(), Geometry(1 + VIEWS, 1 << 20)
-    r = ShmRings(wire.Hello(2, "t"), geo, counts,
+    segment has the slots of a loader at ``prefetch`` 1: one request held, one reply waiting
+    and :data:`VIEWS` more batches held as views, however many the consumer keeps."""
+    counts, geo = Counts(), Geometry(2 + VIEWS, 1 << 20)
+    views = 1 + VIEWS
+    r = ShmRings(wire.Hello(1, "t"), geo, counts,
                  register=lambda buf: (lambda: None) if pin else None,
                  directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
@@ -156,7 +157,7 @@ def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
         held = []
         for k in range(6):
             req = r.lend(0, wire.Request(k, [[0, 0, 4]]))
-            assert req.slot >= 0  # VIEWS held as views, the rest copied out: never starved
+            assert req.slot >= 0  # `views` held as views, the rest copied out: never starved
             _serve(segments, offer, req, _batch(k), pair[0])
             msg = _recv(pair[1])
             ring, slot = r.take(0, msg, EP)
@@ -166,9 +167,9 @@ def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
             _equal(got, _batch(k))
         segment = np.frombuffer(ring.segment.buf, np.uint8)
         assert [np.shares_memory(got["x"].numpy(), segment) for got in held] == [
-            k < VIEWS for k in range(6)]
-        del held[:VIEWS], got, segment
-        assert ring.ledger.free == 1 + VIEWS
+            k < views for k in range(6)]
+        del held[:views], got, segment
+        assert ring.ledger.free == 1 + views
     finally:
         r.close()
         segments.close()
