@@ -24,6 +24,7 @@ from dataflow.server.flags import parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.metrics import ServerMetrics
 from dataflow.server.pool import WorkerPool
+from dataflow.server.ports import check_ports
 from dataflow.server.tasks import WorkerSpec, indexed_shards
 from dataflow.server.transform import load_transform
 from dataflow.server.worker import DataCaps
@@ -85,6 +86,7 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
     """
     started = time.monotonic() if started is None else started
     reserve_descriptors(config.descriptors)
+    check_ports(config)
     if config.transform:
         load_transform(config.transform, config.transform_path)
     # Abstract-namespace names (Linux): no file exists, so none is left behind, even on SIGKILL.

@@ -56,8 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
                    help="endpoint clients connect to; port 0 picks a free port, reported in the "
                         "ready line (default: %(default)s)")
+    p.add_argument("--data-ports", type=int, default=None, metavar="PORT",
+                   help="first TCP port of the reader processes' data sockets: reader i listens "
+                        "on PORT+i on the --bind host, and clients connect to each at the host "
+                        "they reached the server at; so a container publishes PORT to "
+                        "PORT+N-1 under the same numbers (docker run -p), and a firewall or "
+                        "NetworkPolicy names them; a port taken stops the start, naming it "
+                        "(default: ports the kernel picks, reachable only where clients reach "
+                        "every port of the server's host)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help=f"reader processes (default: one per CPU, here {default_workers()})")
+                   help="reader processes (default: one per CPU this process may use: its "
+                        "affinity (taskset, --cpuset-cpus) capped by its cgroup's CPU quota "
+                        f"(--cpus, a CPU limit), at most 32; here {default_workers()})")
     p.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
                    help="function f(batch, ctx) -> batch (or f(batch)) run on every batch in "
                         "the reader processes (e.g. decoding, augmentation); ctx carries the "
@@ -242,7 +252,8 @@ def parse_args(argv: Sequence[str] | None = None,
             session_start_timeout=ns.session_start_timeout,
             max_window_samples=ns.max_window_samples, max_unsent_bytes=ns.max_unsent_bytes,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
-            metrics_port=ns.metrics_port, metrics_bind=ns.metrics_bind,
+            data_ports=ns.data_ports, metrics_port=ns.metrics_port,
+            metrics_bind=ns.metrics_bind,
             read=read_options(ns), split=ns.split, remote=remote,
             index_workers=ns.index_workers, progress=ns.progress,
         )
