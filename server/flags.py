@@ -40,17 +40,25 @@ from dataflow.storage.remote import (
     parse_storage_options,
 )
 
+SERVE_HELP = ("Serve batches of a sharded dataset to dataflow DataLoader clients over ZeroMQ. "
+              "Prints one JSON line {\"event\": \"ready\", \"endpoint\": ...} on stdout when "
+              "ready; logs go to stderr. SIGTERM/SIGINT stop it cleanly.")
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "dataflow-server",
+                 description: str = SERVE_HELP) -> argparse.ArgumentParser:
+    """The server's flags; ``defaults`` replaces some flags' defaults (by ``dest``; ``data``
+    makes ``--data`` optional), for ``prog`` (``dataflow-server container``)."""
+    defaults = defaults or {}
     p = argparse.ArgumentParser(
-        prog="dataflow-server",
-        description="Serve batches of a sharded dataset to dataflow DataLoader clients over "
-                    "ZeroMQ. Prints one JSON line {\"event\": \"ready\", \"endpoint\": ...} on "
-                    "stdout when ready; logs go to stderr. SIGTERM/SIGINT stop it cleanly.",
+        prog=prog,
+        description=description,
         epilog="`dataflow-server health --endpoint ENDPOINT` probes a running server (exit 0 "
-               "when it answers); see `dataflow-server health --help`.",
+               "when it answers); see `dataflow-server health --help`. `dataflow-server "
+               "container` is the server with a container's defaults (the loader image's "
+               "entrypoint); see `dataflow-server container --help`.",
     )
-    p.add_argument("--data", nargs="+", required=True, metavar="SPEC",
+    p.add_argument("--data", nargs="+", required="data" not in defaults, metavar="SPEC",
                    help="dataset specs: shard paths, directories, globs, brace ranges "
                         "(train-{000000..000127}.tar) or fsspec URLs")
     p.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
@@ -223,14 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
     add_data_flags(p)
+    p.set_defaults(**defaults)
     return p
 
 
 def parse_args(argv: Sequence[str] | None = None,
-               environ: Mapping[str, str] = os.environ) -> ServerConfig:
-    """Parse command-line flags (and ``$DATAFLOW_STORAGE_OPTIONS``); exits with a usage
-    message on invalid input."""
-    parser = build_parser()
+               environ: Mapping[str, str] = os.environ,
+               parser: argparse.ArgumentParser | None = None) -> ServerConfig:
+    """Parse command-line flags (and ``$DATAFLOW_STORAGE_OPTIONS``) with ``parser`` (default:
+    :func:`build_parser`'s); exits with a usage message on invalid input."""
+    parser = parser or build_parser()
     ns = parser.parse_args(argv)
     try:
         options = parse_storage_options(ns.storage_option, environ.get(ENV_STORAGE_OPTIONS))

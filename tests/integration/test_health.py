@@ -24,8 +24,8 @@ from dataflow.server.health import HealthConfig, probe, probe_http
 PROBE_TIMEOUT_S = 20.0
 
 
-def _health(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dataflow.server", "health", *args],
+def _health(*args: str, entry: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dataflow.server", *entry, "health", *args],
                           capture_output=True, text=True, timeout=PROBE_TIMEOUT_S + 30)
 
 
@@ -112,9 +112,10 @@ def test_healthz_is_ok_while_the_server_serves(demo_data, servers) -> None:
                  30, "the session in /healthz")
     wait_for(lambda: _healthz(port)[1] == "ok: serving with 2 readers, 0 sessions\n", 30,
              "the session closed in /healthz")
-    done = _health("--http", url, "--timeout", str(PROBE_TIMEOUT_S))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == f"healthy: {url}: ok: serving with 2 readers, 0 sessions\n"
+    for entry in ((), ("container",)):  # the image's entrypoint runs the probe too
+        done = _health("--http", url, "--timeout", str(PROBE_TIMEOUT_S), entry=entry)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f"healthy: {url}: ok: serving with 2 readers, 0 sessions\n"
     server.close(grace=10)
     done = _health("--http", url, "--timeout", "2")
     assert done.returncode == 1 and done.stderr.startswith(f"unhealthy: {url}: no answer"), (
