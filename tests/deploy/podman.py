@@ -134,8 +134,8 @@ class Podman:
     def remove(self, containers: Sequence[str] = (), volumes: Sequence[str] = (),
                images: Sequence[str] = ()) -> None:
         """Remove what a test made (what is already gone is fine)."""
-        for c in containers:
-            self("rm", "-f", "-t", "5", c, check=False)
+        for c in containers:  # -v: with its anonymous volumes (the image's /cache)
+            self("rm", "-f", "-v", "-t", "5", c, check=False)
         for v in volumes:
             self("volume", "rm", "-f", v, check=False)
         for i in images:
