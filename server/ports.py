@@ -47,29 +47,34 @@ def claims(config: ServerConfig) -> list[Claim]:
 
 def check_free(claim: Claim) -> None:
     """Bind ``claim``'s port (as a listener, with ``SO_REUSEADDR`` as ZeroMQ binds) and release
-    it. A host that is no address or name (ZeroMQ also takes an interface name) is not checked.
+    it. Only a port taken (or one this user may not bind) fails here; a host that is no address
+    or name (ZeroMQ also takes an interface name), or any other error, is left to the bind
+    itself.
 
     Raises:
-        ServerStartError: the port is taken or cannot be bound there, naming it.
+        ServerStartError: the port is taken or not this user's to bind, naming it.
     """
     host = WILDCARD_HOSTS.get(claim.host, claim.host).strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, claim.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        address = socket.getaddrinfo(host, claim.port, family, socket.SOCK_STREAM,
+                                     flags=socket.AI_PASSIVE)[0][4]
     except socket.gaierror:
         return
-    with socket.socket(family, kind, proto) as sock:
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(address)
             sock.listen(1)
         except OSError as e:
-            taken = e.errno == errno.EADDRINUSE
-            raise ServerStartError(
-                f"{claim.what}: port {claim.port} on {claim.host} is "
-                f"{'taken' if taken else 'unusable'} ({e.strerror})"
-                + ("; another process listens there: stop it or choose another port"
-                   if taken else "")) from e
+            if e.errno == errno.EADDRINUSE:
+                raise ServerStartError(f"{claim.what}: port {claim.port} on {claim.host} is taken "
+                                       f"({e.strerror}); another process listens there: stop "
+                                       "it or choose another port") from e
+            if e.errno == errno.EACCES:
+                raise ServerStartError(f"{claim.what}: port {claim.port} on {claim.host} may not "
+                                       f"be bound by this user ({e.strerror}): choose a port "
+                                       "above 1023") from e
 
 
 def check_ports(config: ServerConfig) -> None:
