@@ -115,6 +115,18 @@ class Join:
                                 f"{reader}, got {wire.kind_of(msg).name}")
         del self.waiting[reader]
 
+    def unanswered(self) -> str:
+        """How the wait for the readers stands, for messages: the data endpoints that have not
+        answered yet and why that usually is."""
+        if self.index is None:
+            return "HELLO sent, no INDEX yet"
+        if not self.waiting:
+            return "INDEX received, every reader connection answered"
+        return (f"INDEX received, no answer yet on {len(self.waiting)} of {len(self.index.data)} "
+                f"reader data endpoint(s) {', '.join(self.waiting.values())}: unreachable "
+                f"from this host? (a firewall, or a server in a container whose --data-ports "
+                f"are not published under the same numbers)")
+
     @property
     def done(self) -> bool:
         return self.index is not None and not self.waiting

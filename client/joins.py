@@ -119,10 +119,10 @@ class Joins:
                 if data:
                     assert isinstance(msg, wire.Index)
                     self._connect(server, msg.session.encode(), data)
-                    self._scheduler.note(server, f"INDEX received, {len(data)} reader "
-                                                 "connection(s) not answered yet")
+                    self._scheduler.note(server, join.unanswered())
             else:
                 join.on_data(reader, msg)
+                self._scheduler.note(server, join.unanswered())
             if join.done and self.fingerprint and join.fingerprint != self.fingerprint:
                 raise DatasetMismatchError(f"{self._endpoint(server)} serves dataset "
                                            f"{join.fingerprint}, not {self.fingerprint}")

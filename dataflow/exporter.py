@@ -1,6 +1,7 @@
 """An HTTP endpoint serving one Prometheus registry at ``/metrics``, with an explicit lifecycle.
 
-Used by the loader server (``--metrics-port``) and by the DataLoader (``metrics=PORT``). One
+Used by the loader server (``--metrics-port``, which also answers ``/healthz``: see
+:data:`Health`) and by the DataLoader (``metrics=PORT``). One
 daemon thread serves every connection from a selector loop, so peers cost no thread of their
 own: at most ``max_connections`` are open (a new one closes the one open longest without
 progress), each must send its request within ``timeout`` seconds and take its response at
@@ -22,6 +23,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from types import TracebackType
@@ -40,6 +42,11 @@ TIMEOUT_S = 10.0
 MAX_REQUEST_BYTES = 8192
 BACKLOG = 128
 PATHS = (b"/metrics", b"/")
+HEALTH_PATH = b"/healthz"
+
+Health = Callable[[], tuple[bool, str]]
+"""What ``/healthz`` answers: ``(healthy, one line saying why)``, 200 or 503 with that line.
+Called on the endpoint's thread, so it must be safe to call from another thread."""
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +95,13 @@ def response(status: HTTPStatus, body: bytes, content_type: str = "text/plain; c
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body)
 
 
-def answer(request: bytes, registry: CollectorRegistry) -> bytes:
+def answer(request: bytes, registry: CollectorRegistry, health: Health | None = None) -> bytes:
     """The response to one request head (request line and headers, without the blank line).
 
     GET or HEAD of ``/metrics`` (or ``/``) gets the registry in the format its ``Accept``
-    header picks, gzipped when its ``Accept-Encoding`` allows; anything else gets an error
-    status naming what was wrong. A collector that raises gives a 500 naming the error.
+    header picks, gzipped when its ``Accept-Encoding`` allows; of ``/healthz`` (with
+    ``health``), 200 or 503 and ``health``'s line; anything else gets an error status naming
+    what was wrong. A collector (or ``health``) that raises gives a 500 naming the error.
     """
     lines = request.split(b"\r\n")
     parts = lines[0].split(b" ")
@@ -102,7 +110,10 @@ def answer(request: bytes, registry: CollectorRegistry) -> bytes:
     method, target = parts[0], parts[1]
     if method not in (b"GET", b"HEAD"):
         return response(HTTPStatus.METHOD_NOT_ALLOWED, b"only GET and HEAD\n")
-    if target.split(b"?", 1)[0] not in PATHS:
+    path = target.split(b"?", 1)[0]
+    if path == HEALTH_PATH and health is not None:
+        return _health_response(health, head=method == b"HEAD")
+    if path not in PATHS:
         return response(HTTPStatus.NOT_FOUND, b"metrics are served at /metrics\n")
     headers: dict[str, str] = {}
     for line in lines[1:]:
@@ -119,6 +130,17 @@ def answer(request: bytes, registry: CollectorRegistry) -> bytes:
     gzipped = gzip_accepted(headers.get("accept-encoding", ""))
     return response(HTTPStatus.OK, gzip.compress(body) if gzipped else body, content_type,
                     head=method == b"HEAD", gzipped=gzipped)
+
+
+def _health_response(health: Health, *, head: bool) -> bytes:
+    try:
+        healthy, why = health()
+    except Exception as e:  # a bug of the judge: this probe fails, the endpoint keeps serving
+        log.exception("metrics: the health check failed")
+        return response(HTTPStatus.INTERNAL_SERVER_ERROR,
+                        f"the health check failed: {type(e).__name__}: {e}\n".encode())
+    status = HTTPStatus.OK if healthy else HTTPStatus.SERVICE_UNAVAILABLE
+    return response(status, f"{'ok' if healthy else 'unhealthy'}: {why}\n".encode(), head=head)
 
 
 @dataclass
@@ -148,13 +170,15 @@ class MetricsExporter:
             without progress.
         timeout: seconds a connection has to send its request, and at most between two sends
             of its response; it is closed then.
+        health: what ``/healthz`` answers; None: no ``/healthz`` (404).
 
     Raises:
         MetricsError: the address cannot be bound (e.g. the port is taken).
     """
 
     def __init__(self, registry: CollectorRegistry, port: int, bind: str, *,
-                 max_connections: int = MAX_CONNECTIONS, timeout: float = TIMEOUT_S) -> None:
+                 max_connections: int = MAX_CONNECTIONS, timeout: float = TIMEOUT_S,
+                 health: Health | None = None) -> None:
         if max_connections < 1 or timeout <= 0:
             raise ConfigError("`max_connections` must be at least 1 and `timeout` positive. "
                               f"Found: {max_connections}, {timeout}")
@@ -166,6 +190,7 @@ class MetricsExporter:
         listener.setblocking(False)
         self.port: int = listener.getsockname()[1]
         self._registry = registry
+        self._health = health
         self._max = max_connections
         self._timeout = timeout
         self._listener = listener
@@ -251,7 +276,7 @@ class MetricsExporter:
                 conn.inbox += data
                 end = conn.inbox.find(b"\r\n\r\n")
                 if end >= 0:
-                    reply = answer(bytes(conn.inbox[:end]), self._registry)
+                    reply = answer(bytes(conn.inbox[:end]), self._registry, self._health)
                 elif len(conn.inbox) > MAX_REQUEST_BYTES:
                     reply = response(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
                                      f"request head over {MAX_REQUEST_BYTES} bytes\n".encode())

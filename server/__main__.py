@@ -1,5 +1,7 @@
 """``python -m dataflow.server`` / ``dataflow-server``: one loader server until SIGTERM/SIGINT;
-``dataflow-server health ...`` probes one (:mod:`dataflow.server.health`)."""
+``dataflow-server health ...`` probes one (:mod:`dataflow.server.health`);
+``dataflow-server container ...`` is one with a container's defaults, the loader image's
+entrypoint (:mod:`dataflow.server.container`)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ import zmq
 from dataflow.errors import DataflowError, ServerStartError
 from dataflow.index.cache import load_index
 from dataflow.index.scan import ScanOptions, resolve_dataset
-from dataflow.server import health
+from dataflow.server import container, health
 from dataflow.server.config import ServerConfig
 from dataflow.server.flags import parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.metrics import ServerMetrics
 from dataflow.server.pool import WorkerPool
+from dataflow.server.ports import check_ports
 from dataflow.server.tasks import WorkerSpec, indexed_shards
 from dataflow.server.transform import load_transform
 from dataflow.server.worker import DataCaps
@@ -85,6 +88,7 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
     """
     started = time.monotonic() if started is None else started
     reserve_descriptors(config.descriptors)
+    check_ports(config)
     if config.transform:
         load_transform(config.transform, config.transform_path)
     # Abstract-namespace names (Linux): no file exists, so none is left behind, even on SIGKILL.
@@ -158,9 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the process exit code."""
     started = time.monotonic()
     args = sys.argv[1:] if argv is None else list(argv)
+    in_container = args[:1] == ["container"]
+    if in_container:
+        args = args[1:]
     if args[:1] == ["health"]:
         return health.main(args[1:])
-    config = parse_args(args)
+    config = container.parse_args(args) if in_container else parse_args(args)
     logging.basicConfig(level=config.level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s server[%(process)d] %(message)s")
     stop = _StopFlag(os.getppid() if config.exit_with_parent else None)

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from dataflow.checks import check_int
 from dataflow.convert.columns import ReadOptions
 from dataflow.errors import ConfigError
-from dataflow.exporter import check_metrics_address
+from dataflow.exporter import MAX_PORT, check_metrics_address
 from dataflow.readers.tar.options import DEFAULT_OPTIONS, TarOptions
 from dataflow.security import ServerCurve
+from dataflow.server.cpus import usable_cpus
 from dataflow.server.ledger import CREDIT_SLACK
 from dataflow.storage.remote import RemoteConfig
 from dataflow.wire import MAX_BATCH_SIZE
@@ -40,6 +41,7 @@ MAX_UNSENT_BYTES = 1024**4
 RANGE_BYTES = 24
 HEADER_ROOM = 64 * 1024
 MAX_WORKERS = 256
+MAX_DEFAULT_WORKERS = 32
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ON_ERROR = ("raise", "skip")
 DEFAULT_METRICS_BIND = "127.0.0.1"
@@ -57,8 +59,9 @@ INT_FIELDS = (
 
 
 def default_workers() -> int:
-    """Reader processes by default: one per CPU, at least 1, at most 32."""
-    return max(1, min(os.cpu_count() or 1, 32))
+    """Reader processes by default: one per CPU this process may use (its affinity, capped by
+    its cgroup's CPU quota: :func:`~dataflow.server.cpus.usable_cpus`), at most 32."""
+    return min(usable_cpus(), MAX_DEFAULT_WORKERS)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ class ServerConfig:
             to a client yet; requests wait (not refused) while it, or an address's share of
             it, is used.
         curve: CURVE keys of every client link (:mod:`dataflow.security`); None: clear text.
+        data_ports: the first TCP port of the readers' data sockets: reader ``i`` binds
+            ``data_ports + i`` on ``bind``'s host (ports to publish from a container, or to
+            name in a firewall or NetworkPolicy); None: free ports the kernel picks.
         metrics_port: TCP port of the Prometheus ``/metrics`` endpoint (0: a free one); None:
             no endpoint.
         metrics_bind: IP address the metrics endpoint listens on.
@@ -146,6 +152,7 @@ class ServerConfig:
     max_window_samples: int = DEFAULT_MAX_WINDOW_SAMPLES
     max_unsent_bytes: int = DEFAULT_MAX_UNSENT_BYTES
     curve: ServerCurve | None = None
+    data_ports: int | None = None
     metrics_port: int | None = None
     metrics_bind: str = DEFAULT_METRICS_BIND
     read: ReadOptions = ReadOptions()
@@ -193,9 +200,29 @@ class ServerConfig:
         if self.metrics_port is not None:
             object.__setattr__(self, "metrics_port",
                                check_metrics_address(self.metrics_port, self.metrics_bind))
+        if self.data_ports is not None:
+            self._check_data_ports()
         if self.progress not in PROGRESS_MODES:
             raise ConfigError(f"`progress` must be one of {PROGRESS_MODES}. "
                               f"Found: {self.progress!r}")
+
+    def _check_data_ports(self) -> None:
+        if not self.bind.startswith("tcp://"):
+            raise ConfigError(f"`data_ports` needs a tcp:// `bind` (an ipc:// server's readers "
+                              f"bind ipc paths). Found: {self.bind!r}")
+        first = check_int("data_ports", self.data_ports, 1, MAX_PORT - self.workers + 1)
+        object.__setattr__(self, "data_ports", first)
+        last = first + self.workers - 1
+        for name, port in (("bind", self.bind_port), ("metrics_port", self.metrics_port or 0)):
+            if first <= port <= last:
+                raise ConfigError(f"`data_ports` ({first}-{last}: one port per reader) must "
+                                  f"not include the `{name}` port. Found: {port}")
+
+    @property
+    def bind_port(self) -> int:
+        """``bind``'s TCP port (0: a free one, or an ipc:// endpoint)."""
+        port = self.bind.rpartition(":")[2]
+        return int(port) if self.bind.startswith("tcp://") and port.isdigit() else 0
 
     @property
     def zmq_bind(self) -> str:
@@ -205,10 +232,12 @@ class ServerConfig:
         return self.bind
 
     def data_bind(self, slot: int) -> str:
-        """Where reader ``slot`` binds its data socket: ``bind``'s host on a free port, or
-        ``bind``'s ipc path with a ``.w<slot>`` suffix."""
+        """Where reader ``slot`` binds its data socket: ``bind``'s host on port
+        ``data_ports + slot`` (on a free port without ``data_ports``), or ``bind``'s ipc path
+        with a ``.w<slot>`` suffix."""
         if self.bind.startswith("tcp://"):
-            return self.bind[: self.bind.rindex(":")] + ":*"
+            port = "*" if self.data_ports is None else str(self.data_ports + slot)
+            return f"{self.bind[: self.bind.rindex(':')]}:{port}"
         return f"{self.bind}.w{slot}"
 
     @property

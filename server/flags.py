@@ -40,24 +40,42 @@ from dataflow.storage.remote import (
     parse_storage_options,
 )
 
+SERVE_HELP = ("Serve batches of a sharded dataset to dataflow DataLoader clients over ZeroMQ. "
+              "Prints one JSON line {\"event\": \"ready\", \"endpoint\": ...} on stdout when "
+              "ready; logs go to stderr. SIGTERM/SIGINT stop it cleanly.")
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "dataflow-server",
+                 description: str = SERVE_HELP) -> argparse.ArgumentParser:
+    """The server's flags; ``defaults`` replaces some flags' defaults (by ``dest``; ``data``
+    makes ``--data`` optional), for ``prog`` (``dataflow-server container``)."""
+    defaults = defaults or {}
     p = argparse.ArgumentParser(
-        prog="dataflow-server",
-        description="Serve batches of a sharded dataset to dataflow DataLoader clients over "
-                    "ZeroMQ. Prints one JSON line {\"event\": \"ready\", \"endpoint\": ...} on "
-                    "stdout when ready; logs go to stderr. SIGTERM/SIGINT stop it cleanly.",
+        prog=prog,
+        description=description,
         epilog="`dataflow-server health --endpoint ENDPOINT` probes a running server (exit 0 "
-               "when it answers); see `dataflow-server health --help`.",
+               "when it answers); see `dataflow-server health --help`. `dataflow-server "
+               "container` is the server with a container's defaults (the loader image's "
+               "entrypoint); see `dataflow-server container --help`.",
     )
-    p.add_argument("--data", nargs="+", required=True, metavar="SPEC",
+    p.add_argument("--data", nargs="+", required="data" not in defaults, metavar="SPEC",
                    help="dataset specs: shard paths, directories, globs, brace ranges "
                         "(train-{000000..000127}.tar) or fsspec URLs")
     p.add_argument("--bind", default=DEFAULT_BIND, metavar="ENDPOINT",
                    help="endpoint clients connect to; port 0 picks a free port, reported in the "
                         "ready line (default: %(default)s)")
+    p.add_argument("--data-ports", type=int, default=None, metavar="PORT",
+                   help="first TCP port of the reader processes' data sockets: reader i listens "
+                        "on PORT+i on the --bind host, and clients connect to each at the host "
+                        "they reached the server at; so a container publishes PORT to "
+                        "PORT+N-1 under the same numbers (docker run -p), and a firewall or "
+                        "NetworkPolicy names them; a port taken stops the start, naming it "
+                        "(default: ports the kernel picks, reachable only where clients reach "
+                        "every port of the server's host)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help=f"reader processes (default: one per CPU, here {default_workers()})")
+                   help="reader processes (default: one per CPU this process may use: its "
+                        "affinity (taskset, --cpuset-cpus) capped by its cgroup's CPU quota "
+                        f"(--cpus, a CPU limit), at most 32; here {default_workers()})")
     p.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
                    help="function f(batch, ctx) -> batch (or f(batch)) run on every batch in "
                         "the reader processes (e.g. decoding, augmentation); ctx carries the "
@@ -215,14 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop when the process that started this server exits, even if it "
                         "was killed (for servers started by a script, a test or the bench)")
     add_data_flags(p)
+    p.set_defaults(**defaults)
     return p
 
 
 def parse_args(argv: Sequence[str] | None = None,
-               environ: Mapping[str, str] = os.environ) -> ServerConfig:
-    """Parse command-line flags (and ``$DATAFLOW_STORAGE_OPTIONS``); exits with a usage
-    message on invalid input."""
-    parser = build_parser()
+               environ: Mapping[str, str] = os.environ,
+               parser: argparse.ArgumentParser | None = None) -> ServerConfig:
+    """Parse command-line flags (and ``$DATAFLOW_STORAGE_OPTIONS``) with ``parser`` (default:
+    :func:`build_parser`'s); exits with a usage message on invalid input."""
+    parser = parser or build_parser()
     ns = parser.parse_args(argv)
     try:
         options = parse_storage_options(ns.storage_option, environ.get(ENV_STORAGE_OPTIONS))
@@ -244,7 +264,8 @@ def parse_args(argv: Sequence[str] | None = None,
             session_start_timeout=ns.session_start_timeout,
             max_window_samples=ns.max_window_samples, max_unsent_bytes=ns.max_unsent_bytes,
             curve=server_curve(ns.curve_secret_key, ns.curve_allowed_keys),
-            metrics_port=ns.metrics_port, metrics_bind=ns.metrics_bind,
+            data_ports=ns.data_ports, metrics_port=ns.metrics_port,
+            metrics_bind=ns.metrics_bind,
             read=read_options(ns), split=ns.split, remote=remote,
             index_workers=ns.index_workers, progress=ns.progress,
         )

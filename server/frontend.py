@@ -234,4 +234,5 @@ class Frontend:
             sessions=tuple(SessionUse(s.name, s.credits, self._ledger.outstanding(s.token)
                                       if s.token in self._ledger else 0)
                            for s in self._sessions),
-            latency=self._delivery.latency.histogram())
+            latency=self._delivery.latency.histogram(), made=time.monotonic(),
+            readers=self._pool.size, readers_ready=self._pool.ready_count)

@@ -10,10 +10,15 @@ tick behind; the serving loop pays one ``stats()`` call per tick, nothing per me
 
 :func:`families` (snapshot -> metric families) is pure. Every STATS counter is exported
 (:data:`METRICS` maps each to a metric name and labels); counters end in ``_total``.
+
+The same endpoint answers ``/healthz`` from the latest snapshot (:func:`health`, pure): 200
+while the frontend's loop publishes and every reader slot has a reader that started, else 503
+saying which is not (Kubernetes ``httpGet`` probes, the image's ``HEALTHCHECK``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +36,7 @@ from dataflow.exporter import MetricsExporter, register_process_metrics
 from dataflow.server.latency import BUCKETS, Histogram
 
 PREFIX = "dataflow_"
+STALE_S = 10.0  # a snapshot older than this: the frontend's loop is stuck
 MAX_LABEL = 128
 MAX_CLIENT_LABEL = 64
 
@@ -142,12 +148,36 @@ class Snapshot:
         skipped: ``(shard name, samples)`` skipped as damaged, per shard with any.
         sessions: credit use of every open session.
         latency: how long requests took, admission to reply handed over.
+        made: ``time.monotonic()`` when the frontend made it; None: no snapshot yet (the
+            server is starting).
+        readers: reader slots (``--workers``).
+        readers_ready: slots whose reader process started and serves.
     """
 
     stats: Mapping[str, int] = field(default_factory=dict)
     skipped: tuple[tuple[str, int], ...] = ()
     sessions: tuple[SessionUse, ...] = ()
     latency: Histogram = Histogram()
+    made: float | None = None
+    readers: int = 0
+    readers_ready: int = 0
+
+
+def health(snap: Snapshot, now: float, stale_s: float = STALE_S) -> tuple[bool, str]:
+    """Whether the server whose latest snapshot is ``snap`` serves at ``now`` (monotonic
+    seconds), and one line saying why: it is starting (no snapshot yet), its frontend's loop
+    has made none for ``stale_s`` seconds (stuck), or a reader slot has no reader that started
+    (one died and its replacement is starting, or cannot start)."""
+    if snap.made is None:
+        return False, "starting (the dataset index is loaded, the readers are starting)"
+    age = now - snap.made
+    if age > stale_s:
+        return False, f"the serving loop has not run for {age:.0f} s (stuck)"
+    if snap.readers_ready < snap.readers:
+        return False, (f"{snap.readers_ready} of {snap.readers} readers serving (a reader "
+                       "exited; its replacement is not serving yet)")
+    return True, (f"serving with {snap.readers} readers, "
+                  f"{snap.stats.get('clients', 0)} sessions")
 
 
 def families(snap: Snapshot) -> list[Metric]:
@@ -210,6 +240,10 @@ class SnapshotCollector(Collector):
     def publish(self, snap: Snapshot) -> None:
         self._snap = snap
 
+    @property
+    def latest(self) -> Snapshot:
+        return self._snap
+
     def collect(self) -> Iterator[Metric]:
         return iter(families(self._snap))
 
@@ -218,8 +252,9 @@ class SnapshotCollector(Collector):
 
 
 class ServerMetrics:
-    """The server's ``/metrics`` endpoint: a :class:`SnapshotCollector` in a private registry,
-    served on ``bind:port`` (0: a free port, see :attr:`port`) until :meth:`close`.
+    """The server's ``/metrics`` and ``/healthz`` endpoint: a :class:`SnapshotCollector` in a
+    private registry, served on ``bind:port`` (0: a free port, see :attr:`port`) until
+    :meth:`close`.
 
     Raises:
         MetricsError: the address cannot be bound.
@@ -230,9 +265,13 @@ class ServerMetrics:
         registry = CollectorRegistry()
         registry.register(self._collector)
         register_process_metrics(registry)
-        self._exporter = MetricsExporter(registry, port, bind)
+        self._exporter = MetricsExporter(registry, port, bind, health=self.health)
         self.port = self._exporter.port
         self.publish = self._collector.publish
+
+    def health(self) -> tuple[bool, str]:
+        """:func:`health` of the latest snapshot, now (any thread)."""
+        return health(self._collector.latest, time.monotonic())
 
     def close(self) -> None:
         """Stop serving (idempotent)."""

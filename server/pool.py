@@ -106,6 +106,16 @@ class WorkerPool:
     def all_ready(self) -> bool:
         return all(w.ready for w in self._workers.values())
 
+    @property
+    def size(self) -> int:
+        """Reader slots (the workers asked for)."""
+        return self._n
+
+    @property
+    def ready_count(self) -> int:
+        """Slots whose current worker reported STARTED (a replacement counts once it did)."""
+        return sum(w.ready for w in self._workers.values())
+
     def started(self, identity: bytes, endpoint: str) -> None:
         """Worker ``identity`` said STARTED: it serves, with its data socket at ``endpoint``."""
         worker = self._workers.get(identity)

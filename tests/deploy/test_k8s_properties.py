@@ -21,8 +21,7 @@ from manifests import (
     render,
 )
 
-from dataflow.server.flags import build_parser as server_parser
-from dataflow.server.health import build_parser as health_parser
+from dataflow.server.container import build_parser as container_parser
 
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 
@@ -52,39 +51,56 @@ def _server_args(container: dict) -> list[str]:
     return args
 
 
+def _data_ports(container: dict) -> list[int]:
+    """The readers' data ports of a loader (``--data-ports`` and ``--workers``)."""
+    args = container["args"]
+    first, workers = flag(args, "--data-ports"), flag(args, "--workers")
+    assert first is not None and workers is not None, "fixed data ports, a fixed reader count"
+    return [int(first) + i for i in range(int(workers))]
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_loader_arguments_parse(overlay: str) -> None:
     for where, _, c in _loaders(overlay):
-        assert "command" not in c, f"{where}: the image's ENTRYPOINT is dataflow-server"
-        server_parser().parse_args(_server_args(c))
+        assert "command" not in c, f"{where}: the image's ENTRYPOINT is dataflow-server container"
+        ns = container_parser().parse_args(_server_args(c))
+        # Each loader spells out its ports (the image's defaults too): they must match below.
+        assert {"--bind", "--data-ports", "--metrics-port", "--metrics-bind"} <= set(c["args"])
+        assert ns.data_ports is not None and ns.metrics_port is not None
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_loader_is_probed_with_the_health_subcommand(overlay: str) -> None:
+def test_every_loader_is_probed_at_healthz_on_its_metrics_port(overlay: str) -> None:
     for where, pod, c in _loaders(overlay):
         args = c["args"]
-        bind_port = port_of(flag(args, "--bind"))
+        declared = {p["name"]: p["containerPort"] for p in c["ports"]}
         for name in PROBES:
-            probe = c[name]["exec"]["command"]
-            assert probe[:2] == ["dataflow-server", "health"], f"{where} {name}: {probe}"
-            parsed = health_parser().parse_args(probe[2:])
-            assert parsed.endpoint == f"tcp://127.0.0.1:{bind_port}", f"{where} {name}"
-            assert c[name]["timeoutSeconds"] > parsed.timeout, f"{where} {name}"
-            # The probe speaks CURVE exactly when the server does, with keys that are mounted.
-            curve = flag(args, "--curve-secret-key") is not None
-            assert (parsed.curve_secret_key is not None) == curve, f"{where} {name}"
-            if curve:
-                assert mounted_file(pod, c, parsed.curve_secret_key) == (
-                    "dataflow-curve", "probe.key_secret")
-                assert mounted_file(pod, c, parsed.curve_server_key) == (
-                    "dataflow-curve", "server.key")
+            probe = c[name]["httpGet"]
+            assert probe["path"] == "/healthz", f"{where} {name}"
+            assert declared[probe["port"]] == int(flag(args, "--metrics-port")), f"{where} {name}"
+            assert c[name]["timeoutSeconds"] >= 1, f"{where} {name}"
+        # The kubelet asks the pod's address, not its loopback.
+        assert flag(args, "--metrics-bind") == "0.0.0.0", where
         if flag(args, "--curve-secret-key") is not None:
             assert mounted_file(pod, c, flag(args, "--curve-secret-key")) == (
                 "dataflow-curve", "server.key_secret")
             allowed = flag(args, "--curve-allowed-keys")
-            for key in ("trainer.key", "probe.key"):
-                assert mounted_file(pod, c, f"{allowed}/{key}") == ("dataflow-curve", key)
+            assert mounted_file(pod, c, f"{allowed}/trainer.key") == ("dataflow-curve",
+                                                                      "trainer.key")
+        # No probe key pair any more: nothing else of the Secret is mounted.
+        mounted = [item["key"] for v in pod["spec"].get("volumes", []) if "secret" in v
+                   for item in v["secret"].get("items", [])]
+        assert not [k for k in mounted if k.startswith("probe.")], f"{where}: {mounted}"
         assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600
+
+
+@pytest.mark.parametrize("overlay", ["disaggregated", "jobset"])
+def test_every_reader_data_port_is_declared(overlay: str) -> None:
+    """Loaders other pods reach (the sidecar's listen on its pod's loopback only)."""
+    for where, _, c in _loaders(overlay):
+        declared = {p["name"]: p["containerPort"] for p in c["ports"]}
+        readers = {name: port for name, port in declared.items() if name.startswith("reader-")}
+        assert readers == {f"reader-{i}": port for i, port in enumerate(_data_ports(c))}, where
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -215,10 +231,11 @@ def test_network_policy_admits_trainer_pods_only(overlay: str) -> None:
         assert matches(peer["podSelector"]["matchLabels"], pod["metadata"]["labels"]), where
     for where, pod in loaders:
         assert not matches(peer["podSelector"]["matchLabels"], pod["metadata"]["labels"]), where
-        # The readers' data ports: the pod's ephemeral range, admitted whole.
-        sysctls = {s["name"]: s["value"] for s in pod["spec"]["securityContext"]["sysctls"]}
-        low, high = map(int, sysctls["net.ipv4.ip_local_port_range"].split())
-        assert {"protocol": "TCP", "port": low, "endPort": high} in client_rules[0]["ports"]
+    # The readers' data ports (--data-ports, one per reader), admitted exactly.
+    for where, _, c in _loaders(overlay):
+        ports = _data_ports(c)
+        assert {"protocol": "TCP", "port": ports[0], "endPort": ports[-1]} in (
+            client_rules[0]["ports"]), where
 
 
 @pytest.mark.parametrize("overlay", ["disaggregated", "jobset"])

@@ -1,9 +1,13 @@
 """Helpers for integration tests: a raw protocol client, /proc probes, a /metrics scrape, raw
-ZMTP (:func:`zmtp_connect`, :func:`zmtp_frame`, from :mod:`dataflow.bench.fuzz.zmtp`)."""
+ZMTP (:func:`zmtp_connect`, :func:`zmtp_frame`, from :mod:`dataflow.bench.fuzz.zmtp`), fixed
+ports (:func:`free_ports`) and a TCP port forwarder (:class:`Forwarder`)."""
 
 from __future__ import annotations
 
 import os
+import random
+import selectors
+import socket
 import threading
 import time
 import urllib.request
@@ -187,3 +191,98 @@ def ragged_rows(batch: Mapping[str, np.ndarray], name: str) -> list[np.ndarray]:
     """Each sample's values of ragged field ``name`` of a DataLoader batch (as numpy)."""
     offs = batch[name + ".offsets"]
     return [batch[name][offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
+
+
+FIXED_PORTS = (20000, 32000)  # below the kernel's ephemeral range: no outgoing connection's
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> int:
+    """The first of ``n`` consecutive TCP ports free on ``host``, outside the ephemeral range
+    (so only an explicit bind can take one before the test uses them)."""
+    rng = random.Random()
+    for _ in range(100):
+        first = rng.randrange(FIXED_PORTS[0], FIXED_PORTS[1] - n)
+        held: list[socket.socket] = []
+        try:
+            for port in range(first, first + n):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind((host, port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError(f"no {n} consecutive free ports in {FIXED_PORTS}")
+
+
+class Forwarder:
+    """Forwards every TCP connection made to ``listen`` to ``target``, bytes both ways, as a
+    container engine's published port (``docker run -p``) does; one thread. The port it listens
+    on is :attr:`port`; :meth:`close` ends every connection (idempotent)."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int],
+                 family: socket.AddressFamily = socket.AF_INET) -> None:
+        self._target = target
+        self._listener = socket.create_server(listen, family=family)
+        self.port: int = self._listener.getsockname()[1]
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._peers: dict[socket.socket, socket.socket] = {}
+        self._thread = threading.Thread(target=self._run, name="forwarder", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            for key, _ in self._sel.select():
+                sock = key.fileobj
+                if sock is self._wake_r:
+                    return
+                if sock is self._listener:
+                    inbound, _ = self._listener.accept()
+                    try:
+                        outbound = socket.create_connection(self._target, timeout=10)
+                    except OSError:
+                        inbound.close()
+                        continue
+                    for a, b in ((inbound, outbound), (outbound, inbound)):
+                        self._peers[a] = b
+                        self._sel.register(a, selectors.EVENT_READ)
+                    continue
+                assert isinstance(sock, socket.socket)
+                try:
+                    data = sock.recv(65536)
+                    if data:
+                        self._peers[sock].sendall(data)
+                        continue
+                except OSError:
+                    pass
+                self._drop(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        peer = self._peers.pop(sock)
+        self._peers.pop(peer, None)
+        for s in (sock, peer):
+            self._sel.unregister(s)
+            s.close()
+
+    def close(self) -> None:
+        if self._wake_w.fileno() < 0:
+            return
+        self._wake_w.send(b"x")
+        self._thread.join(10)
+        for sock in list(self._peers):
+            if sock in self._peers:
+                self._drop(sock)
+        self._sel.close()
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+
+    def __enter__(self) -> Forwarder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,24 +1,31 @@
 """The health probe (`dataflow-server health`, and :func:`probe` in process for repeats) against
-real servers: healthy, no session left, dead, silent, refused."""
+real servers: healthy, no session left, dead, silent, refused; and the server's ``/healthz``
+(``--http``): 200 while it serves, 503 naming why once a reader slot has no reader."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+from srvtools import wait_for
 
+from dataflow.client import DataLoader
 from dataflow.errors import ServerUnavailable
 from dataflow.security import ClientCurve, generate_keys
-from dataflow.server.health import HealthConfig, probe
+from dataflow.server.health import HealthConfig, probe, probe_http
 
 PROBE_TIMEOUT_S = 20.0
 
 
-def _health(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dataflow.server", "health", *args],
+def _health(*args: str, entry: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dataflow.server", *entry, "health", *args],
                           capture_output=True, text=True, timeout=PROBE_TIMEOUT_S + 30)
 
 
@@ -82,3 +89,54 @@ def test_curve_probe_needs_an_allowed_key(tmp_path: Path, demo_data, servers) ->
         probe(HealthConfig(server.endpoint, PROBE_TIMEOUT_S, stranger))
     with pytest.raises(ServerUnavailable):
         probe(HealthConfig(server.endpoint, 2.0))
+
+
+def _healthz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.mark.timeout(90)
+def test_healthz_is_ok_while_the_server_serves(demo_data, servers) -> None:
+    server = servers([str(p) for p in demo_data("arrow").paths], workers=2,
+                     extra_args=["--metrics-port", "0"])
+    port = server.ready["metrics_port"]
+    url = f"http://127.0.0.1:{port}/healthz"
+    assert _healthz(port) == (200, "ok: serving with 2 readers, 0 sessions\n")
+    with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1, timeout=30) as dl:
+        next(iter(dl))
+        wait_for(lambda: _healthz(port) == (200, "ok: serving with 2 readers, 1 sessions\n"),
+                 30, "the session in /healthz")
+    wait_for(lambda: _healthz(port)[1] == "ok: serving with 2 readers, 0 sessions\n", 30,
+             "the session closed in /healthz")
+    for entry in ((), ("container",)):  # the image's entrypoint runs the probe too
+        done = _health("--http", url, "--timeout", str(PROBE_TIMEOUT_S), entry=entry)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f"healthy: {url}: ok: serving with 2 readers, 0 sessions\n"
+    server.close(grace=10)
+    done = _health("--http", url, "--timeout", "2")
+    assert done.returncode == 1 and done.stderr.startswith(f"unhealthy: {url}: no answer"), (
+        done.stderr)
+
+
+@pytest.mark.timeout(120)
+def test_healthz_is_503_naming_a_reader_slot_without_a_reader(demo_data, servers,
+                                                              tmp_path: Path) -> None:
+    """A reader is killed after its --transform module was deleted: each replacement fails to
+    import it and exits, so the slot stays without a serving reader (until the server gives
+    up restarting), and /healthz says so."""
+    (tmp_path / "gone.py").write_text("def keep(batch):\n    return batch\n")
+    server = servers([str(p) for p in demo_data("arrow").paths], workers=1, cwd=tmp_path,
+                     extra_args=["--metrics-port", "0", "--transform", "gone:keep"])
+    port = server.ready["metrics_port"]
+    assert _healthz(port)[0] == 200
+    (tmp_path / "gone.py").unlink()
+    os.kill(server.ready["worker_pids"][0], signal.SIGKILL)
+    reason = ("unhealthy: 0 of 1 readers serving (a reader exited; its replacement is not "
+              "serving yet)\n")
+    wait_for(lambda: _healthz(port) == (503, reason), 60, "/healthz turning 503")
+    with pytest.raises(ServerUnavailable, match=r"answered 503: unhealthy: 0 of 1 readers"):
+        probe_http(f"http://127.0.0.1:{port}/healthz", PROBE_TIMEOUT_S)

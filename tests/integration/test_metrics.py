@@ -142,7 +142,8 @@ def test_a_taken_metrics_port_fails_the_start_naming_it(demo_data) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(ServerUnavailable, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+        with pytest.raises(ServerUnavailable,  # checked before indexing, naming the flag
+                           match=f"--metrics-port: port {port} on 127.0.0.1 is taken"):
             launch([str(p) for p in demo.paths], workers=1, timeout=60,
                    extra_args=["--metrics-port", str(port)])
         # Before any HELLO: no server needed to fail.

@@ -31,6 +31,22 @@ def test_done_after_the_index_and_every_reader() -> None:
     assert join.fingerprint == _dataset().fingerprint
 
 
+def test_the_wait_names_the_reader_endpoints_not_answered_yet() -> None:
+    """What a join that never finishes says (a server in a container whose data ports are not
+    published): every reader endpoint still silent, as this client connects to it."""
+    join = Join("tcp://127.0.0.1:5555")
+    assert join.unanswered() == "HELLO sent, no INDEX yet"
+    join.on_control(_index(("tcp://0.0.0.0:5556", "tcp://0.0.0.0:5557")))
+    said = join.unanswered()
+    assert "no answer yet on 2 of 2 reader data endpoint(s) tcp://127.0.0.1:5556, " \
+           "tcp://127.0.0.1:5557: unreachable from this host?" in said
+    assert "--data-ports" in said
+    join.on_data(0, wire.Heartbeat())
+    assert "1 of 2 reader data endpoint(s) tcp://127.0.0.1:5557:" in join.unanswered()
+    join.on_data(1, wire.Heartbeat())
+    assert join.unanswered() == "INDEX received, every reader connection answered"
+
+
 def test_wildcard_reader_endpoints_are_reached_at_the_server_host() -> None:
     join = Join("tcp://loader-b:5555")
     assert join.on_control(_index(("tcp://0.0.0.0:4001",))) == ["tcp://loader-b:4001"]

@@ -76,6 +76,25 @@ def test_other_requests_get_an_error_status(exporter: MetricsExporter) -> None:
     assert _raw(exporter.port, long).startswith(b"HTTP/1.1 431")
 
 
+def test_healthz_answers_what_the_health_check_says(registry: CollectorRegistry) -> None:
+    said = [(True, "serving")]
+    with MetricsExporter(registry, 0, "127.0.0.1", health=lambda: said[-1]) as ex:
+        status, _, body = _get(ex.port, "/healthz")
+        assert (status, body) == (200, b"ok: serving\n")
+        said.append((False, "1 of 2 readers serving"))
+        status, headers, body = _get(ex.port, "/healthz?verbose")
+        assert (status, body) == (503, b"unhealthy: 1 of 2 readers serving\n")
+        assert headers["Connection"] == "close"
+        head = _raw(ex.port, b"HEAD /healthz HTTP/1.1\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 Service Unavailable") and head.endswith(b"\r\n\r\n")
+        said.append(None)  # type: ignore[arg-type]  # a judge that breaks: a 500, not a crash
+        status, _, body = _get(ex.port, "/healthz")
+        assert status == 500 and body.startswith(b"the health check failed: TypeError")
+        assert _get(ex.port)[0] == 200
+    with MetricsExporter(registry, 0, "127.0.0.1") as ex:  # the trainer's: no /healthz
+        assert _get(ex.port, "/healthz")[0] == 404
+
+
 def test_idle_connections_hold_no_thread_and_never_block_a_scrape(
         exporter: MetricsExporter) -> None:
     threads = threading.active_count()

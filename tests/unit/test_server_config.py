@@ -1,4 +1,4 @@
-"""Server flags for the caps: defaults, validation, --help."""
+"""Server flags: the caps, the fixed ports; defaults, validation, --help."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from dataflow.errors import ConfigError
 from dataflow.server import ServerConfig
 from dataflow.server.flags import build_parser, parse_args
+from dataflow.server.ports import Claim, claims
 
 
 def test_caps_have_defaults_that_fit_together() -> None:
@@ -101,3 +102,42 @@ def test_shared_memory_is_allowed_unless_refused() -> None:
     assert parse_args(["--data", "x"]).shared_memory is True
     assert parse_args(["--data", "x", "--shared-memory", "refuse"]).shared_memory is False
     assert "--shared-memory" in build_parser().format_help()
+
+
+def test_data_ports_give_each_reader_its_port() -> None:
+    config = parse_args(["--data", "x", "--bind", "tcp://0.0.0.0:5555", "--workers", "3",
+                         "--data-ports", "5556"])
+    assert [config.data_bind(i) for i in range(3)] == [
+        "tcp://0.0.0.0:5556", "tcp://0.0.0.0:5557", "tcp://0.0.0.0:5558"]
+    free = parse_args(["--data", "x", "--bind", "tcp://0.0.0.0:5555"])
+    assert free.data_ports is None and free.data_bind(1) == "tcp://0.0.0.0:*"
+    assert parse_args(["--data", "x", "--bind", "ipc:///tmp/s"]).data_bind(1) == "ipc:///tmp/s.w1"
+    assert "--data-ports" in build_parser().format_help()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"bind": "ipc:///tmp/s", "data_ports": 5556}, "`data_ports` needs a tcp:// `bind`"),
+    ({"data_ports": 0}, r"`data_ports` must be an integer in \[1, 65533\]. Found: 0"),
+    ({"data_ports": 65534}, r"`data_ports` must be an integer in \[1, 65533\]. Found: 65534"),
+    ({"data_ports": 5554, "bind": "tcp://0.0.0.0:5555"},
+     r"`data_ports` \(5554-5556: one port per reader\) must not include the `bind` port. "
+     "Found: 5555"),
+    ({"data_ports": 9098, "metrics_port": 9100},
+     r"`data_ports` \(9098-9100.*must not include the `metrics_port` port. Found: 9100"),
+    ({"data_ports": True}, r"`data_ports` must be an integer in .* Found: True"),
+])
+def test_data_ports_are_validated_with_the_value_found(kwargs, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ServerConfig(("x",), workers=3, **kwargs)
+
+
+def test_fixed_ports_are_claimed_in_bind_order() -> None:
+    config = parse_args(["--data", "x", "--bind", "tcp://*:5555", "--workers", "2",
+                         "--data-ports", "5556", "--metrics-port", "9100", "--metrics-bind",
+                         "0.0.0.0"])
+    assert claims(config) == [Claim("--bind", "*", 5555),
+                              Claim("--data-ports (reader 0)", "*", 5556),
+                              Claim("--data-ports (reader 1)", "*", 5557),
+                              Claim("--metrics-port", "0.0.0.0", 9100)]
+    assert claims(parse_args(["--data", "x", "--metrics-port", "0"])) == []
+    assert claims(parse_args(["--data", "x", "--bind", "ipc:///tmp/s"])) == []

@@ -6,6 +6,7 @@ import pytest
 
 from dataflow import wire
 from dataflow.errors import ConfigError, ServerUnavailable
+from dataflow.security import ClientCurve, generate_keys
 from dataflow.server.health import HealthConfig, judge, parse_args
 from dataflow.wire import ErrorKind
 
@@ -54,3 +55,13 @@ def test_a_bad_endpoint_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     assert e.value.code == 2
     assert ("`endpoint` must be tcp://HOST:PORT or ipc://PATH. Found: '127.0.0.1:5555'"
             in capsys.readouterr().err)
+
+
+def test_the_http_probe_takes_an_http_url_and_no_keys(tmp_path) -> None:
+    assert parse_args(["--http", "http://127.0.0.1:9100/healthz"]).http == (
+        "http://127.0.0.1:9100/healthz")
+    with pytest.raises(ConfigError, match="`http` must be an http:// URL"):
+        HealthConfig(EP, http="127.0.0.1:9100/healthz")
+    public, secret = generate_keys(str(tmp_path), "probe")
+    with pytest.raises(ConfigError, match="without CURVE keys"):
+        HealthConfig(EP, curve=ClientCurve(str(secret), str(public)), http="http://127.0.0.1:9100/healthz")

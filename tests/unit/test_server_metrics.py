@@ -1,4 +1,5 @@
-"""The server's Prometheus metrics: STATS snapshot -> metric families (pure), and config."""
+"""The server's Prometheus metrics: STATS snapshot -> metric families (pure), health from a
+snapshot (pure, a fake clock), and config."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataflow.server.metrics import (
     SnapshotCollector,
     client_label,
     families,
+    health,
 )
 
 NOT_COUNTERS = (  # the other scalar entries of Frontend.stats()
@@ -112,3 +114,19 @@ def test_metrics_flags_default_off_on_loopback() -> None:
 def test_metrics_flags_are_validated(kwargs, match) -> None:
     with pytest.raises(ConfigError, match=match):
         ServerConfig(("x",), **kwargs)
+
+
+@pytest.mark.parametrize("snap, now, healthy, why", [
+    (Snapshot(), 5.0, False, "starting (the dataset index is loaded, the readers are starting)"),
+    (Snapshot({"clients": 3}, made=100.0, readers=4, readers_ready=4), 100.2, True,
+     "serving with 4 readers, 3 sessions"),
+    (Snapshot(made=100.0, readers=4, readers_ready=4), 110.0, True,
+     "serving with 4 readers, 0 sessions"),
+    (Snapshot(made=100.0, readers=4, readers_ready=4), 110.5, False,
+     "the serving loop has not run for 10 s (stuck)"),
+    (Snapshot(made=100.0, readers=4, readers_ready=3), 100.2, False,
+     "3 of 4 readers serving (a reader exited; its replacement is not serving yet)"),
+])
+def test_health_from_the_latest_snapshot(snap: Snapshot, now: float, healthy: bool,
+                                         why: str) -> None:
+    assert health(snap, now) == (healthy, why)
