@@ -178,9 +178,8 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
     lent a shared-memory slot has its arrays written there by ``segments`` when they fit
     (:meth:`~dataflow.server.shmserve.Segments.place`).
     """
-    meter = SkipMeter(readers)
     try:
-        msg, skips = _batch(meter, transform, spec, task)
+        msg, meter = _batch(readers, transform, spec, task)
         if segments is not None:
             msg = segments.place(task, msg)
         frames = wire.encode(msg)
@@ -191,34 +190,60 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
         meter.verify()
     except Exception as e:
         return _failed(spec, task, e)
+    skips = tuple(sorted(meter.skips().items()))
     return frames, Sent(task.token, task.req_id, _nbytes(frames), msg.size, skips=skips)
 
 
-def _batch(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec,
-           task: Task) -> tuple[wire.BatchMsg, tuple[tuple[int, int], ...]]:
-    """The BATCH answering ``task``, and the ``(shard, samples)`` it left out as damaged.
+def _batch(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
+           task: Task) -> tuple[wire.BatchMsg, SkipMeter]:
+    """The BATCH answering ``task``, and the meter of the reads it made (the samples it left
+    out as damaged, the shards to verify).
 
-    A task with ``parts`` reads, transforms and selects each batch alone (its transform's
-    seed and context are the batch's own), and answers them in one BATCH."""
+    A task with ``parts`` is each batch read, transformed and selected alone (its transform's
+    seed and context are the batch's own), answered in one BATCH. Without a transform the
+    batches are read as one (one read, no copy to join them) and cut by their sizes; when
+    samples were left out as damaged that read cannot say of which batch, and each batch is
+    read again alone."""
+    meter = SkipMeter(readers)
     if not task.parts:
         batch, skipped = _one(meter, transform, spec, task.ranges, task.tag, task.columns)
-        msg = wire.batch_to_message(task.req_id, batch, skipped)
-    else:
-        batches, skipped = [], 0
-        row = 0
-        for part in task.parts:
-            batch, n = _one(meter, transform, spec, task.ranges[row : row + part.rows],
-                            part.tag, task.columns)
-            batches.append(batch)
-            skipped += n
-            row += part.rows
-        msg = wire.batches_to_message(task.req_id, batches, skipped)
+        return _checked(spec, wire.batch_to_message(task.req_id, batch, skipped)), meter
+    if transform is None:
+        batch, skipped = _one(meter, None, spec, task.ranges, task.tag, task.columns)
+        if not skipped:
+            sizes = [_samples(rows) for rows in _part_rows(task)]
+            return _checked(spec, wire.parts_to_message(task.req_id, batch, sizes)), meter
+        meter = SkipMeter(readers)
+    batches, skipped = [], 0
+    for part, rows in zip(task.parts, _part_rows(task), strict=True):
+        batch, n = _one(meter, transform, spec, rows, part.tag, task.columns)
+        batches.append(batch)
+        skipped += n
+    return _checked(spec, wire.batches_to_message(task.req_id, batches, skipped)), meter
+
+
+def _part_rows(task: Task) -> list[np.ndarray]:
+    """The rows of ``task.ranges`` of each of its ``parts``."""
+    bounds = np.cumsum([0, *(p.rows for p in task.parts)])
+    return [task.ranges[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _samples(rows: np.ndarray) -> int:
+    return int((rows[:, 2] - rows[:, 1]).sum())
+
+
+def _checked(spec: WorkerSpec, msg: wire.BatchMsg) -> wire.BatchMsg:
+    """``msg``, unless it is over ``--max-reply-bytes``.
+
+    Raises:
+        ReplyTooLarge: it is.
+    """
     nbytes = sum(a.nbytes for a in msg.arrays)
     if nbytes > spec.max_reply_bytes:
         raise ReplyTooLarge(f"batch of {nbytes} bytes exceeds this server's "
                             f"--max-reply-bytes {spec.max_reply_bytes}; ask for fewer "
                             "samples a request")
-    return msg, tuple(sorted(meter.skips().items()))
+    return msg
 
 
 def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges: np.ndarray,
@@ -233,7 +258,7 @@ def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges
     if columns is not None:
         batch = select(batch, columns)
     skipped = sum(meter.skips().values()) - before
-    requested = int((ranges[:, 2] - ranges[:, 1]).sum())
+    requested = _samples(ranges)
     if batch_len(batch) + skipped != requested:
         raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
                             f"for a request of {requested}")

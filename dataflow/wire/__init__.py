@@ -21,6 +21,7 @@ from dataflow.wire.arrays import (
     batches_to_message,
     message_to_batch,
     message_to_batches,
+    parts_to_message,
 )
 from dataflow.wire.codec import SPECS, decode, decode_header, encode, kind_of, parse_header
 from dataflow.wire.fields import (
@@ -79,5 +80,5 @@ __all__ = [
     "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES", "ShmOffer", "ShmRef", "MAX_SHM_SLOTS",
     "Stats", "StatsReply", "batch_to_message", "batches_to_message", "decode",
     "decode_header", "encode", "kind_of", "message_to_batch", "message_to_batches",
-    "parse_header",
+    "parts_to_message", "parse_header",
 ]

@@ -224,6 +224,33 @@ def batches_to_message(req_id: int, batches: Sequence[Batch],
                     parts=sizes)
 
 
+def parts_to_message(req_id: int, batch: Batch, sizes: Sequence[int]) -> BatchMsg:
+    """The BATCH message carrying ``batch`` as the batches of its consecutive ``sizes``
+    samples (2 or more), the reply to request ``req_id`` with as many ``parts``: the arrays
+    as they are, but a ragged field's offsets each batch's own, from 0 (see
+    :class:`BatchMsg`).
+
+    Raises:
+        ProtocolError: ``sizes`` are fewer than 2 or do not add up to the batch's samples, or
+            what :func:`batch_to_message` raises.
+    """
+    msg = batch_to_message(req_id, batch)
+    if len(sizes) < 2 or sum(sizes) != msg.size:
+        raise ProtocolError(f"a BATCH with parts carries 2 or more batches adding up to its "
+                            f"{msg.size} samples. Found: {list(sizes)}"[:400])
+    starts = np.cumsum([0, *sizes])
+    offsets = {name + OFFSETS_SUFFIX for name, _ in msg.ragged}
+    data = []
+    for spec, arr in zip(msg.arrays, msg.data, strict=True):
+        if spec.name in offsets:
+            arr = np.concatenate([arr[a : b + 1] - arr[a]
+                                  for a, b in zip(starts[:-1], starts[1:], strict=True)])
+        data.append(arr)
+    specs = tuple(ArraySpec(s.name, s.dtype, tuple(a.shape))
+                  for s, a in zip(msg.arrays, data, strict=True))
+    return replace(msg, arrays=specs, data=tuple(data), parts=tuple(int(n) for n in sizes))
+
+
 def _fields(msg: BatchMsg) -> list[tuple[str, str, tuple[int, ...]]]:
     return [(s.name, s.dtype, s.shape[1:]) for s in msg.arrays]
 

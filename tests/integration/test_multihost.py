@@ -43,8 +43,9 @@ TRAINER = textwrap.dedent(f"""
     rank, world = int(sys.argv[1]), int(sys.argv[2])
     pauses = dict(item.split("=") for item in sys.argv[3].split(","))  # batch -> counter
     servers = sys.argv[4] if len(sys.argv) > 4 else None  # else DATAFLOW_SERVERS
+    # two batches a request: every server still holds requests when a trainer pauses
     with DataLoader(servers, batch_size={BATCH}, rank=rank, world_size=world, seed=3, prefetch=2,
-                    timeout=30, grace=1.0, resolve_interval=0.2) as dl:
+                    timeout=30, grace=1.0, resolve_interval=0.2, batches_per_request=2) as dl:
         batches = []
         for i, batch in enumerate(dl):
             batches.append(batch["id"].tolist())

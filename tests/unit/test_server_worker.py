@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dataflow import wire
-from dataflow.batch import Batch
-from dataflow.errors import ShardReadError
+from dataflow.batch import Batch, Ragged
+from dataflow.errors import ProtocolError, ShardReadError
 from dataflow.readers import ShardReader
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import Transform
@@ -150,3 +150,34 @@ def test_a_task_of_several_batches_reads_and_transforms_each_alone() -> None:
     assert [set(b["batch"].tolist()) for b in got] == [{0}, {4}, {0}]
     assert [set(b["seed"].tolist()) for b in got] == [{batch_seed(*t) % 2**62} for t in tags]
     assert sent.samples == 8 and sent.skips == ((0, 2),)
+
+
+@pytest.mark.parametrize("damaged", [set(), {1, 9}])
+def test_without_a_transform_the_batches_of_a_task_are_read_as_one(damaged: set[int]) -> None:
+    """One read cut by the batches' sizes when nothing was left out; when samples were, each
+    batch is read again alone (counted once) to know which of them lost which."""
+    readers = {0: LossyReader(20, damaged), 1: LossyReader(20, set())}
+    rows = np.array([[0, 0, 4], [1, 0, 2], [0, 8, 10], [0, 10, 12]], dtype=np.int64)
+    tags = [wire.BatchTag(3, 1, b) for b in (0, 4, 8)]
+    task = Task(b"tok", 5, rows, parts=tuple(wire.Part(r, t) for r, t in zip((2, 1, 1), tags,
+                                                                              strict=True)))
+    frames, sent = serve_task(FakeCache(readers), None, _spec(), task)
+    msg = wire.decode(frames)
+    assert isinstance(msg, wire.BatchMsg)
+    want = [[i for i in [0, 1, 2, 3] if i not in damaged] + [0, 1],
+            [i for i in [8, 9] if i not in damaged], [10, 11]]
+    assert [b["x"].tolist() for b in wire.message_to_batches(msg)] == want
+    assert msg.parts == tuple(map(len, want)) and msg.skipped == len(damaged)
+    assert sent.skips == (((0, 2),) if damaged else ()) and sent.samples == msg.size
+
+
+def test_a_batch_read_as_one_is_cut_with_each_batch_s_own_offsets() -> None:
+    batch = {"id": np.arange(5), "t": Ragged(np.frombuffer(b"abcdefg", np.uint8).copy(),
+                                            np.array([0, 1, 3, 3, 6, 7]), "bytes")}
+    msg = wire.decode(wire.encode(wire.parts_to_message(2, batch, [2, 0, 3])))
+    got = wire.message_to_batches(msg)
+    assert [b["id"].tolist() for b in got] == [[0, 1], [], [2, 3, 4]]
+    assert [bytes(b["t"].values) for b in got] == [b"abc", b"", b"defg"]
+    assert [b["t"].offsets.tolist() for b in got] == [[0, 1, 3], [0], [0, 0, 3, 4]]
+    with pytest.raises(ProtocolError, match="adding up to its 5 samples"):
+        wire.parts_to_message(2, batch, [2, 2])
