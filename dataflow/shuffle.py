@@ -43,7 +43,9 @@ from dataflow.errors import ConfigError
 
 DEFAULT_BLOCK_SIZE = 64
 DEFAULT_WINDOW = 8
-DEFAULT_SHUFFLE_WINDOW = 1 << 18
+DEFAULT_SHUFFLE_WINDOW = 1 << 40
+"""The ``"sample"`` shuffle's default window: larger than any dataset (about 1.1e12 samples),
+so by default an epoch is one window, a uniform random permutation of the whole dataset."""
 MODES = ("sample", "block", "none")
 
 
