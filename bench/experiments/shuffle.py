@@ -46,8 +46,10 @@ working set, in shards and in the share of the dataset's bytes); seconds for
 message's encoding, in this process, over demo datasets of each of ``--read-layouts`` in tar
 and Arrow with every shard open and the page cache warm, ``--read-batches`` batches of the
 default shuffle and of ``shuffle="none"`` per run, ``--repeats`` runs of each interleaved
-(medians); the last column divides the difference by the shards a batch of the default
-touches.
+(medians), and the default's batches also gathered as before :mod:`dataflow.readers.sink`
+(one ``read_many`` per shard into arrays of its own, then ``concat``); the last column
+divides the difference between the default and ``"none"`` by the shards a batch of the
+default touches.
 
 ``cost``: samples/s through the real loader at step 0 (a loop that only takes batches):
 one local server (``--workers`` reader processes) on a demo dataset of each of
@@ -76,13 +78,13 @@ import webdataset as wds
 from torch.utils.data import BatchSampler, RandomSampler
 
 from dataflow import wire
-from dataflow.batch import concat
+from dataflow.batch import Batch, concat
 from dataflow.bench.experiments.mixing import distinct_classes, kept_pairs, ks_to_uniform
 from dataflow.bench.procs import cpu_seconds
 from dataflow.client import DataLoader
 from dataflow.demo import DemoResult, DemoSpec, make_demo
 from dataflow.plan import Batches, rank_batches
-from dataflow.readers import open_shard, read_ranges
+from dataflow.readers import ShardReader, open_shard, read_ranges
 from dataflow.server import launch
 from dataflow.shuffle import Shuffle
 
@@ -308,6 +310,14 @@ def cost_rows(tmp: str, layouts: list[tuple[int, int]], workers: int, epochs: in
     return rows
 
 
+def _per_shard_concat(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) -> Batch:
+    """A batch gathered as before :mod:`dataflow.readers.sink`: one ``read_many`` per shard
+    into arrays of its own, then ``concat``."""
+    cuts = [0, *(np.flatnonzero(np.diff(ranges[:, 0])) + 1).tolist(), len(ranges)]
+    return concat([get_reader(int(ranges[lo, 0])).read_many(ranges[lo:hi, 1], ranges[lo:hi, 2])
+                   for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)])
+
+
 def read_rows(tmp: str, layouts: list[tuple[int, int]], batches: int,
               repeats: int) -> list[list[str]]:
     """The ``read`` table's rows (see the module)."""
@@ -322,15 +332,18 @@ def read_rows(tmp: str, layouts: list[tuple[int, int]], batches: int,
                 plans = {mode: rank_batches(demo.sizes, world_size=1, rank=0, epoch=0, seed=0,
                                             batch_size=BATCH, drop_last=True, shuffle=mode)
                          for mode in ("none", "sample")}
-                times: dict[str, list[float]] = {mode: [] for mode in plans}
+                ways = {"none": (plans["none"], read_ranges),
+                        "sample": (plans["sample"], read_ranges),
+                        "concat": (plans["sample"], _per_shard_concat)}
+                times: dict[str, list[float]] = {way: [] for way in ways}
                 for _ in range(repeats):
-                    for mode, plan in plans.items():
+                    for way, (plan, read) in ways.items():
                         n = min(batches, len(plan))
                         t0 = time.perf_counter()
                         for i in range(n):
                             wire.encode(wire.batch_to_message(
-                                1, read_ranges(readers.__getitem__, plan.rows(i)), 0))
-                        times[mode].append((time.perf_counter() - t0) / n)
+                                1, read(readers.__getitem__, plan.rows(i)), 0))
+                        times[way].append((time.perf_counter() - t0) / n)
                 ms = {m: 1e3 * statistics.median(v) for m, v in times.items()}
                 plan = plans["sample"]
                 touched = np.mean([len(np.unique(plan.rows(i)[:, 0]))
@@ -339,7 +352,7 @@ def read_rows(tmp: str, layouts: list[tuple[int, int]], batches: int,
                 for r in readers:
                     r.close()
             rows.append([fmt, f"{shards:,} x {per_shard:,}", f"{touched:.0f}",
-                         f"{ms['none']:.2f}", f"{ms['sample']:.2f}",
+                         f"{ms['none']:.2f}", f"{ms['sample']:.2f}", f"{ms['concat']:.2f}",
                          f"{ms['sample'] / ms['none']:.1f}x",
                          f"{1e3 * (ms['sample'] - ms['none']) / touched:.0f}"])
     return rows
@@ -425,7 +438,8 @@ def main(argv: list[str] | None = None) -> None:
         if "read" in parts:
             layouts = [_layout(t) for t in args.read_layouts.split(",") if t]
             _table(["format", "shards x samples", "shards / batch", "none ms / batch",
-                    "default ms / batch", "default / none", "us per shard touched"],
+                    "default ms / batch", "default ms / batch, per shard + concat",
+                    "default / none", "us per shard touched"],
                    read_rows(tmp, layouts, args.read_batches, args.repeats))
         if "cost" in parts:
             layouts = [_layout(t) for t in args.cost_layouts.split(",") if t]
