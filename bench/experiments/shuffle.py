@@ -421,6 +421,12 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(parts) - {"mix", "scale", "read", "cost"})
     if unknown:
         parser.error(f"unknown part {unknown[0]!r}")
+    for option in ("--read-layouts", "--cost-layouts"):
+        for shards, per_shard in (_layout(t) for t in getattr(
+                args, option[2:].replace("-", "_")).split(",") if t):
+            if shards * per_shard < BATCH:
+                parser.error(f"{option}: {shards}x{per_shard} holds fewer samples than a "
+                             f"batch ({BATCH})")
     command = " ".join(["python -m dataflow.bench.experiments.shuffle",
                         *(sys.argv[1:] if argv is None else argv)])
     print(f"`{command}` ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the "
