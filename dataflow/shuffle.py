@@ -9,18 +9,37 @@ How an order is drawn is one frozen value, :class:`Shuffle`: the mode and its kn
 DataLoader's ``shuffle``, ``shuffle_window``, ``block_size`` and ``window`` arguments, the
 same names in its resume state), validated when it is made.
 
-Modes (:attr:`Shuffle.mode`, the ``shuffle`` argument), measured on class-sorted shards (100
-classes x 400 samples in 20 shards, batch 256; ``python -m dataflow.bench.experiments.shuffle``):
+Modes (:attr:`Shuffle.mode`, the ``shuffle`` argument), measured on class-sorted shards with
+``python -m dataflow.bench.experiments.shuffle`` (batch 256; figures in bench/RESULTS.md):
 
 ``"sample"`` (the default, also ``True``)
     Shards are permuted, then the concatenated sequence is cut into consecutive windows of
     ``shuffle_window`` samples (the first window starts at a random offset, so boundaries move
-    between epochs) and the samples of each window are permuted. This is MosaicML Streaming's
-    py1s idea (a sample-level shuffle within a shuffle block of many samples). When the
-    dataset fits in one window it is a full uniform shuffle: about 92 distinct classes per
-    batch, like ``torch.utils.data.RandomSampler``, and about 0.6% of the pairs of samples
-    sharing a batch share one again the next epoch (the ideal is ``batch / N``). A reader
-    touches up to ``shuffle_window`` samples' worth of shards at a time, in random order.
+    between epochs) and the samples of each window are permuted. The default window, 2^40
+    samples, holds any dataset: the epoch is one window, a uniform random permutation of
+    every sample, what ``torch.utils.data.RandomSampler`` draws, at any size: 92.4 distinct
+    classes per batch on 100 classes x 400 samples (RandomSampler: 92.9), 226.0 on
+    1.28M samples of 1,000 classes in 1,024 shards and on 4.1M in 4,096 shards (a full
+    shuffle: 225.9, 226.0), and as many pairs of samples sharing a batch share one again the
+    next epoch (about ``batch / N``).
+
+    A smaller window bounds the working set: a batch's samples lie in at most two
+    consecutive windows, each spanning about ``shuffle_window / samples per shard + 1``
+    shards and ``shuffle_window`` samples' bytes (give a remote dataset's block cache that
+    much, see the README). Mixing then depends on the data's layout: on class-sorted shards
+    a batch draws from the classes of a window's shards. With 1,000 classes, a window of
+    half the data gives 88% of a full shuffle's distinct classes per batch on 1,024 shards of
+    about one class each and 96% on 4,096 shards of a quarter class each; a quarter 78% and
+    92%; a sixteenth 41% and 70% (and 1.25x the full shuffle's pairs co-batched again); the
+    2^18 window that was the default before, 75% and 70%. Where each shard holds many
+    classes, a window mixes classes like a full shuffle; the pairs co-batched again depend
+    on the window alone.
+
+    A batch of the default draws its samples from nearly as many shards as it has samples
+    when there are more shards than that (227 shards per batch of 256 on 1,024 shards): the
+    cost is on the servers, whose readers gather each shard's samples of a batch in one pass
+    straight into the batch (:func:`dataflow.readers.read_ranges`); the cost grows with the
+    shards a batch reads (README, "Shuffling").
 ``"block"``
     The cheaper locality-first shuffle: shards permuted, each cut into blocks of
     ``block_size`` consecutive samples, and blocks permuted within windows of ``window``
@@ -43,7 +62,9 @@ from dataflow.errors import ConfigError
 
 DEFAULT_BLOCK_SIZE = 64
 DEFAULT_WINDOW = 8
-DEFAULT_SHUFFLE_WINDOW = 1 << 18
+DEFAULT_SHUFFLE_WINDOW = 1 << 40
+"""The ``"sample"`` shuffle's default window: larger than any dataset (about 1.1e12 samples),
+so by default an epoch is one window, a uniform random permutation of the whole dataset."""
 MODES = ("sample", "block", "none")
 
 
@@ -65,7 +86,8 @@ class Shuffle:
     Attributes:
         mode: ``"sample"`` (the default), ``"block"`` or ``"none"``; True is ``"sample"``,
             False is ``"none"``.
-        shuffle_window: samples per window of the ``"sample"`` shuffle (>= 1).
+        shuffle_window: samples per window of the ``"sample"`` shuffle (>= 1); the default
+            holds any dataset (a full shuffle), a smaller one bounds the working set.
         block_size: samples per block of the ``"block"`` shuffle (>= 1).
         window: consecutive shards whose blocks the ``"block"`` shuffle mixes (>= 1).
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import zmq
 
-from dataflow.batch import Ragged
+from dataflow.batch import Ragged, concat
+from dataflow.readers import read_ranges
 
 TERM_TIMEOUT_S = 10.0
 
@@ -87,7 +88,8 @@ def _rows_equal(a: dict, b: dict) -> None:
 
 @pytest.fixture
 def assert_ranges_match() -> Callable:
-    """``check(reader)``: reads of assorted ranges equal the same rows of a full read."""
+    """``check(reader)``: reads of assorted ranges equal the same rows of a full read, also
+    when gathered as runs of a batch spanning shards (``read_ranges``: into a shared sink)."""
 
     def check(reader, seed: int = 0) -> None:
         n = len(reader)
@@ -107,5 +109,9 @@ def assert_ranges_match() -> Callable:
                 else:
                     want[name] = col[start:stop]
             _rows_equal(part, want)
+        singles = [(r, r + 1) for r in rng.integers(0, n, size=min(n, 5)).tolist()]
+        runs = [(k % 3, a, b) for k, (a, b) in enumerate([*ranges, *singles])]
+        got = read_ranges(lambda _: reader, np.array(runs, dtype=np.int64))
+        _rows_equal(got, concat([reader.read(a, b) for _, a, b in runs]))
 
     return check

@@ -37,6 +37,7 @@ from dataflow.readers.base import ShardReader, empty_batch
 from dataflow.readers.damage import split_damaged
 from dataflow.readers.gather import overlapping, range_rows, take_rows
 from dataflow.readers.guard import FileGuard
+from dataflow.readers.sink import BatchSink
 
 log = logging.getLogger(__name__)
 
@@ -119,15 +120,19 @@ class ArrowBatches(ShardReader):
     def _read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
         return self._gather(range_rows(starts, stops))
 
-    def _gather(self, rows: np.ndarray) -> Batch:
+    def _read_into(self, starts: np.ndarray, stops: np.ndarray, sink: BatchSink) -> Batch:
+        return self._gather(range_rows(starts, stops), sink)
+
+    def _gather(self, rows: np.ndarray, sink: BatchSink | None = None) -> Batch:
         """Rows ``rows`` (int64, shape ``(n,)``, any order), less those of damaged record
-        batches, which are counted."""
+        batches, which are counted; the fixed-size columns at ``sink``'s rows when there is
+        one."""
         self._check(np.unique(np.searchsorted(self._bounds_np, rows, side="right") - 1).tolist())
         rows, lost = split_damaged(rows, self._bounds_np, self._bad)
         self._lose(lost, self._bad)
         if not len(rows):
             return empty_batch(self.schema)
-        return take_rows(self.schema, self._view, self._bounds_np, rows)
+        return take_rows(self.schema, self._view, self._bounds_np, rows, sink)
 
     def _view(self, i: int) -> Batch:
         """Record batch ``i`` as a batch of views of the map, converted once."""

@@ -16,6 +16,7 @@ from dataflow.convert.columns import Census, ReadOptions, hive_columns
 from dataflow.errors import DataflowError, ShardChangedError, ShardReadError
 from dataflow.readers.damage import MAX_SKIP_LOG, SkipRecord, check_on_error
 from dataflow.readers.guard import FileGuard
+from dataflow.readers.sink import BatchSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -92,6 +93,12 @@ class ShardReader(ABC):
         return concat([self._read(a, b) for a, b in zip(starts.tolist(), stops.tolist(),
                                                          strict=True)])
 
+    def _read_into(self, starts: np.ndarray, stops: np.ndarray, sink: BatchSink) -> Batch:
+        """:meth:`_read_many`, its fixed-size columns written at ``sink``'s rows where the
+        format gathers straight there (see :meth:`read_many`); this default returns arrays of
+        its own, which :meth:`read_many` copies there."""
+        return self._read_many(starts, stops)
+
     def census(self) -> Census:
         """Null counts and dictionary values over the shard (see :class:`Census`); formats
         without either (tar) have none."""
@@ -121,7 +128,8 @@ class ShardReader(ABC):
             return empty_batch(self.schema)
         return self._guarded(lambda: self._read(start, stop), stop - start)
 
-    def read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
+    def read_many(self, starts: np.ndarray, stops: np.ndarray,
+                  sink: BatchSink | None = None) -> Batch:
         """The rows of several ranges of the shard, as one batch.
 
         Equal to concatenating ``read(starts[i], stops[i])`` for every ``i``, in order (ranges
@@ -133,6 +141,11 @@ class ShardReader(ABC):
         Args:
             starts: int array of shape ``(n,)``, first row of each range.
             stops: int array of shape ``(n,)``, one past the last row of each range.
+            sink: the batch this read is part of (:mod:`dataflow.readers.sink`): the
+                fixed-size columns returned are then views of ``sink``'s rows
+                ``[sink.at, sink.at + rows returned)``, written there (by the format's gather
+                where it can, else copied); the caller advances the sink. None: arrays of
+                the read's own.
 
         Raises:
             ShardReadError: the reader is closed, a range is outside ``[0, len(self)]``
@@ -145,21 +158,23 @@ class ShardReader(ABC):
         if starts.shape != stops.shape:
             raise ShardReadError(self.url, f"{len(starts)} range starts but {len(stops)} stops")
         n = len(self)
-        bad = np.flatnonzero((starts < 0) | (starts > stops) | (stops > n))
-        if bad.size:
-            i = int(bad[0])
+        lengths = stops - starts
+        if len(starts) and (starts.min() < 0 or lengths.min() < 0 or stops.max() > n):
+            i = int(np.flatnonzero((starts < 0) | (lengths < 0) | (stops > n))[0])
             raise ShardReadError(
                 self.url, f"range [{starts[i]}, {stops[i]}) outside [0, {n}]"
             )
-        keep = stops > starts
-        if not keep.any():
+        if not lengths.all():
+            keep = lengths > 0
+            starts, stops, lengths = starts[keep], stops[keep], lengths[keep]
+        rows = int(lengths.sum())
+        if not rows:
             return empty_batch(self.schema)
-        if keep.sum() == 1:
-            i = int(np.flatnonzero(keep)[0])
-            return self._guarded(lambda: self._read(int(starts[i]), int(stops[i])),
-                                 int(stops[i] - starts[i]))
-        return self._guarded(lambda: self._read_many(starts[keep], stops[keep]),
-                             int((stops - starts)[keep].sum()))
+        if sink is not None:
+            return sink.put(self._guarded(lambda: self._read_into(starts, stops, sink), rows))
+        if len(starts) == 1:
+            return self._guarded(lambda: self._read(int(starts[0]), int(stops[0])), rows)
+        return self._guarded(lambda: self._read_many(starts, stops), rows)
 
     def verify(self) -> None:
         """Raise if a local shard changed since a read returned rows of it, not verified yet

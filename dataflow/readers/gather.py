@@ -10,10 +10,12 @@ import numpy as np
 
 from dataflow.batch import Batch, Ragged, Schema
 from dataflow.errors import InternalError
+from dataflow.readers.sink import BatchSink
 
 
 def take_rows(
-    schema: Schema, chunk: Callable[[int], Batch], bounds: np.ndarray, rows: np.ndarray
+    schema: Schema, chunk: Callable[[int], Batch], bounds: np.ndarray, rows: np.ndarray,
+    sink: BatchSink | None = None,
 ) -> Batch:
     """The rows ``rows`` of a shard held in chunks, copied into one new batch.
 
@@ -29,9 +31,11 @@ def take_rows(
         bounds: int64 of shape ``(chunks + 1,)``: cumulative chunk lengths with a leading 0.
         rows: int64 of shape ``(n,)``, ``n > 0``: row indices in ``[0, bounds[-1])``, in any
             order, repeats allowed.
+        sink: where the fixed-size columns go (rows ``[sink.at, sink.at + n)``), or None.
 
     Returns:
-        A batch of ``n`` rows in the order of ``rows``; every array owns its memory.
+        A batch of ``n`` rows in the order of ``rows``; every array owns its memory (the
+        fixed-size ones are ``sink``'s rows when there is a sink).
     """
     n = len(rows)
     ascending = bool((rows[1:] >= rows[:-1]).all())
@@ -50,14 +54,22 @@ def take_rows(
     out: Batch = {}
     for spec in schema:
         if spec.ragged is None:
-            fixed = np.empty((n, *spec.shape), dtype=spec.dtype)
+            place = None if sink is None else sink.rows(spec.name, np.dtype(spec.dtype),
+                                                         spec.shape, n)
+            fixed = (place if place is not None and back is None
+                     else np.empty((n, *spec.shape), dtype=spec.dtype))
             for i, lo, hi in runs:
                 col = parts[i][spec.name]
                 if isinstance(col, Ragged):
                     raise InternalError(f"field {spec.name!r}: chunk {i} is a ragged column")
                 # Indices are in range by construction; mode="raise" would buffer ``out``.
                 np.take(col, local[lo:hi], axis=0, out=fixed[lo:hi], mode="clip")
-            out[spec.name] = fixed if back is None else fixed[back]
+            if back is None:
+                out[spec.name] = fixed
+            elif place is None:
+                out[spec.name] = fixed[back]
+            else:
+                out[spec.name] = np.take(fixed, back, axis=0, out=place)
         else:
             out[spec.name] = _ragged(spec.name, spec.ragged, parts, runs, local, back)
     return out
@@ -86,6 +98,8 @@ def range_rows(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """The rows of ranges ``[starts[i], stops[i])`` back to back: int64 of shape
     ``(sum(stops - starts),)``, without a loop over the ranges."""
     lengths = stops - starts
+    if (lengths == 1).all():  # a sample-level shuffle's ranges: one sample each
+        return np.asarray(starts, dtype=np.int64)
     ends = np.cumsum(lengths)
     return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) + np.repeat(
         starts - (ends - lengths), lengths

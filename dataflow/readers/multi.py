@@ -1,9 +1,10 @@
 """Reading the ``(shard, start, stop)`` ranges of one request into one batch.
 
-A sample-level shuffle asks for hundreds of one-sample ranges per batch. :func:`read_ranges`
-hands every run of consecutive ranges of one shard to that shard's
+A sample-level shuffle asks for hundreds of one-sample ranges per batch, from as many shards.
+:func:`read_ranges` hands every run of consecutive ranges of one shard to that shard's
 :meth:`~dataflow.readers.ShardReader.read_many`, which gathers them in one pass, instead of
-reading range by range.
+reading range by range; when a batch spans several shards, each one writes its rows straight
+into the batch's columns (:mod:`dataflow.readers.sink`), so every row is copied once.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dataflow.batch import Batch, concat
+from dataflow.batch import Batch, batch_len
 from dataflow.errors import ConfigError, DataflowError, InternalError
 from dataflow.readers.base import ShardReader
+from dataflow.readers.sink import BatchSink
 
 MAX_NAMED_RANGES = 4
 
@@ -53,15 +55,27 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
                           f"{ranges.shape}")
     shards = ranges[:, 0]
     cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(ranges)]
+    if len(cuts) == 2:
+        return _read_run(get_reader, ranges, None)
+    sink = BatchSink(int(np.maximum(ranges[:, 2] - ranges[:, 1], 0).sum()))
     parts = []
     for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
-        reader = get_reader(int(shards[lo]))
-        starts, stops = ranges[lo:hi, 1], ranges[lo:hi, 2]
-        try:
-            parts.append(reader.read_many(starts, stops))
-        except DataflowError:
-            raise
-        except Exception as e:
-            raise InternalError(f"{reader.url}: reading {describe_ranges(starts, stops)} "
-                                f"failed: {type(e).__name__}: {e}") from e
-    return concat(parts)
+        part = _read_run(get_reader, ranges[lo:hi], sink)
+        sink.advance(batch_len(part))
+        parts.append(part)
+    return sink.batch(parts)
+
+
+def _read_run(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
+              sink: BatchSink | None) -> Batch:
+    """The rows of ``ranges`` (all of one shard) with one ``read_many`` (see
+    :func:`read_ranges`)."""
+    reader = get_reader(int(ranges[0, 0]))
+    starts, stops = ranges[:, 1], ranges[:, 2]
+    try:
+        return reader.read_many(starts, stops, sink)
+    except DataflowError:
+        raise
+    except Exception as e:
+        raise InternalError(f"{reader.url}: reading {describe_ranges(starts, stops)} "
+                            f"failed: {type(e).__name__}: {e}") from e

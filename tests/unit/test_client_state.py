@@ -36,20 +36,26 @@ def test_a_state_of_another_world_size_or_with_an_old_rank_field_loads() -> None
 
 
 def test_a_state_saved_before_the_shuffle_was_one_value_loads() -> None:
-    """A version-2 state as earlier releases wrote it (the knobs as loose fields) matches a
-    loader whose Shuffle has those knobs, and only such a loader."""
+    """A version-2 state as earlier releases wrote it (the knobs as loose fields, their
+    default window 2^18) matches a loader whose Shuffle has those knobs, and only such a
+    loader: today's default window is refused, naming it."""
     old = {"version": 2, "epoch": 1, "consumed": 16, "total": 420, "fingerprint": "f" * 16,
            "seed": 3, "batch_size": 8, "shuffle": "block", "shuffle_window": 262144,
            "block_size": 64, "window": 8, "drop_last": False, "world_size": 2}
     cfg = LoaderConfig(servers=parse_servers("tcp://127.0.0.1:1"), batch_size=8, rank=0,
-                       world_size=1, seed=3, shuffle=Shuffle("block"))
+                       world_size=1, seed=3, shuffle=Shuffle("block", shuffle_window=1 << 18))
+    default = LoaderConfig(servers=parse_servers("tcp://127.0.0.1:1"), batch_size=8, rank=0,
+                           world_size=1, seed=3, shuffle=Shuffle("block"))
+    with pytest.raises(StateMismatchError, match="`shuffle_window` is 262144 but this loader"):
+        read_state(old, total=420, fingerprint="f" * 16, plan=default.plan_inputs())
     assert PLAN_FIELDS == ("seed", "batch_size", "shuffle", "shuffle_window", "block_size",
                            "window", "drop_last")
     assert read_state(old, total=420, fingerprint="f" * 16, plan=cfg.plan_inputs()) == (1, 16)
     assert make_state(epoch=1, consumed=16, total=420, fingerprint="f" * 16,
                       plan=cfg.plan_inputs(), world_size=2) == old
     other = LoaderConfig(servers=parse_servers("tcp://127.0.0.1:1"), batch_size=8, rank=0,
-                         world_size=1, seed=3, shuffle=Shuffle("block", window=4))
+                         world_size=1, seed=3,
+                         shuffle=Shuffle("block", shuffle_window=1 << 18, window=4))
     with pytest.raises(StateMismatchError, match="`window` is 8 but this loader has 4"):
         read_state(old, total=420, fingerprint="f" * 16, plan=other.plan_inputs())
 

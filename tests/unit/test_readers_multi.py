@@ -13,9 +13,10 @@ import pytest
 
 from dataflow.batch import Ragged, concat
 from dataflow.demo import DemoSpec, make_demo
-from dataflow.errors import ConfigError, InternalError, ShardReadError
-from dataflow.readers import ShardReader, open_shard, read_ranges
+from dataflow.errors import ConfigError, InternalError, SchemaError, ShardReadError
+from dataflow.readers import LostShard, ShardReader, open_shard, read_ranges
 from dataflow.readers.multi import describe_ranges
+from dataflow.readers.sink import BatchSink
 from dataflow.readers.tar.indexfile import load_tar_index, save_tar_index
 
 KINDS = ["arrow-file", "arrow-stream", "parquet", "tar"]
@@ -172,3 +173,41 @@ def test_describe_ranges_names_the_first_few() -> None:
     assert describe_ranges(np.array([1]), np.array([2])) == "samples [1, 2)"
     text = describe_ranges(np.arange(10), np.arange(10) + 1)
     assert text == "samples [0, 1), [1, 2), [2, 3), [3, 4) and 6 more ranges"
+
+
+def test_a_shard_that_serves_nothing_leaves_no_gap(tmp_path) -> None:
+    """A batch of three shards whose middle one is lost (changed since indexed, skipped): the
+    rows after it follow the rows before it, the batch holds exactly the rows served, and the
+    lost rows are counted."""
+    demo = _demo(tmp_path, "tar")
+    cache = str(tmp_path / "c")
+    readers = [open_shard(p, cache_dir=cache) for p in demo.paths]
+    lost = LostShard(demo.paths[1], readers[1].schema, demo.sizes[1],
+                     ShardReadError(demo.paths[1], "changed"))
+    rows = [(0, 3, 4), (1, 0, 5), (2, 7, 9), (1, 9, 10), (0, 10, 12)]
+    try:
+        got = read_ranges([readers[0], lost, readers[2]].__getitem__, np.array(rows))
+        _assert_batches_equal(got, concat([readers[s].read(a, b) for s, a, b in rows if s != 1]))
+        assert lost.skipped == 6
+    finally:
+        for r in readers:
+            r.close()
+
+
+def test_a_batch_sink_refuses_parts_that_disagree() -> None:
+    sink = BatchSink(4)
+    part = sink.put({"x": np.ones((2, 3), np.float32), "t": Ragged(np.zeros(0, np.uint8),
+                                                                   np.zeros(3, np.int64), "str")})
+    sink.advance(2)
+    with pytest.raises(SchemaError, match=r"field 'x': float64 \(3,\) rows where earlier shards "
+                       r"of the batch gave float32 \(3,\)"):
+        sink.put({"x": np.ones((1, 3), np.float64)})
+    with pytest.raises(SchemaError, match="field 'y' is in some shards of the batch"):
+        sink.batch([part, {**part, "y": part["x"]}])
+    with pytest.raises(SchemaError, match="field 'x' is ragged in 1 shards of the batch and "
+                       "fixed-size in 1"):
+        sink.batch([part, {"x": part["t"], "t": part["t"]}])
+    with pytest.raises(InternalError, match="rows up to 5 of a batch of 4"):
+        sink.rows("x", np.dtype(np.float32), (3,), 3)
+    batch = sink.batch([part])
+    assert batch["x"].shape == (2, 3) and batch["x"].sum() == 6 and len(batch["t"]) == 2

@@ -209,7 +209,7 @@ def test_memory_url_tar_is_copied_into_cache_dir(tmp_path, assert_ranges_match) 
         fsspec.filesystem("memory").rm(url)
 
 
-def test_other_field_types(tmp_path) -> None:
+def test_other_field_types(tmp_path, assert_ranges_match) -> None:
     members = []
     for i in range(4):
         k = f"s{i}"
@@ -225,6 +225,7 @@ def test_other_field_types(tmp_path) -> None:
         assert b["npy"].dtype == np.dtype("=i4")
         np.testing.assert_array_equal(b["label"], [-1, -2, -3])
         assert b["text"][2] == "ttt" and b["seg.png"][0] == b"\x89PNG\x00"
+        assert_ranges_match(r)  # the big-endian field is converted, also into a sink
 
 
 def test_varying_member_sizes_use_the_general_gather(tmp_path, assert_ranges_match) -> None:

@@ -15,7 +15,7 @@ import pytest
 import webdataset as wds
 
 from dataflow.errors import ConfigError, ShardReadError
-from dataflow.readers import TarOptions, open_shard
+from dataflow.readers import TarOptions, open_shard, read_ranges
 from dataflow.readers.tar.index import FILL_INT
 
 LONG = "d" * 120 + "/"
@@ -110,7 +110,9 @@ def test_missing_field_fill_serves_every_sample_with_empty_values(tmp_path) -> N
     path, keys = _gappy(tmp_path)
     with open_shard(path, tar=TarOptions(keys=True, missing_field="fill")) as r:
         assert len(r) == 10 and r.skipped == 0
-        for batch in (r.read(0, 10), r.read_many(np.array([0]), np.array([10]))):
+        runs = np.array([[0, 0, 2], [1, 2, 5], [0, 5, 10]])  # a batch of shards: one sink
+        for batch in (r.read(0, 10), r.read_many(np.array([0]), np.array([10])),
+                      read_ranges(lambda _: r, runs)):
             assert batch["cls"].tolist() == [0, 1, 2, 3, 4, 5, FILL_INT, 7, 8, 9]
             assert batch["x"].dtype == np.float32 and batch["x"].shape == (10, 2)
             assert batch["x"][:, 0].tolist() == [1, 2, 3, 0, 5, 6, 7, 8, 9, 10]

@@ -50,6 +50,28 @@ def test_default_mixes_like_a_full_shuffle() -> None:
     assert _kept_pairs(_numpy_batches(0), _numpy_batches(1)) < 0.012
 
 
+def test_default_mixes_like_a_full_shuffle_beyond_2_18_samples() -> None:
+    """1M class-sorted samples (1,024 shards, 1,000 classes, a shard holding about one):
+    the default still mixes like a full shuffle, where a 2^18-sample window falls short."""
+    shards, per_shard, classes = 1024, 1024, 1000
+    total = shards * per_shard
+    labels = np.arange(total) * classes // total
+    sizes = [per_shard] * shards
+
+    def batches(order: np.ndarray) -> list[np.ndarray]:
+        return list(order[: total // BATCH * BATCH].reshape(-1, BATCH))
+
+    full = [batches(np.random.default_rng(e).permutation(total)) for e in (0, 1)]
+    ours = [batches(epoch_order(sizes, epoch=e, seed=0)) for e in (0, 1)]
+    windowed = batches(epoch_order(sizes, epoch=0, seed=0, shuffle=Shuffle(shuffle_window=1 << 18)))
+    full_classes = distinct_classes(full[0][:400], labels)
+    assert full_classes > 200
+    assert distinct_classes(ours[0][:400], labels) >= 0.97 * full_classes
+    assert distinct_classes(windowed[:400], labels) < 0.8 * full_classes
+    full_kept = kept_pairs(full[0][:400], full[1], total)
+    assert kept_pairs(ours[0][:400], ours[1], total) < 1.2 * full_kept
+
+
 def test_default_positions_are_uniform_per_class() -> None:
     order = epoch_order(SIZES, epoch=3, seed=1)
     position = np.empty(TOTAL)

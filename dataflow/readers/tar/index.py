@@ -141,6 +141,25 @@ def gather_fixed(buf: np.ndarray, offsets: np.ndarray, size: int) -> np.ndarray:
     return view[offsets - lo]
 
 
+def copy_fixed(buf: np.ndarray, offsets: np.ndarray, size: int, out: np.ndarray) -> None:
+    """Copy ``size`` bytes at each of ``offsets`` out of ``buf`` into the rows of ``out``, one
+    slice assignment a row (about half a microsecond each, no temporary: for rows written
+    into a batch shared with other shards, where :func:`gather_fixed` would need a copy more).
+
+    Args:
+        buf: uint8 array of shape ``(nbytes,)``.
+        offsets: int64 array of shape ``(n,)``; every ``offsets[i] + size <= nbytes``.
+        size: bytes per row.
+        out: C-contiguous array of ``n`` rows of ``size`` bytes each (any dtype).
+    """
+    if not len(offsets):
+        return
+    src = buf.data
+    dst = out.reshape(len(offsets), -1).view(np.uint8).data.cast("B")
+    for i, at in enumerate(offsets.tolist()):
+        dst[i * size : (i + 1) * size] = src[at : at + size]
+
+
 def gather_ragged(buf: np.ndarray, offs: np.ndarray, sizes: np.ndarray, kind: str) -> Ragged:
     """Rows ``buf[offs[i]:offs[i] + sizes[i]]`` copied back to back (one ``np.concatenate``
     of views)."""

@@ -45,8 +45,15 @@ from dataflow.errors import ShardChangedError, ShardReadError
 from dataflow.readers.base import ShardReader
 from dataflow.readers.gather import range_rows
 from dataflow.readers.guard import FileGuard, changed
+from dataflow.readers.sink import BatchSink
 from dataflow.readers.tar.build import build_index
-from dataflow.readers.tar.index import TarIndex, gather_fixed, gather_ragged, sample_keys
+from dataflow.readers.tar.index import (
+    TarIndex,
+    copy_fixed,
+    gather_fixed,
+    gather_ragged,
+    sample_keys,
+)
 from dataflow.readers.tar.indexcache import find_index, index_paths, save_index
 from dataflow.readers.tar.options import DEFAULT_OPTIONS, KEY_FIELD, TarOptions
 from dataflow.readers.tar.remote import HeaderProbe, remote_problem
@@ -194,8 +201,12 @@ class TarReader(ShardReader):
     def _read_many(self, starts: np.ndarray, stops: np.ndarray) -> Batch:
         return self._gather(range_rows(starts, stops))
 
-    def _gather(self, rows: slice | np.ndarray) -> Batch:
-        """Every field of ``rows`` (a slice, or int64 sample indices of shape ``(n,)``)."""
+    def _read_into(self, starts: np.ndarray, stops: np.ndarray, sink: BatchSink) -> Batch:
+        return self._gather(range_rows(starts, stops), sink)
+
+    def _gather(self, rows: slice | np.ndarray, sink: BatchSink | None = None) -> Batch:
+        """Every field of ``rows`` (a slice, or int64 sample indices of shape ``(n,)``), the
+        fixed-size ones written at ``sink``'s rows when there is one."""
         ix = self._index
         offsets, sizes = ix.offsets[rows], ix.sizes[rows]
         buf = self._buf
@@ -207,12 +218,22 @@ class TarReader(ShardReader):
             taken = np.where(npy, np.asarray(self._field_size, dtype=np.int64), 0)
             buf, offsets = self._fetch(self._blob, offsets, np.where(sizes < 0, taken, sizes))
         out: Batch = {}
+        n = len(offsets)
         for j, (spec, codec) in enumerate(zip(ix.schema, ix.codecs, strict=True)):
             offs = offsets[:, j]
             if codec == "int":
-                out[spec.name] = ix.ints[rows, j].copy()
+                if sink is None:
+                    out[spec.name] = ix.ints[rows, j].copy()
+                else:
+                    ints = out[spec.name] = sink.rows(spec.name, ix.ints.dtype, (), n)
+                    ints[...] = ix.ints[rows, j]
             elif codec.startswith("npy:"):
-                arr = self._npy(buf, np.dtype(codec[4:]), spec.shape, offs, self._field_size[j])
+                dtype = np.dtype(codec[4:])
+                if sink is not None and dtype.isnative:
+                    arr = sink.rows(spec.name, dtype, spec.shape, n)
+                    copy_fixed(buf, offs, self._field_size[j], arr)
+                else:
+                    arr = self._npy(buf, dtype, spec.shape, offs, self._field_size[j])
                 if self._filled[j]:
                     arr[sizes[:, j] < 0] = 0
                 out[spec.name] = arr
