@@ -69,8 +69,9 @@ def reserve_descriptors(needed: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
-            raise ServerStartError(f"--max-sessions needs {needed} file descriptors per "
-                                   f"process; the hard limit (ulimit -Hn) is {hard}")
+            raise ServerStartError(f"--max-sessions and --max-open-shards need {needed} file "
+                                   f"descriptors per process; the hard limit (ulimit -Hn) is "
+                                   f"{hard}")
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
@@ -115,7 +116,7 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
                                      config.level, config.max_reply_bytes, index.root,
                                      config.max_connections, config.curve, index.read,
                                      config.transform_path, config.tar, config.remote,
-                                     indexed_shards(index)),
+                                     indexed_shards(index), config.max_open_shards),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)],
                           DataCaps(config.address_connections, config.tcp_timeout_s))

@@ -33,6 +33,11 @@ DEFAULT_MAX_SESSIONS_PER_ADDRESS = 32
 DEFAULT_SESSION_START_TIMEOUT = 30.0
 DEFAULT_MAX_WINDOW_SAMPLES = 1 << 18
 DEFAULT_MAX_UNSENT_BYTES = 2 * 1024**3
+# A batch of the default shuffle reads from nearly as many shards as it has samples when the
+# dataset has more shards than that; a reader reopens every shard its cache let go (0.3-0.9 ms
+# each: bench/RESULTS.md, "Shuffle quality and cost at scale").
+DEFAULT_MAX_OPEN_SHARDS = 1024
+MAX_OPEN_SHARDS = 65536
 MIN_TCP_TIMEOUT_S = 10.0
 MAX_SESSIONS = 65536
 MAX_REPLY_BYTES = 2 * 1024**3
@@ -53,7 +58,7 @@ INT_FIELDS = (
     ("max_request_samples", 1, MAX_BATCH_SIZE), ("max_window_samples", 1, MAX_BATCH_SIZE),
     ("max_reply_bytes", 1, MAX_REPLY_BYTES), ("max_inbound_bytes", 1, MAX_REPLY_BYTES),
     ("max_inbound_total", 1, MAX_INBOUND_TOTAL), ("max_unsent_bytes", 1, MAX_UNSENT_BYTES),
-    ("index_workers", 1, 256),
+    ("index_workers", 1, 256), ("max_open_shards", 1, MAX_OPEN_SHARDS),
 )
 """The integer fields of :class:`ServerConfig` and their ranges ``(name, lo, hi)``."""
 
@@ -76,6 +81,8 @@ class ServerConfig:
         transform_path: directory the transform's module is also looked for in, after
             ``sys.path`` (:mod:`dataflow.server.transform`); None: ``sys.path`` only.
         cache_dir: local cache directory for remote shards and tar indexes.
+        max_open_shards: shards each reader process keeps open (the least recently used
+            closed first): a file descriptor each, and a tar's member index in memory.
         log_level: logging level name.
         max_credits: most credits granted to one client; a client may keep up to twice its
             credits outstanding (see :mod:`dataflow.server.ledger`).
@@ -133,6 +140,7 @@ class ServerConfig:
     transform: str | None = None
     transform_path: str | None = None
     cache_dir: str | None = None
+    max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS
     log_level: str = "INFO"
     max_credits: int = DEFAULT_MAX_CREDITS
     client_ttl: float = DEFAULT_CLIENT_TTL
@@ -277,8 +285,9 @@ class ServerConfig:
 
     @property
     def descriptors(self) -> int:
-        """File descriptors a server process may need: its client connections and its own."""
-        return self.max_connections + 256
+        """File descriptors a server process may need: its client connections, the shards a
+        reader keeps open, and its own."""
+        return self.max_connections + self.max_open_shards + 256
 
     @property
     def level(self) -> int:

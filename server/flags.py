@@ -16,6 +16,7 @@ from dataflow.server.config import (
     DEFAULT_MAX_CREDITS,
     DEFAULT_MAX_INBOUND_BYTES,
     DEFAULT_MAX_INBOUND_TOTAL,
+    DEFAULT_MAX_OPEN_SHARDS,
     DEFAULT_MAX_REPLY_BYTES,
     DEFAULT_MAX_REQUEST_SAMPLES,
     DEFAULT_MAX_SESSIONS,
@@ -76,6 +77,14 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                    help="reader processes (default: one per CPU this process may use: its "
                         "affinity (taskset, --cpuset-cpus) capped by its cgroup's CPU quota "
                         f"(--cpus, a CPU limit), at most 32; here {default_workers()})")
+    p.add_argument("--max-open-shards", type=int, default=DEFAULT_MAX_OPEN_SHARDS,
+                   metavar="N",
+                   help="shards each reader process keeps open, the least recently used closed "
+                        "first: one file descriptor each (the open-file limit is raised to "
+                        "match), and for a tar its member index in memory (~100 bytes a "
+                        "sample); a shuffled batch reads from as many shards as it has samples, "
+                        "so a dataset of more shards than this reopens some for every batch "
+                        "(default: %(default)s)")
     p.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
                    help="function f(batch, ctx) -> batch (or f(batch)) run on every batch in "
                         "the reader processes (e.g. decoding, augmentation); ctx carries the "
@@ -253,6 +262,7 @@ def parse_args(argv: Sequence[str] | None = None,
             transform=ns.transform,
             transform_path=ns.transform_path or (os.getcwd() if ns.transform else None),
             cache_dir=ns.cache_dir, log_level=ns.log_level,
+            max_open_shards=ns.max_open_shards,
             max_credits=ns.max_credits, client_ttl=ns.client_ttl, worker_queue=ns.worker_queue,
             on_error=ns.on_error,
             tar=TarOptions(keys=ns.key_field, missing_field=ns.missing_field),

@@ -29,8 +29,6 @@ from dataflow.transform import TransformContext, batch_seed
 from dataflow.wire import BatchTag, ErrorKind
 from dataflow.wire.internal import Sent, Task
 
-MAX_OPEN_SHARDS = 32
-
 log = logging.getLogger("dataflow.server.worker")
 
 
@@ -60,6 +58,7 @@ class WorkerSpec:
         indexed: per shard, what the index recorded of it (identity, samples, schema):
             readers refuse a shard that changed since (:func:`indexed_shards`); empty: not
             checked.
+        max_open_shards: shards a reader keeps open (:class:`ReaderCache`).
     """
 
     backend: str
@@ -79,6 +78,7 @@ class WorkerSpec:
     tar: TarOptions = DEFAULT_OPTIONS
     remote: RemoteConfig | None = None
     indexed: tuple[IndexedShard, ...] = ()
+    max_open_shards: int = 1024
 
 
 def indexed_shards(index: DatasetIndex) -> tuple[IndexedShard, ...]:
@@ -88,7 +88,8 @@ def indexed_shards(index: DatasetIndex) -> tuple[IndexedShard, ...]:
 
 
 class ReaderCache:
-    """An LRU of open shard readers (at most ``capacity`` open at once). Not thread-safe.
+    """An LRU of open shard readers (at most ``spec.max_open_shards`` open at once). Not
+    thread-safe.
 
     A reader is opened with what the index recorded of its shard, so a shard changed since
     the index was built is refused (``ShardChangedError``, naming it), or under
@@ -96,9 +97,9 @@ class ReaderCache:
     :func:`dataflow.readers.open_shard`); an open reader checks a local shard on every read.
     """
 
-    def __init__(self, spec: WorkerSpec, capacity: int = MAX_OPEN_SHARDS) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         self._spec = spec
-        self._capacity = capacity
+        self._capacity = spec.max_open_shards
         self._open: OrderedDict[int, ShardReader] = OrderedDict()
 
     def get(self, shard: int) -> ShardReader:

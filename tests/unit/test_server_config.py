@@ -141,3 +141,13 @@ def test_fixed_ports_are_claimed_in_bind_order() -> None:
                               Claim("--metrics-port", "0.0.0.0", 9100)]
     assert claims(parse_args(["--data", "x", "--metrics-port", "0"])) == []
     assert claims(parse_args(["--data", "x", "--bind", "ipc:///tmp/s"])) == []
+
+
+def test_max_open_shards_bounds_each_reader_s_open_shards_and_asks_for_descriptors() -> None:
+    assert parse_args(["--data", "x"]).max_open_shards == 1024
+    config = parse_args(["--data", "x", "--max-open-shards", "8"])
+    assert config.max_open_shards == 8
+    assert config.descriptors == config.max_connections + 8 + 256
+    with pytest.raises(ConfigError, match=r"`max_open_shards` must be an integer in \[1, 65536\]"):
+        ServerConfig(("x",), max_open_shards=0)
+    assert "--max-open-shards" in build_parser().format_help()

@@ -4,6 +4,7 @@ bug told apart from bad data."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from dataflow import wire
@@ -181,3 +182,21 @@ def test_a_batch_read_as_one_is_cut_with_each_batch_s_own_offsets() -> None:
     assert [b["t"].offsets.tolist() for b in got] == [[0, 1, 3], [0], [0, 0, 3, 4]]
     with pytest.raises(ProtocolError, match="adding up to its 5 samples"):
         wire.parts_to_message(2, batch, [2, 2])
+
+
+def test_a_reader_keeps_at_most_max_open_shards_open_least_recently_used_closed_first(
+        tmp_path) -> None:
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"{i}.arrow"))
+        table = pa.table({"x": np.arange(4)})
+        with pa.OSFile(paths[-1], "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+    spec = WorkerSpec("ipc://@x", 8, tuple(paths), None, None, "raise", 1, 20, 1 << 30,
+                      str(tmp_path) + "/", 16, max_open_shards=2)
+    readers = ReaderCache(spec)
+    got = {shard: readers.get(shard) for shard in (0, 1, 0, 2, 0, 3)}
+    assert [got[i].closed for i in range(4)] == [False, True, True, False]
+    assert readers.get(1) is not got[1] and got[0].closed  # opened again; 0 least recent
+    readers.close()
+    assert all(r.closed for r in got.values())
