@@ -15,8 +15,9 @@ time passed in, so every rule here is unit-tested with a fake clock:
   (servers that left or were lost keep their part: they may come back).
 * **Batches per request.** A request carries a run of up to ``group`` consecutive batches of
   one pass (one credit, one reply; each batch still open, accepted and handed over on its
-  own): fixed, or sized once from the first batch received so that a request's reply is
-  about ``group_bytes`` (:meth:`Scheduler.sized`). A batch requested again goes alone, so a
+  own): fixed, or sized once from the first batch received so that a request's reply is at
+  most ``group_bytes``, for batches of which :data:`MIN_RUN` or more fit there (larger ones
+  go alone: :meth:`Scheduler.sized`). A batch requested again goes alone, so a
   failed request of several batches is asked again batch by batch and an error lands on its
   own batch.
 * **Membership.** A server found by discovery is :meth:`Scheduler.add`-ed (it joins and then
@@ -81,6 +82,10 @@ from dataflow.wire import Part
 
 __all__ = ["CONTROL", "Late", "Loss", "Reply", "Scheduler", "Slot", "State"]
 
+# Requests sized from a batch's bytes carry several batches only when this many fit in their
+# ``group_bytes``: for fewer, the per-batch costs saved are small beside the bytes.
+MIN_RUN = 4
+
 
 class Reply(NamedTuple):
     """A reply accepted for request ``slot``: for its batches ``indexes`` (in order), the
@@ -113,7 +118,8 @@ class Scheduler:
             (:mod:`dataflow.client.late`); infinite: never.
         group: the most batches one request carries (the HELLO's ``group``).
         group_bytes: None: every request carries up to ``group`` batches; else one until
-            :meth:`sized` says how large a batch is, then up to ``group_bytes`` of them.
+            :meth:`sized` says how large a batch is, then up to ``group_bytes`` of them (when
+            :data:`MIN_RUN` or more fit).
 
     Thread invariant: used by the I/O thread only.
     """
@@ -216,14 +222,16 @@ class Scheduler:
 
     def sized(self, nbytes: int) -> bool:
         """A batch of ``nbytes`` bytes was received: the first one sizes requests (with
-        ``group_bytes``: ``group_bytes // nbytes`` batches, 1 to ``group``).
+        ``group_bytes``: ``group_bytes // nbytes`` batches, at most ``group``, when that is
+        :data:`MIN_RUN` or more; else 1).
 
         Returns:
             Whether :attr:`depth` grew.
         """
         if self._group_bytes is None:
             return False
-        group = max(1, min(self._most, self._group_bytes // max(nbytes, 1)))
+        fit = self._group_bytes // max(nbytes, 1)
+        group = min(self._most, fit) if fit >= MIN_RUN else 1
         self._group_bytes = None
         if group <= self._group:
             return False

@@ -59,10 +59,13 @@ def test_a_request_carries_a_run_of_one_pass_within_the_depth() -> None:
 def test_requests_are_sized_once_from_the_first_batch() -> None:
     s = _sched(credits=(2, 2), group=8, group_bytes=1000)
     assert (s.group, s.depth) == (1, 4)
-    assert s.sized(300) and (s.group, s.depth) == (3, 12)
-    assert not s.sized(10) and s.group == 3  # once
-    big = _sched(credits=(2,), group=8, group_bytes=1000)
-    assert not big.sized(5000) and (big.group, big.depth) == (1, 2)
+    assert s.sized(200) and (s.group, s.depth) == (5, 20)
+    assert not s.sized(10) and s.group == 5  # once
+    small = _sched(group=8, group_bytes=1000)
+    assert small.sized(10) and small.group == 8
+    for nbytes in (251, 5000):  # fewer than 4 fit: alone
+        big = _sched(credits=(2,), group=8, group_bytes=1000)
+        assert not big.sized(nbytes) and (big.group, big.depth) == (1, 2)
     fixed = _sched(credits=(2,), group=4)
     assert not fixed.sized(1) and (fixed.group, fixed.depth) == (4, 8)
     with pytest.raises(InternalError):
