@@ -48,13 +48,16 @@ Health = Callable[[], tuple[bool, str]]
 """What ``/healthz`` answers: ``(healthy, one line saying why)``, 200 or 503 with that line.
 Called on the endpoint's thread, so it must be safe to call from another thread."""
 
+DISTRIBUTION = "dataflow-loader"
+"""The project's name on PyPI (``pip install dataflow-loader``; the package is ``dataflow``)."""
+
 log = logging.getLogger(__name__)
 
 
 def build_info() -> dict[str, str]:
     """What ``dataflow_build_info`` says: the versions that shape the wire and the hot path."""
     try:
-        version = importlib.metadata.version("dataflow")
+        version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     return {"version": version, "python": platform.python_version(),

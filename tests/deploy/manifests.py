@@ -27,7 +27,7 @@ Doc = dict[str, Any]
 
 def project_version() -> str:
     """The installed dataflow's version (pyproject's ``project.version``)."""
-    return version("dataflow")
+    return version("dataflow-loader")
 
 
 def tool(name: str) -> str:

@@ -52,7 +52,7 @@ def test_installs_this_release_without_torch() -> None:
     assert set(_args("DATAFLOW_VERSION").values()) == {project_version()}
     text = DOCKERFILE.read_text()
     assert "torch" not in text.replace("no torch", "")
-    assert '"dataflow[s3]==${DATAFLOW_VERSION}"' in text
+    assert '"dataflow-loader[s3]==${DATAFLOW_VERSION}"' in text
 
 
 def test_runs_as_a_numeric_non_root_user() -> None:

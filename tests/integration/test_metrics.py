@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import signal
 import socket
@@ -18,7 +19,7 @@ from srvtools import RawClient, scrape, wait_for
 from dataflow import wire
 from dataflow.client import DataLoader
 from dataflow.errors import MetricsError, ServerUnavailable
-from dataflow.exporter import MAX_CONNECTIONS
+from dataflow.exporter import DISTRIBUTION, MAX_CONNECTIONS
 from dataflow.server import launch
 
 
@@ -130,6 +131,7 @@ def test_malformed_refused_and_reader_restarts_are_counted(demo_data, servers,
         assert client[("process_resident_memory_bytes", ())] > 1 << 20
         build = next(dict(labels) for name, labels in client if name == "dataflow_build_info")
         assert set(build) == {"version", "python", "pyzmq", "libzmq"}
+        assert build["version"] == importlib.metadata.version(DISTRIBUTION) != "unknown"
         port_of_client = dl.metrics_port
     with pytest.raises(OSError):
         scrape(port_of_client)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dataflow.exporter import DISTRIBUTION
 from dataflow.server import launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,6 +44,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(150)
 def test_wheel_holds_only_the_dataflow_package(wheel: Path) -> None:
+    # The distribution is dataflow-loader (PyPI's `dataflow` is another project); the package
+    # it installs is `dataflow`.
+    assert wheel.name.startswith("dataflow_loader-"), wheel.name
+    name = re.search(r'^name = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M)
+    assert name is not None and name.group(1) == DISTRIBUTION
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/", 1)[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"dataflow"}
