@@ -8,7 +8,7 @@ from typing import Any
 
 from dataflow.bench.report import budget_title
 
-MISSING = "matplotlib is not installed; skipping the PNG (pip install 'dataflow[plot]')"
+MISSING = "matplotlib is not installed; skipping the PNG (pip install 'dataflow-loader[bench]')"
 
 
 def _pyplot():
