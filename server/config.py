@@ -46,6 +46,7 @@ MAX_UNSENT_BYTES = 1024**4
 RANGE_BYTES = 24
 HEADER_ROOM = 64 * 1024
 MAX_WORKERS = 256
+MAX_CACHE_BYTES = 2**50
 MAX_DEFAULT_WORKERS = 32
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ON_ERROR = ("raise", "skip")
@@ -59,6 +60,7 @@ INT_FIELDS = (
     ("max_reply_bytes", 1, MAX_REPLY_BYTES), ("max_inbound_bytes", 1, MAX_REPLY_BYTES),
     ("max_inbound_total", 1, MAX_INBOUND_TOTAL), ("max_unsent_bytes", 1, MAX_UNSENT_BYTES),
     ("index_workers", 1, 256), ("max_open_shards", 1, MAX_OPEN_SHARDS),
+    ("cache_memory", 0, MAX_CACHE_BYTES),
 )
 """The integer fields of :class:`ServerConfig` and their ranges ``(name, lo, hi)``."""
 
@@ -132,6 +134,9 @@ class ServerConfig:
         index_workers: shards opened at once while the dataset index is built.
         progress: indexing progress bar on stderr: ``on``, ``off``, or ``auto`` (on when
             stderr is a terminal).
+        cache_memory: bytes of decoded samples the readers cache, together (each reader
+            ``cache_memory // workers``: :attr:`reader_cache_memory`); only a ``Stages``
+            transform's decode stage is cached (:mod:`dataflow.server.samplecache`); 0: none.
     """
 
     data: tuple[str, ...]
@@ -168,6 +173,7 @@ class ServerConfig:
     remote: RemoteConfig = RemoteConfig()
     index_workers: int = DEFAULT_INDEX_WORKERS
     progress: str = "auto"
+    cache_memory: int = 0
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -282,6 +288,11 @@ class ServerConfig:
         """Seconds after which the kernel closes a client connection whose peer vanished or
         stopped reading: ``max(client_ttl, 10)`` (TCP keepalive and ``TCP_USER_TIMEOUT``)."""
         return max(self.client_ttl, MIN_TCP_TIMEOUT_S)
+
+    @property
+    def reader_cache_memory(self) -> int:
+        """Bytes of decoded samples each reader caches: its equal share of ``cache_memory``."""
+        return self.cache_memory // self.workers
 
     @property
     def descriptors(self) -> int:

@@ -105,6 +105,13 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                    help="most bytes of remote shard data cached on disk under --cache-dir "
                         "(least recently used evicted first); e.g. 512M, 20G "
                         "(default: %(default)s)")
+    p.add_argument("--cache-memory", default="0", metavar="BYTES",
+                   help="most bytes of decoded samples the reader processes cache in memory, "
+                        "together (each an equal share), when --transform names a Stages "
+                        "(a deterministic decode stage, then a random augment): a sample they "
+                        "hold is not read nor decoded again, for any session, epoch, seed, "
+                        "batch size or world size; least recently used evicted first; e.g. "
+                        "512M, 8G (default: %(default)s, no cache)")
     p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                    help="logging level (default: %(default)s)")
     p.add_argument("--max-credits", type=int, default=DEFAULT_MAX_CREDITS, metavar="N",
@@ -278,6 +285,7 @@ def parse_args(argv: Sequence[str] | None = None,
             metrics_bind=ns.metrics_bind,
             read=read_options(ns), split=ns.split, remote=remote,
             index_workers=ns.index_workers, progress=ns.progress,
+            cache_memory=parse_size(ns.cache_memory),
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -105,6 +105,14 @@ METRICS: dict[str, Spec] = {
     "unsent_bytes": _g("unsent_bytes", "bytes of replies the readers hold not yet written to "
                                        "clients"),
     "workers": _g("workers", "reader processes"),
+    "cache_hits": _c("cache_hits", "samples served from the readers' decoded-sample caches "
+                                   "(--cache-memory)"),
+    "cache_misses": _c("cache_misses", "samples looked for in the readers' decoded-sample caches "
+                                       "and decoded"),
+    "cache_evictions": _c("cache_evictions", "decoded samples evicted from the readers' caches "
+                                             "to stay within --cache-memory"),
+    "cache_bytes": _g("cache_bytes", "bytes the readers' decoded-sample caches hold (at most "
+                                     "--cache-memory)"),
 }
 SKIPPED = PREFIX + "skipped_samples"
 SESSION_CREDITS = PREFIX + "session_credits"

@@ -151,3 +151,13 @@ def test_max_open_shards_bounds_each_reader_s_open_shards_and_asks_for_descripto
     with pytest.raises(ConfigError, match=r"`max_open_shards` must be an integer in \[1, 65536\]"):
         ServerConfig(("x",), max_open_shards=0)
     assert "--max-open-shards" in build_parser().format_help()
+
+
+def test_cache_memory_is_a_size_shared_by_the_readers_and_off_by_default() -> None:
+    config = parse_args(["--data", "x"])
+    assert config.cache_memory == 0 == config.reader_cache_memory
+    config = parse_args(["--data", "x", "--cache-memory", "1G", "--workers", "4"])
+    assert config.cache_memory == 1 << 30 and config.reader_cache_memory == 1 << 28
+    with pytest.raises(ConfigError, match=r"`cache_memory` must be an integer in \[0, "):
+        ServerConfig(("x",), cache_memory=-1)
+    assert "--cache-memory" in build_parser().format_help()
