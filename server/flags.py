@@ -112,6 +112,14 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                         "hold is not read nor decoded again, for any session, epoch, seed, "
                         "batch size or world size; least recently used evicted first; e.g. "
                         "512M, 8G (default: %(default)s, no cache)")
+    p.add_argument("--cache-disk", default=None, metavar="DIR",
+                   help="directory where the readers keep the decoded samples --cache-memory "
+                        "evicts, in a dataflow-cache-<pid> directory made at start and removed "
+                        "at exit (needs --cache-memory; default: none)")
+    p.add_argument("--cache-disk-bytes", default="10G", metavar="BYTES",
+                   help="most bytes of files under --cache-disk, the readers together (each "
+                        "an equal share), least recently used removed first "
+                        "(default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                    help="logging level (default: %(default)s)")
     p.add_argument("--max-credits", type=int, default=DEFAULT_MAX_CREDITS, metavar="N",
@@ -285,7 +293,8 @@ def parse_args(argv: Sequence[str] | None = None,
             metrics_bind=ns.metrics_bind,
             read=read_options(ns), split=ns.split, remote=remote,
             index_workers=ns.index_workers, progress=ns.progress,
-            cache_memory=parse_size(ns.cache_memory),
+            cache_memory=parse_size(ns.cache_memory), cache_disk=ns.cache_disk,
+            cache_disk_bytes=parse_size(ns.cache_disk_bytes),
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -10,8 +10,11 @@ identity (:attr:`~dataflow.index.DatasetIndex.identities`) and the decode stage'
 
 Bounded in bytes, never over: an entry's size is :func:`sample_bytes` (its arrays' bytes plus a
 fixed allowance for the objects holding them); the least recently used entries are evicted
-before an insert would pass the bound, and an entry larger than the bound is not cached. Pure
-(no I/O, no clock); not thread-safe (one per reader process, used by its one thread).
+before an insert would pass the bound, and an entry larger than the bound is not cached. With
+a disk tier (:class:`~dataflow.server.diskcache.DiskTier`, its own bound) an evicted entry is
+written there, unless it already is, and a sample found there is kept in memory again. Without
+one it is pure (no I/O, no clock); not thread-safe (one per reader process, used by its one
+thread).
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dataflow.batch import Batch, Ragged
 from dataflow.errors import ConfigError, TransformError
+
+if TYPE_CHECKING:
+    from dataflow.server.diskcache import DiskTier
 
 ENTRY_OVERHEAD = 256
 """Bytes allowed for one entry's key, tuple and dictionary slot."""
@@ -102,11 +109,15 @@ class CacheCounts:
     """A cache's counters.
 
     Attributes:
-        hits: lookups that found their sample.
-        misses: lookups that did not.
-        evictions: entries evicted to make room.
-        bytes: bytes held now (:func:`sample_bytes` of every entry).
-        entries: entries held now.
+        hits: lookups that found their sample in memory.
+        misses: lookups that found it nowhere.
+        evictions: entries evicted from memory to make room (written to the disk tier, if
+            any).
+        bytes: bytes held in memory now (:func:`sample_bytes` of every entry).
+        entries: entries held in memory now.
+        disk_hits: lookups that found their sample in the disk tier.
+        disk_evictions: files removed from the disk tier to make room.
+        disk_bytes: bytes of the disk tier's files now.
     """
 
     hits: int = 0
@@ -114,20 +125,25 @@ class CacheCounts:
     evictions: int = 0
     bytes: int = 0
     entries: int = 0
+    disk_hits: int = 0
+    disk_evictions: int = 0
+    disk_bytes: int = 0
 
 
 class SampleCache:
-    """An LRU of decoded samples holding at most ``bound`` bytes (see the module docstring).
+    """An LRU of decoded samples holding at most ``bound`` bytes, over an optional ``disk`` tier
+    (see the module docstring).
 
     Raises:
         ConfigError: ``bound`` is not a positive integer.
     """
 
-    def __init__(self, bound: int) -> None:
+    def __init__(self, bound: int, disk: DiskTier | None = None) -> None:
         if not isinstance(bound, int) or bound < 1:
             raise ConfigError(f"`cache_memory` must be a positive number of bytes. Found: "
                               f"{bound!r}")
         self.bound = bound
+        self.disk = disk
         self._entries: OrderedDict[Key, tuple[Sample, int]] = OrderedDict()
         self._bytes = 0
         self._hits = self._misses = self._evictions = 0
@@ -138,20 +154,32 @@ class SampleCache:
     def get(self, key: Key) -> Sample | None:
         """The sample of ``key`` (now the most recently used), or None; counted."""
         entry = self._entries.get(key)
-        if entry is None:
+        if entry is not None:
+            self._hits += 1
+            self._entries.move_to_end(key)
+            return entry[0]
+        sample = self.disk.get(key) if self.disk is not None else None
+        if sample is None:
             self._misses += 1
             return None
-        self._hits += 1
-        self._entries.move_to_end(key)
-        return entry[0]
+        self._insert(key, sample)
+        return sample
 
     def put(self, key: Key, sample: Sample) -> bool:
         """Cache ``sample`` under ``key``, evicting the least recently used entries first so
-        the bound holds; an entry larger than the bound is not cached.
+        the bound holds; an entry larger than the bound is not kept in memory (it is written
+        to the disk tier, if any).
 
         Returns:
-            Whether it is cached.
+            Whether it is cached (in either tier).
         """
+        if self._insert(key, sample):
+            return True
+        return self.disk is not None and self.disk.put(key, sample)
+
+    def _insert(self, key: Key, sample: Sample) -> bool:
+        """Keep ``sample`` in memory, evicting (to the disk tier) as needed; False: larger than
+        the bound."""
         size = sample_bytes(sample)
         old = self._entries.pop(key, None)
         if old is not None:
@@ -159,13 +187,22 @@ class SampleCache:
         if size > self.bound:
             return False
         while self._bytes + size > self.bound:
-            _, (_, freed) = self._entries.popitem(last=False)
+            gone, (evicted, freed) = self._entries.popitem(last=False)
             self._bytes -= freed
             self._evictions += 1
+            if self.disk is not None and gone not in self.disk:
+                self.disk.put(gone, evicted)
         self._entries[key] = (sample, size)
         self._bytes += size
         return True
 
     def counts(self) -> CacheCounts:
+        disk = self.disk
         return CacheCounts(self._hits, self._misses, self._evictions, self._bytes,
-                           len(self._entries))
+                           len(self._entries), disk.hits if disk else 0,
+                           disk.evictions if disk else 0, disk.bytes if disk else 0)
+
+    def close(self) -> None:
+        """Remove the disk tier's files, if any (idempotent)."""
+        if self.disk is not None:
+            self.disk.close()

@@ -68,6 +68,9 @@ class WorkerSpec:
         max_open_shards: shards a reader keeps open (:class:`ReaderCache`).
         cache_memory: bytes of decoded samples a reader caches (a ``Stages`` transform's
             decode stage, :mod:`dataflow.server.samplecache`); 0: none.
+        cache_disk: the server's directory of the caches' disk tier
+            (:mod:`dataflow.server.diskcache`); None: none.
+        cache_disk_bytes: bytes of disk-tier files a reader keeps.
     """
 
     backend: str
@@ -89,6 +92,8 @@ class WorkerSpec:
     indexed: tuple[IndexedShard, ...] = ()
     max_open_shards: int = 1024
     cache_memory: int = 0
+    cache_disk: str | None = None
+    cache_disk_bytes: int = 0
 
 
 def indexed_shards(index: DatasetIndex) -> tuple[IndexedShard, ...]:
@@ -218,7 +223,10 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
     return frames, replace(sent, cache_hits=after.hits - before.hits,
                            cache_misses=after.misses - before.misses,
                            cache_evictions=after.evictions - before.evictions,
-                           cache_bytes=after.bytes)
+                           cache_bytes=after.bytes,
+                           cache_disk_hits=after.disk_hits - before.disk_hits,
+                           cache_disk_evictions=after.disk_evictions - before.disk_evictions,
+                           cache_disk_bytes=after.disk_bytes)
 
 
 def _batch(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,

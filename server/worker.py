@@ -60,6 +60,7 @@ from dataflow import wire
 from dataflow.errors import InternalError, ProtocolError
 from dataflow.security import secure_server
 from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
+from dataflow.server.diskcache import DiskTier
 from dataflow.server.framing import (
     MAX_ERROR_TEXT,
     recv_bounded,
@@ -155,8 +156,11 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     transform = (load_transform(spec.transform, spec.transform_path) if spec.transform
                  else None)
     readers = ReaderCache(spec)
-    cache = (SampleCache(spec.cache_memory) if spec.cache_memory and transform is not None
-             and transform.decode is not None else None)
+    cache = None
+    if spec.cache_memory and transform is not None and transform.decode is not None:
+        disk = (DiskTier(spec.cache_disk, spec.cache_disk_bytes) if spec.cache_disk
+                else None)
+        cache = SampleCache(spec.cache_memory, disk)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -217,6 +221,8 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     finally:
         segments.close()
         readers.close()
+        if cache is not None:
+            cache.close()
         guard.close()
         sock.close()
         data.close()

@@ -114,7 +114,10 @@ class Sent:
             (:mod:`~dataflow.server.samplecache`).
         cache_misses: samples it looked for there and did not find.
         cache_evictions: entries it evicted.
-        cache_bytes: bytes the reader's cache holds after it.
+        cache_bytes: bytes the reader's cache holds in memory after it.
+        cache_disk_hits: samples it found in the cache's disk tier.
+        cache_disk_evictions: files it removed from the disk tier.
+        cache_disk_bytes: bytes of the disk tier's files after it.
     """
 
     token: bytes
@@ -127,6 +130,9 @@ class Sent:
     cache_misses: int = 0
     cache_evictions: int = 0
     cache_bytes: int = 0
+    cache_disk_hits: int = 0
+    cache_disk_evictions: int = 0
+    cache_disk_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,8 @@ INTERNAL_SPECS: dict[InternalKind, MessageSpec] = {
         FieldSpec("samples", integer(0, INT64_MAX)),
         FieldSpec("too_large", boolean, optional=True, omit=False),
         *(FieldSpec(name, integer(0, INT64_MAX), optional=True, omit=0)
-          for name in ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes")),
+          for name in ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes",
+                       "cache_disk_hits", "cache_disk_evictions", "cache_disk_bytes")),
     ), SkipsBody()),
     InternalKind.LOST: MessageSpec(Lost, (
         _TOKEN, REQ_ID, FieldSpec("why", text(MAX_TEXT), dump=lambda s: s[:MAX_TEXT]),

@@ -1,0 +1,176 @@
+"""The disk tier of a reader's decoded-sample cache (``--cache-disk DIR``): what its memory tier
+evicts, kept in files.
+
+Layout: the server makes ``DIR/dataflow-cache-<server pid>/`` at start, empty, and removes it
+when it stops (:func:`server_directory`, :func:`remove_server_directory`); each reader keeps its
+files in its own ``reader-<pid>/`` below it, one file per sample, made at its start and removed
+at its exit. A reader that starts removes the directories of readers that are gone (one that was
+killed leaves its files), so the files of live readers only are on disk: at most their shares of
+``--cache-disk-bytes``. Entries never outlive the server: a server started with another
+transform, version or dataset starts with none.
+
+A file is the sample's fields as one JSON header (name, dtype, shape, ragged kind) and the
+arrays' bytes; it is read back with :func:`numpy.frombuffer`, nothing is unpickled. A file that
+cannot be read or does not match its header is a miss (and is removed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections import OrderedDict
+
+import numpy as np
+
+from dataflow.errors import ConfigError
+from dataflow.server.samplecache import Key, Sample
+
+SERVER_PREFIX = "dataflow-cache-"
+READER_PREFIX = "reader-"
+_LEN = struct.Struct("<Q")
+
+
+def server_directory(root: str, pid: int) -> str:
+    """``root/dataflow-cache-<pid>``, made empty (a server of the same pid left it).
+
+    Raises:
+        OSError: it cannot be made.
+    """
+    path = os.path.join(root, f"{SERVER_PREFIX}{pid}")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def remove_server_directory(path: str) -> None:
+    """Remove a server's cache directory and every reader's files in it."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def encode_sample(sample: Sample) -> bytes:
+    """A sample as a file's bytes (see the module docstring)."""
+    head = json.dumps([[name, values.dtype.str, list(values.shape), kind]
+                       for name, values, kind in sample]).encode()
+    return b"".join([_LEN.pack(len(head)), head, *(values.tobytes() for _, values, _ in sample)])
+
+
+def decode_sample(data: bytes) -> Sample:
+    """The sample of :func:`encode_sample`'s bytes.
+
+    Raises:
+        ValueError: they are not such bytes (cut short, or not matching their header).
+    """
+    (size,) = _LEN.unpack_from(data)
+    fields = json.loads(data[_LEN.size:_LEN.size + size])
+    at = _LEN.size + size
+    out = []
+    for name, dtype, shape, kind in fields:
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        values = np.frombuffer(data, dt, count, at).reshape(shape)
+        at += values.nbytes
+        out.append((str(name), values, kind))
+    if at != len(data):
+        raise ValueError(f"{len(data) - at} bytes after the last field")
+    return tuple(out)
+
+
+class DiskTier:
+    """One reader's files of decoded samples, at most ``bound`` bytes (file sizes), the least
+    recently used removed first. Not thread-safe.
+
+    Args:
+        server_dir: the server's cache directory (:func:`server_directory`).
+        bound: most bytes of this reader's files.
+
+    Raises:
+        ConfigError: ``bound`` is not positive.
+        OSError: the reader's directory cannot be made.
+    """
+
+    def __init__(self, server_dir: str, bound: int) -> None:
+        if not isinstance(bound, int) or bound < 1:
+            raise ConfigError(f"`cache_disk_bytes` must be a positive number of bytes. Found: "
+                              f"{bound!r}")
+        for name in os.listdir(server_dir):
+            pid = name.removeprefix(READER_PREFIX)
+            if name.startswith(READER_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(server_dir, name), ignore_errors=True)
+        self.bound = bound
+        self.directory = os.path.join(server_dir, f"{READER_PREFIX}{os.getpid()}")
+        shutil.rmtree(self.directory, ignore_errors=True)
+        os.makedirs(self.directory)
+        self._files: OrderedDict[Key, int] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.evictions = 0
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._files
+
+    def _path(self, key: Key) -> str:
+        return os.path.join(self.directory, f"{key[0]}-{key[1]}")
+
+    def get(self, key: Key) -> Sample | None:
+        """The sample of ``key`` read from its file (now the most recently used), or None."""
+        if key not in self._files:
+            return None
+        try:
+            with open(self._path(key), "rb") as f:
+                sample = decode_sample(f.read())
+        except (OSError, ValueError):
+            self._drop(key)
+            return None
+        self._files.move_to_end(key)
+        self.hits += 1
+        return sample
+
+    def put(self, key: Key, sample: Sample) -> bool:
+        """Write ``sample``'s file, removing the least recently used first so the bound holds;
+        one larger than the bound is not written.
+
+        Returns:
+            Whether it is written.
+        """
+        data = encode_sample(sample)
+        if key in self._files:
+            self._drop(key)
+        if len(data) > self.bound:
+            return False
+        while self.bytes + len(data) > self.bound:
+            self._drop(next(iter(self._files)))
+            self.evictions += 1
+        try:
+            with open(self._path(key), "wb") as f:
+                f.write(data)
+        except OSError:
+            self._drop(key)
+            return False
+        self._files[key] = len(data)
+        self.bytes += len(data)
+        return True
+
+    def _drop(self, key: Key) -> None:
+        self.bytes -= self._files.pop(key, 0)
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Remove this reader's files (idempotent)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self._files.clear()
+        self.bytes = 0
