@@ -138,8 +138,8 @@ class ServerConfig:
         cache_memory: bytes of decoded samples the readers cache, together (each reader
             ``cache_memory // workers``: :attr:`reader_cache_memory`); only a ``Stages``
             transform's decode stage is cached (:mod:`dataflow.server.samplecache`); 0: none.
-        cache_disk: directory of the caches' disk tier (:mod:`dataflow.server.diskcache`: what
-            the memory tier evicts; needs ``cache_memory``); None: none.
+        cache_disk: directory of the caches' disk tier (:mod:`dataflow.server.diskcache`:
+            every decoded sample, shared by the readers; needs ``cache_memory``); None: none.
         cache_disk_bytes: most bytes of the disk tier's files, the readers together (each an
             equal share).
     """

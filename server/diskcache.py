@@ -1,13 +1,21 @@
-"""The disk tier of a reader's decoded-sample cache (``--cache-disk DIR``): what its memory tier
-evicts, kept in files.
+"""The disk tier of a reader's decoded-sample cache (``--cache-disk DIR``): every sample the
+reader decodes, written through, in files its sibling readers read too.
 
 Layout: the server makes ``DIR/dataflow-cache-<server pid>/`` at start, empty, and removes it
-when it stops (:func:`server_directory`, :func:`remove_server_directory`); each reader keeps its
-files in its own ``reader-<pid>/`` below it, one file per sample, made at its start and removed
-at its exit. A reader that starts removes the directories of readers that are gone (one that was
-killed leaves its files), so the files of live readers only are on disk: at most their shares of
-``--cache-disk-bytes``. Entries never outlive the server: a server started with another
-transform, version or dataset starts with none.
+when it stops (:func:`server_directory`, :func:`remove_server_directory`); each reader writes
+its files in its own ``reader-<pid>/`` below it, one file per sample named by its key, made at
+its start and removed at its exit. A reader that starts removes the directories of readers that
+are gone (one that was killed leaves its files), so the files of live readers only are on disk:
+at most their shares of ``--cache-disk-bytes``, each reader evicting only its own files. Entries
+never outlive the server: a server started with another transform, version or dataset starts
+with none.
+
+Sharing between a server's readers: a sample is looked for in the reader's own files, then in
+each sibling's directory (listed again at most once a second). That is safe without locks: a
+file is written under a temporary name and renamed into place, so a name always holds a whole
+file, and a file its writer removes while another reader opens it is either read whole (the
+open descriptor keeps it) or not found (a miss). So one server decodes a sample about once,
+whichever reader serves it (two readers missing it at the same moment both decode it).
 
 A file is the sample's fields as one JSON header (name, dtype, shape, ragged kind) and the
 arrays' bytes; it is read back with :func:`numpy.frombuffer`, nothing is unpickled. A file that
@@ -20,6 +28,7 @@ import json
 import os
 import shutil
 import struct
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -29,6 +38,8 @@ from dataflow.server.samplecache import Key, Sample
 
 SERVER_PREFIX = "dataflow-cache-"
 READER_PREFIX = "reader-"
+TEMP_PREFIX = ".tmp-"
+PEERS_EVERY_S = 1.0
 _LEN = struct.Struct("<Q")
 
 
@@ -89,7 +100,7 @@ def decode_sample(data: bytes) -> Sample:
 
 class DiskTier:
     """One reader's files of decoded samples, at most ``bound`` bytes (file sizes), the least
-    recently used removed first. Not thread-safe.
+    recently used removed first, over its siblings' files (read only). Not thread-safe.
 
     Args:
         server_dir: the server's cache directory (:func:`server_directory`).
@@ -109,6 +120,7 @@ class DiskTier:
             if name.startswith(READER_PREFIX) and pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(os.path.join(server_dir, name), ignore_errors=True)
         self.bound = bound
+        self.server_dir = server_dir
         self.directory = os.path.join(server_dir, f"{READER_PREFIX}{os.getpid()}")
         shutil.rmtree(self.directory, ignore_errors=True)
         os.makedirs(self.directory)
@@ -116,26 +128,48 @@ class DiskTier:
         self.bytes = 0
         self.hits = 0
         self.evictions = 0
+        self._peers: list[str] = []
+        self._listed = float("-inf")
 
-    def __contains__(self, key: Key) -> bool:
-        return key in self._files
-
-    def _path(self, key: Key) -> str:
-        return os.path.join(self.directory, f"{key[0]}-{key[1]}")
+    def _path(self, key: Key, directory: str | None = None) -> str:
+        return os.path.join(directory or self.directory, f"{key[0]}-{key[1]}")
 
     def get(self, key: Key) -> Sample | None:
-        """The sample of ``key`` read from its file (now the most recently used), or None."""
-        if key not in self._files:
-            return None
-        try:
-            with open(self._path(key), "rb") as f:
-                sample = decode_sample(f.read())
-        except (OSError, ValueError):
-            self._drop(key)
-            return None
-        self._files.move_to_end(key)
-        self.hits += 1
-        return sample
+        """The sample of ``key`` read from this reader's file (now its most recently used) or
+        from a sibling's, or None."""
+        if key in self._files:
+            try:
+                with open(self._path(key), "rb") as f:
+                    sample = decode_sample(f.read())
+            except (OSError, ValueError):
+                self._drop(key)
+                return None
+            self._files.move_to_end(key)
+            self.hits += 1
+            return sample
+        for peer in self._peer_dirs():
+            try:
+                with open(self._path(key, peer), "rb") as f:
+                    sample = decode_sample(f.read())
+            except (OSError, ValueError):
+                continue
+            self.hits += 1
+            return sample
+        return None
+
+    def _peer_dirs(self) -> list[str]:
+        """The sibling readers' directories, listed again at most every ``PEERS_EVERY_S``."""
+        now = time.monotonic()
+        if now - self._listed >= PEERS_EVERY_S:
+            self._listed = now
+            try:
+                names = os.listdir(self.server_dir)
+            except OSError:
+                names = []
+            self._peers = [os.path.join(self.server_dir, n) for n in sorted(names)
+                           if n.startswith(READER_PREFIX)
+                           and os.path.join(self.server_dir, n) != self.directory]
+        return self._peers
 
     def put(self, key: Key, sample: Sample) -> bool:
         """Write ``sample``'s file, removing the least recently used first so the bound holds;
@@ -152,11 +186,18 @@ class DiskTier:
         while self.bytes + len(data) > self.bound:
             self._drop(next(iter(self._files)))
             self.evictions += 1
+        path = self._path(key)
+        temp = os.path.join(self.directory, TEMP_PREFIX + os.path.basename(path))
         try:
-            with open(self._path(key), "wb") as f:
+            with open(temp, "wb") as f:
                 f.write(data)
+            os.replace(temp, path)
         except OSError:
             self._drop(key)
+            try:
+                os.unlink(temp)
+            except FileNotFoundError:
+                pass
             return False
         self._files[key] = len(data)
         self.bytes += len(data)

@@ -113,9 +113,11 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                         "batch size or world size; least recently used evicted first; e.g. "
                         "512M, 8G (default: %(default)s, no cache)")
     p.add_argument("--cache-disk", default=None, metavar="DIR",
-                   help="directory where the readers keep the decoded samples --cache-memory "
-                        "evicts, in a dataflow-cache-<pid> directory made at start and removed "
-                        "at exit (needs --cache-memory; default: none)")
+                   help="directory where the readers also write every sample they decode, "
+                        "and find those their sibling readers wrote (one server decodes a "
+                        "sample about once), in a dataflow-cache-<pid> directory made at start "
+                        "and removed at exit; /dev/shm makes a hit a copy (needs "
+                        "--cache-memory; default: none)")
     p.add_argument("--cache-disk-bytes", default="10G", metavar="BYTES",
                    help="most bytes of files under --cache-disk, the readers together (each "
                         "an equal share), least recently used removed first "

@@ -11,10 +11,10 @@ identity (:attr:`~dataflow.index.DatasetIndex.identities`) and the decode stage'
 Bounded in bytes, never over: an entry's size is :func:`sample_bytes` (its arrays' bytes plus a
 fixed allowance for the objects holding them); the least recently used entries are evicted
 before an insert would pass the bound, and an entry larger than the bound is not cached. With
-a disk tier (:class:`~dataflow.server.diskcache.DiskTier`, its own bound) an evicted entry is
-written there, unless it already is, and a sample found there is kept in memory again. Without
-one it is pure (no I/O, no clock); not thread-safe (one per reader process, used by its one
-thread).
+a disk tier (:class:`~dataflow.server.diskcache.DiskTier`, its own bound, shared with the
+server's other readers) every new entry is also written there, and a sample found there (this
+reader's file or a sibling's) is kept in memory again. Without one it is pure (no I/O, no
+clock); not thread-safe (one per reader process, used by its one thread).
 """
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ class CacheCounts:
     Attributes:
         hits: lookups that found their sample in memory.
         misses: lookups that found it nowhere.
-        evictions: entries evicted from memory to make room (written to the disk tier, if
-            any).
+        evictions: entries evicted from memory to make room.
         bytes: bytes held in memory now (:func:`sample_bytes` of every entry).
         entries: entries held in memory now.
-        disk_hits: lookups that found their sample in the disk tier.
+        disk_hits: lookups that found their sample in the disk tier (this reader's files or
+            a sibling's).
         disk_evictions: files removed from the disk tier to make room.
         disk_bytes: bytes of the disk tier's files now.
     """
@@ -166,20 +166,19 @@ class SampleCache:
         return sample
 
     def put(self, key: Key, sample: Sample) -> bool:
-        """Cache ``sample`` under ``key``, evicting the least recently used entries first so
-        the bound holds; an entry larger than the bound is not kept in memory (it is written
-        to the disk tier, if any).
+        """Cache ``sample`` under ``key`` (and write it to the disk tier, if any), evicting the
+        least recently used entries first so the bound holds; an entry larger than the bound
+        is not kept in memory.
 
         Returns:
             Whether it is cached (in either tier).
         """
-        if self._insert(key, sample):
-            return True
-        return self.disk is not None and self.disk.put(key, sample)
+        kept = self._insert(key, sample)
+        written = self.disk is not None and self.disk.put(key, sample)
+        return kept or written
 
     def _insert(self, key: Key, sample: Sample) -> bool:
-        """Keep ``sample`` in memory, evicting (to the disk tier) as needed; False: larger than
-        the bound."""
+        """Keep ``sample`` in memory, evicting as needed; False: larger than the bound."""
         size = sample_bytes(sample)
         old = self._entries.pop(key, None)
         if old is not None:
@@ -187,11 +186,9 @@ class SampleCache:
         if size > self.bound:
             return False
         while self._bytes + size > self.bound:
-            gone, (evicted, freed) = self._entries.popitem(last=False)
+            _, (_, freed) = self._entries.popitem(last=False)
             self._bytes -= freed
             self._evictions += 1
-            if self.disk is not None and gone not in self.disk:
-                self.disk.put(gone, evicted)
         self._entries[key] = (sample, size)
         self._bytes += size
         return True

@@ -120,3 +120,23 @@ def test_a_new_decode_version_never_serves_the_old_one_s_entries(servers, raw_cl
     assert stats["cache_misses"] == SAMPLES and stats["cache_hits"] >= SAMPLES
     assert [p.name for p in disk.iterdir()] == [f"dataflow-cache-{new.pid}"]
     assert os.path.isdir(disk / f"dataflow-cache-{new.pid}")
+
+
+@pytest.mark.timeout(120)
+def test_readers_share_the_disk_tier_so_the_server_decodes_a_sample_about_once(
+        servers, raw_client, tmp_path) -> None:
+    shards = _shards(tmp_path)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    # Memory holds 3 samples a reader: without the shared files every epoch decodes again.
+    server = servers(shards, workers=2, cwd=_module(tmp_path / "v1", 3, "1"),
+                     extra_args=["--transform", "stagemod:STAGES", "--cache-memory",
+                                 str(16 * 1024), "--cache-disk", str(disk)])
+    for epoch in range(3):
+        for seed, batch in ((3, 8), (4, 6)):
+            assert _scaled(_epoch(server.endpoint, epoch, seed=seed, batch=batch), 3)
+    stats = raw_client(server.endpoint).stats()
+    # Every sample decoded once; a few more where both readers missed one at the same moment
+    # (a loader reads its next epoch's first batches ahead while the last ones are served).
+    assert SAMPLES <= stats["cache_misses"] <= SAMPLES + SAMPLES // 2
+    assert stats["cache_disk_hits"] >= 4 * SAMPLES

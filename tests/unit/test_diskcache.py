@@ -80,7 +80,7 @@ def test_a_reader_removes_the_files_of_readers_that_are_gone(tmp_path: Path) -> 
                                                  f"reader-{os.getpid()}"])
 
 
-def test_the_memory_tier_spills_to_disk_and_takes_back_what_it_finds_there(
+def test_new_entries_are_written_through_and_found_on_disk_once_memory_evicted_them(
         tmp_path: Path) -> None:
     samples = _samples(6)
     cache = SampleCache(2 * sample_bytes(samples[0]),
@@ -88,7 +88,8 @@ def test_the_memory_tier_spills_to_disk_and_takes_back_what_it_finds_there(
     for row, sample in enumerate(samples):
         cache.put((0, row), sample)
     counts = cache.counts()
-    assert counts.entries == 2 and counts.evictions == 4 and counts.disk_bytes > 0
+    assert counts.entries == 2 and counts.evictions == 4
+    assert cache.disk is not None and len(os.listdir(cache.disk.directory)) == 6
     order = [4, 5, 0, 1, 2, 3]  # the two in memory, then four from disk
     got = [cache.get((0, row)) for row in order]
     assert all(s is not None for s in got)
@@ -103,3 +104,21 @@ def test_the_memory_tier_spills_to_disk_and_takes_back_what_it_finds_there(
 def test_the_bound_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="`cache_disk_bytes` must be a positive number"):
         DiskTier(str(tmp_path), 0)
+
+
+def test_a_reader_finds_the_files_its_siblings_wrote_whole_only(tmp_path: Path) -> None:
+    server = server_directory(str(tmp_path), 9)
+    sibling = Path(server) / f"reader-{os.getppid()}"  # a live process: a sibling reader
+    sibling.mkdir()
+    sample = _samples(1)[0]
+    (sibling / "0-5").write_bytes(encode_sample(sample))
+    (sibling / ".tmp-0-6").write_bytes(encode_sample(sample))  # being written: not found
+    (sibling / "0-7").write_bytes(encode_sample(sample)[:-3])  # not whole: a miss
+    disk = DiskTier(server, 1 << 20)
+    found = disk.get((0, 5))
+    assert found is not None and np.array_equal(found[1][1], sample[1][1])
+    assert disk.get((0, 6)) is None and disk.get((0, 7)) is None
+    assert disk.hits == 1 and disk.bytes == 0  # a sibling's file is not this reader's
+    cache = SampleCache(1 << 20, disk)
+    assert cache.get((0, 5)) is not None and cache.counts().disk_hits == 2
+    assert cache.get((0, 5)) is not None and cache.counts().hits == 1  # now in memory
