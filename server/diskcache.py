@@ -70,11 +70,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def encode_sample(sample: Sample) -> bytes:
-    """A sample as a file's bytes (see the module docstring)."""
+def encode_sample(sample: Sample) -> list[memoryview]:
+    """A sample as the pieces of a file's bytes, in order, its arrays not copied (see the
+    module docstring).
+
+    Raises:
+        TypeError, ValueError: a field's dtype has no bytes of its own (Python objects).
+    """
     head = json.dumps([[name, values.dtype.str, list(values.shape), kind]
                        for name, values, kind in sample]).encode()
-    return b"".join([_LEN.pack(len(head)), head, *(values.tobytes() for _, values, _ in sample)])
+    return [memoryview(_LEN.pack(len(head))), memoryview(head),
+            *(np.ascontiguousarray(values).reshape(-1).view(np.uint8).data
+              for _, values, _ in sample)]
 
 
 def decode_sample(data: bytes) -> Sample:
@@ -178,19 +185,23 @@ class DiskTier:
         Returns:
             Whether it is written.
         """
-        data = encode_sample(sample)
         if key in self._files:
             self._drop(key)
-        if len(data) > self.bound:
+        try:
+            pieces = encode_sample(sample)
+        except (TypeError, ValueError):
             return False
-        while self.bytes + len(data) > self.bound:
+        size = sum(piece.nbytes for piece in pieces)
+        if size > self.bound:
+            return False
+        while self.bytes + size > self.bound:
             self._drop(next(iter(self._files)))
             self.evictions += 1
         path = self._path(key)
         temp = os.path.join(self.directory, TEMP_PREFIX + os.path.basename(path))
         try:
             with open(temp, "wb") as f:
-                f.write(data)
+                f.writelines(pieces)
             os.replace(temp, path)
         except OSError:
             self._drop(key)
@@ -199,8 +210,8 @@ class DiskTier:
             except FileNotFoundError:
                 pass
             return False
-        self._files[key] = len(data)
-        self.bytes += len(data)
+        self._files[key] = size
+        self.bytes += size
         return True
 
     def _drop(self, key: Key) -> None:

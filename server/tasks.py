@@ -339,9 +339,12 @@ def _decoded(meter: SkipMeter, transform: Transform, ranges: np.ndarray,
         raw = read_ranges(meter.get, _runs([keys[i] for i in missing]))
         if sum(meter.skips().values()) != skipped:
             raise _Damaged
-        for i, sample in zip(missing, split(decode_batch(transform, raw, ctx)), strict=True):
+        batch = decode_batch(transform, raw, ctx)
+        for i, sample in zip(missing, split(batch), strict=True):
             decoded[i] = sample
             cache.put(keys[i], sample)
+        if len(missing) == len(keys):
+            return batch  # all decoded here: assembling the copies would give it again
     samples = [decoded[i] if sample is None else sample for i, sample in enumerate(found)]
     return assemble(samples, f"transform {transform.spec!r} (decode) on {ctx.describe()}")
 

@@ -30,19 +30,23 @@ def _samples(n: int, size: int = 300) -> list:
                   "txt": Ragged(np.arange(3 * n, dtype=np.uint8), offsets, "str")})
 
 
+def _file(sample: tuple) -> bytes:
+    return b"".join(bytes(piece) for piece in encode_sample(sample))
+
+
 def test_a_sample_file_round_trips_every_field_and_refuses_a_cut_one() -> None:
     sample = _samples(3)[2]
-    back = decode_sample(encode_sample(sample))
+    back = decode_sample(_file(sample))
     assert [(n, k) for n, _, k in back] == [(n, k) for n, _, k in sample]
     for (_, a, _), (_, b, _) in zip(back, sample, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
     with pytest.raises(ValueError):
-        decode_sample(encode_sample(sample)[:-1])
+        decode_sample(_file(sample)[:-1])
 
 
 def test_the_tier_holds_its_bound_and_removes_the_least_recently_used(tmp_path: Path) -> None:
     server = server_directory(str(tmp_path), 4242)
-    one = len(encode_sample(_samples(1)[0]))
+    one = len(_file(_samples(1)[0]))
     disk = DiskTier(server, 3 * one)
     samples = _samples(5)
     for row in range(3):
@@ -111,9 +115,9 @@ def test_a_reader_finds_the_files_its_siblings_wrote_whole_only(tmp_path: Path) 
     sibling = Path(server) / f"reader-{os.getppid()}"  # a live process: a sibling reader
     sibling.mkdir()
     sample = _samples(1)[0]
-    (sibling / "0-5").write_bytes(encode_sample(sample))
-    (sibling / ".tmp-0-6").write_bytes(encode_sample(sample))  # being written: not found
-    (sibling / "0-7").write_bytes(encode_sample(sample)[:-3])  # not whole: a miss
+    (sibling / "0-5").write_bytes(_file(sample))
+    (sibling / ".tmp-0-6").write_bytes(_file(sample))  # being written: not found
+    (sibling / "0-7").write_bytes(_file(sample)[:-3])  # not whole: a miss
     disk = DiskTier(server, 1 << 20)
     found = disk.get((0, 5))
     assert found is not None and np.array_equal(found[1][1], sample[1][1])
