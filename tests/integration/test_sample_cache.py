@@ -8,11 +8,14 @@ Shards are Arrow IPC files written by pyarrow; the ``Stages`` transform is a mod
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from srvtools import run_ranks
 
 from dataflow.client import DataLoader
 
@@ -67,6 +70,19 @@ def _epoch(endpoint: str, epoch: int, seed: int = 3, batch: int = 8) -> dict[int
     return out
 
 
+def _files(run_dir: Path) -> int:
+    """Bytes of the cache files under ``run_dir`` now (not those being written; a file removed
+    while it is listed counts 0)."""
+    total = 0
+    for path in run_dir.rglob("*"):
+        if not path.name.startswith(".tmp-"):
+            try:
+                total += path.stat().st_size if path.is_file() else 0
+            except FileNotFoundError:
+                pass
+    return total
+
+
 def _scaled(got: dict[int, np.ndarray], scale: int) -> bool:
     """Whether every sample's pixels are ``(x * scale) % 251`` plus a shift of 0 to 3."""
     return all(0 <= int(row[0]) - (x * scale) % 251 <= 3 for x, row in got.items())
@@ -88,7 +104,7 @@ def test_the_disk_tier_holds_its_bound_and_leaves_nothing_after_the_server(
     for epoch in range(3):
         assert _scaled(_epoch(server.endpoint, epoch), 3)
         stats = probe.stats()
-        on_disk = sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file())
+        on_disk = _files(run_dir)
         assert 0 < stats["cache_disk_bytes"] <= disk_bytes and on_disk <= disk_bytes
         assert stats["cache_bytes"] <= memory
     stats = probe.stats()
@@ -140,3 +156,40 @@ def test_readers_share_the_disk_tier_so_the_server_decodes_a_sample_about_once(
     # (a loader reads its next epoch's first batches ahead while the last ones are served).
     assert SAMPLES <= stats["cache_misses"] <= SAMPLES + SAMPLES // 2
     assert stats["cache_disk_hits"] >= 4 * SAMPLES
+
+
+@pytest.mark.timeout(120)
+def test_under_concurrent_jobs_both_tiers_stay_in_their_bounds(servers, raw_client,
+                                                               tmp_path) -> None:
+    shards = _shards(tmp_path)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    memory, disk_bytes = 24 * 1024, 48 * 1024  # both far smaller than the decoded set
+    server = servers(shards, workers=2, cwd=_module(tmp_path / "v1", 7, "1"),
+                     extra_args=["--transform", "stagemod:STAGES", "--cache-memory", str(memory),
+                                 "--cache-disk", str(disk), "--cache-disk-bytes",
+                                 str(disk_bytes)])
+    run_dir = disk / f"dataflow-cache-{server.pid}"
+    probe = raw_client(server.endpoint)
+    done = threading.Event()
+    seen: list[tuple[int, int, int]] = []
+
+    def watch() -> None:
+        while not done.is_set():
+            stats = probe.stats()
+            seen.append((stats["cache_bytes"], stats["cache_disk_bytes"], _files(run_dir)))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        results = run_ranks(4, lambda j: [_epoch(server.endpoint, e, seed=j, batch=2 + j)
+                                          for e in range(2)], timeout=90)
+    finally:
+        done.set()
+        watcher.join()
+    assert all(_scaled(got, 7) for job in results for got in job)
+    assert len(seen) > 3
+    assert all(m <= memory and d <= disk_bytes and f <= disk_bytes for m, d, f in seen), seen
+    stats = probe.stats()
+    assert stats["cache_evictions"] > 0 and stats["cache_disk_evictions"] > 0
