@@ -89,7 +89,9 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                    help="function f(batch, ctx) -> batch (or f(batch)) run on every batch in "
                         "the reader processes (e.g. decoding, augmentation); ctx carries the "
                         "epoch, the global batch index and a per-batch seed (the API: "
-                        "dataflow.transform); its errors reach the client naming the batch")
+                        "dataflow.transform); its errors reach the client naming the batch; "
+                        "or a dataflow.transform.Stages (a deterministic decode, cached with "
+                        "--cache-memory, then a random augment)")
     p.add_argument("--transform-path", default=None, metavar="DIR",
                    help="directory the --transform module is looked for in when it is not "
                         "on sys.path (only that module; the directory is not added to "
