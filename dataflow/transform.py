@@ -17,6 +17,12 @@ sent to the trainer::
 * A one-argument function ``f(batch)`` is called without the context (see
   :func:`takes_context`).
 
+A transform may instead be split in two stages, a :class:`Stages` named by ``--transform``
+(``module:NAME`` where ``NAME`` is a ``Stages``): a deterministic ``decode`` whose output for a
+sample depends on that sample only (the server may cache it, keyed by the shard, the row and
+the stage's identity) and a random ``augment`` run on the assembled batch with the context as
+above. A plain function is one stage, never cached.
+
 This module needs numpy only (no torch, no sockets).
 """
 
@@ -31,9 +37,10 @@ import numpy as np
 
 from dataflow.batch import Batch, Column, Ragged
 from dataflow.checks import check_int
+from dataflow.errors import ConfigError
 
-__all__ = ["Batch", "Column", "Ragged", "TransformContext", "batch_seed", "global_batch_index",
-           "takes_context"]
+__all__ = ["Batch", "Column", "Ragged", "Stages", "TransformContext", "batch_seed",
+           "global_batch_index", "takes_context"]
 
 SEED_MAX = 2**63 - 1
 _WORD = 0xFFFFFFFF
@@ -93,6 +100,50 @@ class TransformContext:
             rows.append(f"... {len(self.shards) - limit} more range(s)")
         where = f" ({', '.join(rows)})" if rows else ""
         return f"batch {self.batch_index} of epoch {self.epoch}{where}"
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A transform in two stages: ``decode`` (deterministic, cacheable) then ``augment``.
+
+    ``decode(batch) -> batch`` is given any subset of samples (a batch, or the samples of one
+    the server's cache missed) and must return the same samples in the same order; sample
+    ``i``'s output must depend on sample ``i`` only (no randomness, no batch statistics, no
+    padding to the batch's longest), so that decoding it alone, in another batch or in an
+    earlier epoch gives the same columns. ``augment(batch, ctx) -> batch`` (or
+    ``augment(batch)``, :func:`takes_context`) runs on the decoded batch, with the batch's
+    context as a one-stage transform does; None: none.
+
+    Attributes:
+        decode: the deterministic stage.
+        augment: the random stage, or None.
+        version: part of the decode stage's identity (with its module and qualified name):
+            bump it when ``decode`` changes what it returns, so no cached entry of the old
+            one is served.
+    """
+
+    decode: Callable[[Batch], Batch]
+    augment: Callable[..., Batch] | None = None
+    version: str = "1"
+
+    def __post_init__(self) -> None:
+        if not callable(self.decode):
+            raise ConfigError(f"Stages `decode` must be callable. Found: "
+                              f"{type(self.decode).__name__}")
+        if self.augment is not None and not callable(self.augment):
+            raise ConfigError(f"Stages `augment` must be callable or None. Found: "
+                              f"{type(self.augment).__name__}")
+        if not isinstance(self.version, str) or not self.version:
+            raise ConfigError(f"Stages `version` must be a non-empty string. Found: "
+                              f"{self.version!r}")
+
+    @property
+    def identity(self) -> str:
+        """``module:qualname@version`` of the decode stage: what its cached entries are
+        keyed by."""
+        module = getattr(self.decode, "__module__", None) or "?"
+        name = getattr(self.decode, "__qualname__", None) or type(self.decode).__name__
+        return f"{module}:{name}@{self.version}"
 
 
 def global_batch_index(*, start: int, batch_size: int, world_size: int, rank: int,

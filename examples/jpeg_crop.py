@@ -1,13 +1,17 @@
 """JPEG decode + random crop in the loader server's reader processes, reproducibly.
 
-The transform (what the server runs)::
+The transform (what the server runs), in two stages, the decoded images cached::
 
-    dataflow-server --data 'shards/train-{000000..000003}.tar' --transform jpeg_crop:decode_crop
+    dataflow-server --data 'shards/train-{000000..000003}.tar' --transform jpeg_crop:STAGES \
+        --cache-memory 1G
 
 started in this directory (the server looks for the transform's module in the directory it
-starts in, or in ``--transform-path DIR``). Every batch arrives with its JPEGs decoded and
-cropped to ``CROP x CROP`` pixels at a random place drawn from ``ctx.rng()``: the same crop for
-the same (DataLoader seed, epoch, global batch index) on any server, with any ``--workers``.
+starts in, or in ``--transform-path DIR``). :func:`decode` turns each JPEG into its RGB pixels
+(deterministic: the server caches them, so a JPEG is decoded once for every epoch and every job
+on the server); :func:`crop` cuts a ``CROP x CROP`` square at a random place drawn from
+``ctx.rng()`` on every batch: the same crop for the same (DataLoader seed, epoch, global batch
+index) on any server, with any ``--workers``, cached or not. ``jpeg_crop:decode_crop`` is the
+same work as one stage (never cached), with the same crops.
 
 The whole round trip (needs Pillow, and torch for the DataLoader)::
 
@@ -29,38 +33,75 @@ from pathlib import Path
 
 import numpy as np
 
-from dataflow.transform import Batch, Ragged, TransformContext
+from dataflow.transform import Batch, Ragged, Stages, TransformContext
 
 CROP = 32
 """Side of the square crop, in pixels."""
 
 
-def decode_crop(batch: Batch, ctx: TransformContext) -> Batch:
-    """Decode the ``jpg`` field and crop each image at random to ``CROP x CROP``.
+def decode(batch: Batch) -> Batch:
+    """Decode the ``jpg`` field of each sample alone (the cacheable stage).
 
     Args:
-        batch: ``jpg`` is a :class:`~dataflow.transform.Ragged` of JPEG files (bytes), each at
-            least ``CROP`` pixels wide and high; other fields pass through.
-        ctx: the batch's context; its generator places the crops.
+        batch: ``jpg`` is a :class:`~dataflow.transform.Ragged` of JPEG files (bytes); other
+            fields pass through.
 
     Returns:
-        The batch with ``jpg`` replaced by ``image``: uint8 ``(n, CROP, CROP, 3)`` RGB.
+        The batch with ``jpg`` replaced by ``rgb``, a ``Ragged`` (kind ``list``) of each
+        image's uint8 pixels in ``(height, width, 3)`` order, and ``rgb_shape``, int64
+        ``(n, 2)``: each image's height and width.
     """
     from PIL import Image  # the transform's own dependency, imported where it runs
 
     jpgs = batch.pop("jpg")
     if not isinstance(jpgs, Ragged):
         raise TypeError(f"field 'jpg' must hold JPEG files (bytes). Found: {type(jpgs).__name__}")
-    rng = ctx.rng()
-    out = np.empty((len(jpgs), CROP, CROP, 3), dtype=np.uint8)
+    pixels, shapes = [], np.empty((len(jpgs), 2), dtype=np.int64)
     for i in range(len(jpgs)):
         with Image.open(io.BytesIO(jpgs.values[jpgs.offsets[i]:jpgs.offsets[i + 1]])) as img:
-            rgb = img.convert("RGB")
-        w, h = rgb.size
+            rgb = np.asarray(img.convert("RGB"))
+        shapes[i] = rgb.shape[:2]
+        pixels.append(rgb.reshape(-1))
+    offsets = np.zeros(len(jpgs) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in pixels], out=offsets[1:])
+    values = np.concatenate(pixels) if pixels else np.zeros(0, np.uint8)
+    batch["rgb"] = Ragged(values, offsets, "list")
+    batch["rgb_shape"] = shapes
+    return batch
+
+
+def crop(batch: Batch, ctx: TransformContext) -> Batch:
+    """Crop each decoded image at random to ``CROP x CROP`` (the random stage).
+
+    Args:
+        batch: as :func:`decode` returns it, each image at least ``CROP`` pixels wide and high.
+        ctx: the batch's context; its generator places the crops.
+
+    Returns:
+        The batch with ``rgb`` and ``rgb_shape`` replaced by ``image``: uint8
+        ``(n, CROP, CROP, 3)`` RGB.
+    """
+    rgb, shapes = batch.pop("rgb"), batch.pop("rgb_shape")
+    if not isinstance(rgb, Ragged) or isinstance(shapes, Ragged):
+        raise TypeError("fields 'rgb' and 'rgb_shape' must be as jpeg_crop.decode returns them")
+    rng = ctx.rng()
+    out = np.empty((len(rgb), CROP, CROP, 3), dtype=np.uint8)
+    for i in range(len(rgb)):
+        h, w = (int(v) for v in shapes[i])
+        image = rgb.values[rgb.offsets[i]:rgb.offsets[i + 1]].reshape(h, w, 3)
         x, y = int(rng.integers(0, w - CROP + 1)), int(rng.integers(0, h - CROP + 1))
-        out[i] = np.asarray(rgb.crop((x, y, x + CROP, y + CROP)))
+        out[i] = image[y:y + CROP, x:x + CROP]
     batch["image"] = out
     return batch
+
+
+STAGES = Stages(decode, crop, version="1")
+"""The two stages, for ``--transform jpeg_crop:STAGES`` (with ``--cache-memory``)."""
+
+
+def decode_crop(batch: Batch, ctx: TransformContext) -> Batch:
+    """:func:`decode` then :func:`crop` as one stage (never cached): the same crops."""
+    return crop(decode(batch), ctx)
 
 
 def write_shards(out: Path, samples: int, per_shard: int, seed: int = 0) -> list[str]:
@@ -85,7 +126,7 @@ def write_shards(out: Path, samples: int, per_shard: int, seed: int = 0) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write shards, serve them with :func:`decode_crop`, read one epoch, print a summary."""
+    """Write shards, serve them with :data:`STAGES` (cached), read one epoch, print a summary."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, type=Path, help="directory for the shards")
     p.add_argument("--samples", type=int, default=64, help="JPEGs to write (default: 64)")
@@ -99,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     shards = write_shards(args.out, args.samples, per_shard=max(1, args.samples // 4))
     here = os.path.dirname(os.path.abspath(__file__))
     with launch(shards, workers=args.workers, cwd=here,
-                extra_args=["--transform", "jpeg_crop:decode_crop"]) as server, \
+                extra_args=["--transform", "jpeg_crop:STAGES", "--cache-memory", "256M"]
+                ) as server, \
             DataLoader(server.endpoint, batch_size=args.batch_size, rank=0, world_size=1,
                        seed=0) as loader:
         seen, shape, dtype, checksum = [], None, None, 0

@@ -22,6 +22,7 @@ from dataflow.index.cache import load_index
 from dataflow.index.scan import ScanOptions, resolve_dataset
 from dataflow.server import container, health
 from dataflow.server.config import ServerConfig
+from dataflow.server.diskcache import remove_server_directory, server_directory
 from dataflow.server.flags import parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.metrics import ServerMetrics
@@ -98,6 +99,7 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
     frontend = None
     pool = None
     metrics = None
+    cache_disk = None
     try:
         shards, read = resolve_dataset(list(config.data), split=config.split,
                                        read=config.read, remote=config.remote)
@@ -111,12 +113,16 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
         if not all(is_local(s) for s in index.shards):
             log.info("remote reads while indexing: %s", session(config.remote).stats())
         data_sndhwm = config.peer_queue
+        if config.cache_disk is not None:
+            cache_disk = server_directory(config.cache_disk, os.getpid())
         pool = WorkerPool(WorkerSpec(backend, data_sndhwm, index.shards, config.cache_dir,
                                      config.transform, config.on_error, os.getpid(),
                                      config.level, config.max_reply_bytes, index.root,
                                      config.max_connections, config.curve, index.read,
                                      config.transform_path, config.tar, config.remote,
-                                     indexed_shards(index), config.max_open_shards),
+                                     indexed_shards(index), config.max_open_shards,
+                                     config.reader_cache_memory, cache_disk,
+                                     config.reader_cache_disk_bytes),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)],
                           DataCaps(config.address_connections, config.tcp_timeout_s))
@@ -157,6 +163,8 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
             frontend.close(STOPPING_LINGER_MS)
         if ctx is not None:
             ctx.term()
+        if cache_disk is not None:
+            remove_server_directory(cache_disk)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,6 +66,9 @@ class WorkerHandler:
     Attributes:
         skipped_per_shard: samples left out as damaged, by shard number: those the index
             lost when it was built, then those left out of replies.
+        cache_bytes: bytes each reader's decoded-sample cache held, in memory and on disk, at
+            its last SENT that used it, by reader identity (a reader that exited is dropped
+            with its cache).
     """
 
     def __init__(self, backend: zmq.Socket, pool: WorkerPool, ledger: Ledger,
@@ -82,6 +85,7 @@ class WorkerHandler:
         # Samples lost when the index was built count from the start; reads add theirs.
         self.skipped_per_shard = {i: n for i, n in enumerate(index.skipped) if n}
         counters["skipped_samples"] += index.lost
+        self.cache_bytes: dict[bytes, tuple[int, int]] = {}
 
     def _recv(self) -> tuple[bytes, Internal]:
         frames = self._backend.recv_multipart(zmq.NOBLOCK)
@@ -145,6 +149,13 @@ class WorkerHandler:
                 self.skipped_per_shard[shard] = self.skipped_per_shard.get(shard, 0) + n
                 self._counters["skipped_samples"] += n
             self._counters["replies_too_large"] += msg.too_large
+            self._counters["cache_hits"] += msg.cache_hits
+            self._counters["cache_misses"] += msg.cache_misses
+            self._counters["cache_evictions"] += msg.cache_evictions
+            self._counters["cache_disk_hits"] += msg.cache_disk_hits
+            self._counters["cache_disk_evictions"] += msg.cache_disk_evictions
+            if worker is not None and msg.cache_hits + msg.cache_disk_hits + msg.cache_misses:
+                self.cache_bytes[identity] = (msg.cache_bytes, msg.cache_disk_bytes)
             self._delivery.settle(msg.token, msg.req_id, msg.nbytes, msg.samples)
             return
         self._counters["dropped_sends"] += 1
@@ -180,6 +191,7 @@ class WorkerHandler:
         root = len(self._index.root)
         for worker, code in self._pool.reap(respawn=True):
             self._unsent.drop_reader(worker.identity)
+            self.cache_bytes.pop(worker.identity, None)
             for task in worker.tasks.values():
                 if task.attempts + 1 < MAX_ATTEMPTS:
                     if self._ledger.requeue(task):

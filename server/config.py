@@ -46,6 +46,8 @@ MAX_UNSENT_BYTES = 1024**4
 RANGE_BYTES = 24
 HEADER_ROOM = 64 * 1024
 MAX_WORKERS = 256
+MAX_CACHE_BYTES = 2**50
+DEFAULT_CACHE_DISK_BYTES = 10 * 1024**3
 MAX_DEFAULT_WORKERS = 32
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ON_ERROR = ("raise", "skip")
@@ -59,6 +61,7 @@ INT_FIELDS = (
     ("max_reply_bytes", 1, MAX_REPLY_BYTES), ("max_inbound_bytes", 1, MAX_REPLY_BYTES),
     ("max_inbound_total", 1, MAX_INBOUND_TOTAL), ("max_unsent_bytes", 1, MAX_UNSENT_BYTES),
     ("index_workers", 1, 256), ("max_open_shards", 1, MAX_OPEN_SHARDS),
+    ("cache_memory", 0, MAX_CACHE_BYTES), ("cache_disk_bytes", 1, MAX_CACHE_BYTES),
 )
 """The integer fields of :class:`ServerConfig` and their ranges ``(name, lo, hi)``."""
 
@@ -132,6 +135,13 @@ class ServerConfig:
         index_workers: shards opened at once while the dataset index is built.
         progress: indexing progress bar on stderr: ``on``, ``off``, or ``auto`` (on when
             stderr is a terminal).
+        cache_memory: bytes of decoded samples the readers cache, together (each reader
+            ``cache_memory // workers``: :attr:`reader_cache_memory`); only a ``Stages``
+            transform's decode stage is cached (:mod:`dataflow.server.samplecache`); 0: none.
+        cache_disk: directory of the caches' disk tier (:mod:`dataflow.server.diskcache`:
+            every decoded sample, shared by the readers; needs ``cache_memory``); None: none.
+        cache_disk_bytes: most bytes of the disk tier's files, the readers together (each an
+            equal share).
     """
 
     data: tuple[str, ...]
@@ -168,6 +178,9 @@ class ServerConfig:
     remote: RemoteConfig = RemoteConfig()
     index_workers: int = DEFAULT_INDEX_WORKERS
     progress: str = "auto"
+    cache_memory: int = 0
+    cache_disk: str | None = None
+    cache_disk_bytes: int = DEFAULT_CACHE_DISK_BYTES
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -184,6 +197,13 @@ class ServerConfig:
         if self.transform_path is not None and not os.path.isdir(self.transform_path):
             raise ConfigError("`transform_path` must be an existing directory. "
                               f"Found: {self.transform_path!r}")
+        if self.cache_disk is not None and not self.reader_cache_memory:
+            raise ConfigError("`cache_disk` needs `cache_memory` of at least a byte a reader "
+                              f"(the disk tier holds what memory evicts). Found: "
+                              f"{self.cache_memory}")
+        if self.cache_disk is not None and not os.path.isdir(self.cache_disk):
+            raise ConfigError(f"`cache_disk` must be an existing directory. Found: "
+                              f"{self.cache_disk!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"`log_level` must be one of {LOG_LEVELS}. Found: {self.log_level!r}")
         if not self.client_ttl > 0:
@@ -282,6 +302,17 @@ class ServerConfig:
         """Seconds after which the kernel closes a client connection whose peer vanished or
         stopped reading: ``max(client_ttl, 10)`` (TCP keepalive and ``TCP_USER_TIMEOUT``)."""
         return max(self.client_ttl, MIN_TCP_TIMEOUT_S)
+
+    @property
+    def reader_cache_memory(self) -> int:
+        """Bytes of decoded samples each reader caches: its equal share of ``cache_memory``."""
+        return self.cache_memory // self.workers
+
+    @property
+    def reader_cache_disk_bytes(self) -> int:
+        """Bytes of disk-tier files each reader keeps: its equal share of
+        ``cache_disk_bytes``."""
+        return self.cache_disk_bytes // self.workers
 
     @property
     def descriptors(self) -> int:

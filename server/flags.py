@@ -89,7 +89,9 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                    help="function f(batch, ctx) -> batch (or f(batch)) run on every batch in "
                         "the reader processes (e.g. decoding, augmentation); ctx carries the "
                         "epoch, the global batch index and a per-batch seed (the API: "
-                        "dataflow.transform); its errors reach the client naming the batch")
+                        "dataflow.transform); its errors reach the client naming the batch; "
+                        "or a dataflow.transform.Stages (a deterministic decode, cached with "
+                        "--cache-memory, then a random augment)")
     p.add_argument("--transform-path", default=None, metavar="DIR",
                    help="directory the --transform module is looked for in when it is not "
                         "on sys.path (only that module; the directory is not added to "
@@ -104,6 +106,23 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
     p.add_argument("--cache-size", default="8G", metavar="BYTES",
                    help="most bytes of remote shard data cached on disk under --cache-dir "
                         "(least recently used evicted first); e.g. 512M, 20G "
+                        "(default: %(default)s)")
+    p.add_argument("--cache-memory", default="0", metavar="BYTES",
+                   help="most bytes of decoded samples the reader processes cache in memory, "
+                        "together (each an equal share), when --transform names a Stages "
+                        "(a deterministic decode stage, then a random augment): a sample they "
+                        "hold is not read nor decoded again, for any session, epoch, seed, "
+                        "batch size or world size; least recently used evicted first; e.g. "
+                        "512M, 8G (default: %(default)s, no cache)")
+    p.add_argument("--cache-disk", default=None, metavar="DIR",
+                   help="directory where the readers also write every sample they decode, "
+                        "and find those their sibling readers wrote (one server decodes a "
+                        "sample about once), in a dataflow-cache-<pid> directory made at start "
+                        "and removed at exit; /dev/shm makes a hit a copy (needs "
+                        "--cache-memory; default: none)")
+    p.add_argument("--cache-disk-bytes", default="10G", metavar="BYTES",
+                   help="most bytes of files under --cache-disk, the readers together (each "
+                        "an equal share), least recently used removed first "
                         "(default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                    help="logging level (default: %(default)s)")
@@ -278,6 +297,8 @@ def parse_args(argv: Sequence[str] | None = None,
             metrics_bind=ns.metrics_bind,
             read=read_options(ns), split=ns.split, remote=remote,
             index_workers=ns.index_workers, progress=ns.progress,
+            cache_memory=parse_size(ns.cache_memory), cache_disk=ns.cache_disk,
+            cache_disk_bytes=parse_size(ns.cache_disk_bytes),
         )
     except ConfigError as e:
         parser.error(str(e))

@@ -70,7 +70,8 @@ COUNTERS = ("malformed", "refused", "dropped_sends", "stale_notices", "requests"
             "bytes_sent", "clients_expired", "clients_probed", "sessions_refused",
             "address_sessions_refused", "sessions_idle_expired", "sessions_unattached_expired",
             "sessions_unused_expired", "connections_cut", "tasks_requeued", "replies_too_large",
-            "skipped_samples", "samples_sent", "shm_sessions")
+            "skipped_samples", "samples_sent", "shm_sessions", "cache_hits", "cache_misses",
+            "cache_evictions", "cache_disk_hits", "cache_disk_evictions")
 
 
 def _bind(sock: zmq.Socket, endpoint: str, what: str) -> None:
@@ -216,6 +217,8 @@ class Frontend:
             "pending_sends": self._sessions.parked(),
             "bytes_buffered": self._sessions.parked_bytes(),
             "unsent_bytes": self._unsent.total,
+            "cache_bytes": sum(m for m, _ in self._workers.cache_bytes.values()),
+            "cache_disk_bytes": sum(d for _, d in self._workers.cache_bytes.values()),
             "workers": len(self._pool),
             "worker_restarts": self._pool.restarts,
             "log_lines_suppressed": self._peer_log.suppressed,

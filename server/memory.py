@@ -50,7 +50,8 @@ def memory_bound(config: ServerConfig) -> MemoryBound:
 
     * frontend: 33 x (inbound total + C x 4 KiB) + C x H x 2 KiB + S x (48 B x the largest
       window or request of samples + H x 512 B) + W x Q x 24 B x ``max_request_samples``;
-    * readers: unsent bytes + W x (Q + 1) x R + W x (33 x 1 MiB + C x H x 1 KiB).
+    * readers: unsent bytes + W x (Q + 1) x R + W x (33 x 1 MiB + C x H x 1 KiB) + the
+      decoded-sample caches (``cache_memory``, shared equally).
     """
     s, c, h = config.max_sessions, config.max_connections, config.peer_queue
     w, q = config.workers, config.worker_queue
@@ -61,5 +62,6 @@ def memory_bound(config: ServerConfig) -> MemoryBound:
                        + h * QUEUED_REQUEST_BYTES)
                 + w * q * RANGE_BYTES * config.max_request_samples)
     readers = (config.max_unsent_bytes + w * (q + 1) * config.max_reply_bytes
-               + w * (HELD_PER_BYTE * MAX_DATA_INBOUND_TOTAL + c * h * QUEUED_DATA_BYTES))
+               + w * (HELD_PER_BYTE * MAX_DATA_INBOUND_TOTAL + c * h * QUEUED_DATA_BYTES)
+               + w * config.reader_cache_memory)
     return MemoryBound(frontend, readers)

@@ -55,8 +55,8 @@ def _c(name: str, help: str, **labels: str) -> Spec:
     return Spec(PREFIX + name, "counter", help, tuple(labels.items()))
 
 
-def _g(name: str, help: str) -> Spec:
-    return Spec(PREFIX + name, "gauge", help)
+def _g(name: str, help: str, **labels: str) -> Spec:
+    return Spec(PREFIX + name, "gauge", help, tuple(labels.items()))
 
 
 REFUSALS = "refusals"
@@ -68,6 +68,12 @@ EXPIRED_HELP = ("sessions freed (ttl: silent with the connection closed past --c
                 "idle: silent past --session-idle-timeout; unattached: no data connection "
                 "within --session-start-timeout; unused: no REQUEST within "
                 "--session-idle-timeout)")
+CACHE_HITS_HELP = ("samples served from the readers' decoded-sample caches (memory: "
+                   "--cache-memory; disk: --cache-disk)")
+CACHE_EVICTIONS_HELP = ("decoded samples evicted from the readers' caches to stay within their "
+                        "bounds (memory: to the disk tier, if any)")
+CACHE_BYTES_HELP = ("bytes the readers' decoded-sample caches hold (memory: at most "
+                    "--cache-memory; disk: at most --cache-disk-bytes)")
 METRICS: dict[str, Spec] = {
     "requests": _c("requests", "REQUESTs accepted from clients"),
     "replies": _c("replies", "replies (batches, and read errors) handed to clients"),
@@ -105,6 +111,14 @@ METRICS: dict[str, Spec] = {
     "unsent_bytes": _g("unsent_bytes", "bytes of replies the readers hold not yet written to "
                                        "clients"),
     "workers": _g("workers", "reader processes"),
+    "cache_hits": _c("cache_hits", CACHE_HITS_HELP, tier="memory"),
+    "cache_disk_hits": _c("cache_hits", CACHE_HITS_HELP, tier="disk"),
+    "cache_misses": _c("cache_misses", "samples looked for in the readers' decoded-sample caches "
+                                       "and decoded"),
+    "cache_evictions": _c("cache_evictions", CACHE_EVICTIONS_HELP, tier="memory"),
+    "cache_disk_evictions": _c("cache_evictions", CACHE_EVICTIONS_HELP, tier="disk"),
+    "cache_bytes": _g("cache_bytes", CACHE_BYTES_HELP, tier="memory"),
+    "cache_disk_bytes": _g("cache_bytes", CACHE_BYTES_HELP, tier="disk"),
 }
 SKIPPED = PREFIX + "skipped_samples"
 SESSION_CREDITS = PREFIX + "session_credits"

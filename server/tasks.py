@@ -1,6 +1,12 @@
 """What a reader process does with one task: read its ranges, transform, keep the session's
 columns, encode the reply.
 
+A :class:`~dataflow.transform.Stages` transform's decode stage goes through the reader's
+:class:`~dataflow.server.samplecache.SampleCache` when it has one: the samples of a batch it
+holds are not read nor decoded again; the others are read (only their rows), decoded as one
+batch, cut into samples and cached; the batch is assembled in plan order and the augment stage
+runs on it with the batch's context, as without the cache (so the values are the same).
+
 Pure of sockets: :func:`serve_task` returns the reply's frames and the SENT notice of what the
 frontend counts of it; :mod:`dataflow.server.worker` sends them.
 """
@@ -9,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -21,8 +27,9 @@ from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar.options import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
+from dataflow.server.samplecache import CacheCounts, Sample, SampleCache, assemble, split
 from dataflow.server.shmserve import Segments
-from dataflow.server.transform import Transform, apply_transform
+from dataflow.server.transform import Transform, apply_transform, decode_batch
 from dataflow.storage.remote import RemoteConfig
 from dataflow.subset import select
 from dataflow.transform import TransformContext, batch_seed
@@ -59,6 +66,11 @@ class WorkerSpec:
             readers refuse a shard that changed since (:func:`indexed_shards`); empty: not
             checked.
         max_open_shards: shards a reader keeps open (:class:`ReaderCache`).
+        cache_memory: bytes of decoded samples a reader caches (a ``Stages`` transform's
+            decode stage, :mod:`dataflow.server.samplecache`); 0: none.
+        cache_disk: the server's directory of the caches' disk tier
+            (:mod:`dataflow.server.diskcache`); None: none.
+        cache_disk_bytes: bytes of disk-tier files a reader keeps.
     """
 
     backend: str
@@ -79,6 +91,9 @@ class WorkerSpec:
     remote: RemoteConfig | None = None
     indexed: tuple[IndexedShard, ...] = ()
     max_open_shards: int = 1024
+    cache_memory: int = 0
+    cache_disk: str | None = None
+    cache_disk_bytes: int = 0
 
 
 def indexed_shards(index: DatasetIndex) -> tuple[IndexedShard, ...]:
@@ -164,8 +179,14 @@ def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> Tr
     return TransformContext(batch_seed(*tag), tag.epoch, tag.batch, shards)
 
 
+class _Damaged(Exception):
+    """Samples were left out as damaged while the misses of a cached batch were read: which
+    ones is not known, so the task is served again without the cache."""
+
+
 def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-               task: Task, segments: Segments | None = None) -> tuple[list[wire.Buffer], Sent]:
+               task: Task, segments: Segments | None = None,
+               cache: SampleCache | None = None) -> tuple[list[wire.Buffer], Sent]:
     """The reply to ``task`` (BATCH or ERROR) and the SENT notice that accounts for it; never
     raises.
 
@@ -177,10 +198,12 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
     answered with INTERNAL and logged with its traceback. Either message starts with the
     exception's class name; shard paths in it are relative to the dataset root. A task that
     lent a shared-memory slot has its arrays written there by ``segments`` when they fit
-    (:meth:`~dataflow.server.shmserve.Segments.place`).
+    (:meth:`~dataflow.server.shmserve.Segments.place`). The SENT notice carries what the
+    task did to ``cache`` (hits, misses, evictions) and the bytes it holds after.
     """
+    before = cache.counts() if cache is not None else CacheCounts()
     try:
-        msg, meter = _batch(readers, transform, spec, task)
+        msg, meter = _batch(readers, transform, spec, task, cache)
         if segments is not None:
             msg = segments.place(task, msg)
         frames = wire.encode(msg)
@@ -190,13 +213,36 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
         # send, or the wait of a reply for a missing connection) is not seen.
         meter.verify()
     except Exception as e:
-        return _failed(spec, task, e)
-    skips = tuple(sorted(meter.skips().items()))
-    return frames, Sent(task.token, task.req_id, _nbytes(frames), msg.size, skips=skips)
+        frames, sent = _failed(spec, task, e)
+    else:
+        sent = Sent(task.token, task.req_id, _nbytes(frames), msg.size,
+                    skips=tuple(sorted(meter.skips().items())))
+    if cache is None:
+        return frames, sent
+    after = cache.counts()
+    return frames, replace(sent, cache_hits=after.hits - before.hits,
+                           cache_misses=after.misses - before.misses,
+                           cache_evictions=after.evictions - before.evictions,
+                           cache_bytes=after.bytes,
+                           cache_disk_hits=after.disk_hits - before.disk_hits,
+                           cache_disk_evictions=after.disk_evictions - before.disk_evictions,
+                           cache_disk_bytes=after.disk_bytes)
 
 
 def _batch(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
-           task: Task) -> tuple[wire.BatchMsg, SkipMeter]:
+           task: Task, cache: SampleCache | None) -> tuple[wire.BatchMsg, SkipMeter]:
+    """:func:`_batch_with` ``cache``; served again without it when the read of a cached
+    batch's misses left samples out as damaged (:class:`_Damaged`)."""
+    if cache is not None and transform is not None and transform.decode is not None:
+        try:
+            return _batch_with(readers, transform, spec, task, cache)
+        except _Damaged:
+            pass
+    return _batch_with(readers, transform, spec, task, None)
+
+
+def _batch_with(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
+                task: Task, cache: SampleCache | None) -> tuple[wire.BatchMsg, SkipMeter]:
     """The BATCH answering ``task``, and the meter of the reads it made (the samples it left
     out as damaged, the shards to verify).
 
@@ -207,17 +253,18 @@ def _batch(readers: ReaderCache, transform: Transform | None, spec: WorkerSpec,
     read again alone."""
     meter = SkipMeter(readers)
     if not task.parts:
-        batch, skipped = _one(meter, transform, spec, task.ranges, task.tag, task.columns)
+        batch, skipped = _one(meter, transform, spec, task.ranges, task.tag, task.columns,
+                              cache)
         return _checked(spec, wire.batch_to_message(task.req_id, batch, skipped)), meter
     if transform is None:
-        batch, skipped = _one(meter, None, spec, task.ranges, task.tag, task.columns)
+        batch, skipped = _one(meter, None, spec, task.ranges, task.tag, task.columns, None)
         if not skipped:
             sizes = [_samples(rows) for rows in _part_rows(task)]
             return _checked(spec, wire.parts_to_message(task.req_id, batch, sizes)), meter
         meter = SkipMeter(readers)
     batches, skipped = [], 0
     for part, rows in zip(task.parts, _part_rows(task), strict=True):
-        batch, n = _one(meter, transform, spec, rows, part.tag, task.columns)
+        batch, n = _one(meter, transform, spec, rows, part.tag, task.columns, cache)
         batches.append(batch)
         skipped += n
     return _checked(spec, wire.batches_to_message(task.req_id, batches, skipped)), meter
@@ -248,14 +295,22 @@ def _checked(spec: WorkerSpec, msg: wire.BatchMsg) -> wire.BatchMsg:
 
 
 def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges: np.ndarray,
-         tag: BatchTag, columns: tuple[str, ...] | None) -> tuple[Batch, int]:
-    """One batch of ``ranges`` (``tag``) read, transformed and selected, and the samples left
-    out of it as damaged."""
+         tag: BatchTag, columns: tuple[str, ...] | None,
+         cache: SampleCache | None) -> tuple[Batch, int]:
+    """One batch of ``ranges`` (``tag``) read, transformed (a decode stage through ``cache``)
+    and selected, and the samples left out of it as damaged."""
     before = sum(meter.skips().values())
-    batch = read_ranges(meter.get, ranges)
-    if transform is not None:
-        batch = apply_transform(transform, batch, transform_context(spec, ranges, tag),
-                                columns)
+    if transform is None:
+        batch = read_ranges(meter.get, ranges)
+    else:
+        ctx = transform_context(spec, ranges, tag)
+        if transform.decode is None:
+            batch = read_ranges(meter.get, ranges)
+        elif cache is None or not _samples(ranges):
+            batch = decode_batch(transform, read_ranges(meter.get, ranges), ctx)
+        else:
+            batch = _decoded(meter, transform, ranges, ctx, cache)
+        batch = apply_transform(transform, batch, ctx, columns)
     if columns is not None:
         batch = select(batch, columns)
     skipped = sum(meter.skips().values()) - before
@@ -264,6 +319,46 @@ def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges
         raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
                             f"for a request of {requested}")
     return batch, skipped
+
+
+def _decoded(meter: SkipMeter, transform: Transform, ranges: np.ndarray,
+             ctx: TransformContext, cache: SampleCache) -> Batch:
+    """The decoded samples of ``ranges`` in order: those ``cache`` holds, the others read,
+    decoded as one batch and cached.
+
+    Raises:
+        _Damaged: the read of the misses left samples out as damaged.
+    """
+    keys = [(shard, row) for shard, start, stop in ranges.tolist()
+            for row in range(start, stop)]
+    found = [cache.get(key) for key in keys]
+    missing = [i for i, sample in enumerate(found) if sample is None]
+    decoded: dict[int, Sample] = {}
+    if missing:
+        skipped = sum(meter.skips().values())
+        raw = read_ranges(meter.get, _runs([keys[i] for i in missing]))
+        if sum(meter.skips().values()) != skipped:
+            raise _Damaged
+        batch = decode_batch(transform, raw, ctx)
+        for i, sample in zip(missing, split(batch), strict=True):
+            decoded[i] = sample
+            cache.put(keys[i], sample)
+        if len(missing) == len(keys):
+            return batch  # all decoded here: assembling the copies would give it again
+    samples = [decoded[i] if sample is None else sample for i, sample in enumerate(found)]
+    return assemble(samples, f"transform {transform.spec!r} (decode) on {ctx.describe()}")
+
+
+def _runs(keys: list[tuple[int, int]]) -> np.ndarray:
+    """``(shard, row)`` keys as int64 ``(shard, start, stop)`` ranges, consecutive rows of one
+    shard joined, in order."""
+    out: list[list[int]] = []
+    for shard, row in keys:
+        if out and out[-1][0] == shard and out[-1][2] == row:
+            out[-1][2] += 1
+        else:
+            out.append([shard, row, row + 1])
+    return np.asarray(out, dtype=np.int64).reshape(-1, 3)
 
 
 def _failed(spec: WorkerSpec, task: Task, e: Exception) -> tuple[list[wire.Buffer], Sent]:

@@ -8,6 +8,9 @@ was started in). Only the transform's top-level module or package is looked for 
 directory: the directory is not put on ``sys.path``, so a file there never shadows anything
 else (the server's own ``dataflow`` package included). A transform module that imports a
 sibling file must be a package (relative imports) or have its directory on ``PYTHONPATH``.
+
+``--transform module:NAME`` names a function (one stage) or a
+:class:`~dataflow.transform.Stages` (a cacheable ``decode``, then ``augment``).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from dataflow.batch import Batch, Ragged, batch_len
-from dataflow.errors import ConfigError, TransformError
+from dataflow.errors import ConfigError, InternalError, TransformError
 from dataflow.subset import unmatched
-from dataflow.transform import TransformContext, takes_context
+from dataflow.transform import Stages, TransformContext, takes_context
 
 
 @dataclass(frozen=True)
@@ -35,14 +38,19 @@ class Transform:
 
     Attributes:
         spec: its ``module:function``.
-        func: the function.
+        func: the function run on every batch (of a :class:`~dataflow.transform.Stages`: its
+            ``augment``, run on the decoded batch), or None: none.
         with_context: whether it is called as ``func(batch, ctx)``
             (:func:`dataflow.transform.takes_context`).
+        decode: a ``Stages``' decode stage, run before ``func``; None: a one-stage transform.
+        identity: the decode stage's identity (:attr:`Stages.identity`), or empty.
     """
 
     spec: str
-    func: Callable[..., Any]
+    func: Callable[..., Any] | None
     with_context: bool
+    decode: Callable[[Batch], Batch] | None = None
+    identity: str = ""
 
 
 def _import(module_name: str, directory: str | None) -> ModuleType:
@@ -78,9 +86,31 @@ def load_transform(spec: str, directory: str | None = None) -> Transform:
         raise ConfigError(f"`transform` {spec!r}: cannot import {module_name!r}: "
                           f"{type(e).__name__}: {e}") from e
     func = getattr(module, func_name, None)
+    if isinstance(func, Stages):
+        augment = func.augment
+        return Transform(spec, augment, augment is not None and takes_context(augment),
+                         func.decode, func.identity)
     if not callable(func):
-        raise ConfigError(f"`transform` {spec!r}: {module_name!r} has no callable {func_name!r}")
+        raise ConfigError(f"`transform` {spec!r}: {module_name!r} has no callable or Stages "
+                          f"{func_name!r}")
     return Transform(spec, func, takes_context(func))
+
+
+def decode_batch(transform: Transform, batch: Batch, ctx: TransformContext) -> Batch:
+    """The decode stage of ``transform`` (which has one) run on ``batch`` (any samples of the
+    batch ``ctx`` describes), checked as :func:`apply_transform` checks a result.
+
+    Raises:
+        TransformError: as :func:`apply_transform` (the message says ``decode``).
+    """
+    if transform.decode is None:
+        raise InternalError(f"transform {transform.spec!r} has no decode stage")
+    where = f"transform {transform.spec!r} (decode) on {ctx.describe()}"
+    try:
+        out = transform.decode(batch)
+    except Exception as e:
+        raise TransformError(f"{where}: {type(e).__name__}: {e}") from e
+    return _checked(where, out, batch_len(batch), None)
 
 
 def apply_transform(transform: Transform, batch: Batch, ctx: TransformContext,
@@ -95,13 +125,20 @@ def apply_transform(transform: Transform, batch: Batch, ctx: TransformContext,
             names the transform and the batch (and the missing fields).
     """
     where = f"transform {transform.spec!r} on {ctx.describe()}"
+    if transform.func is None:  # a Stages without augment: the decoded batch
+        return _checked(where, batch, batch_len(batch), columns)
     try:
         out = transform.func(batch, ctx) if transform.with_context else transform.func(batch)
     except Exception as e:
         raise TransformError(f"{where}: {type(e).__name__}: {e}") from e
+    return _checked(where, out, batch_len(batch), columns)
+
+
+def _checked(where: str, out: object, n: int, columns: Sequence[str] | None) -> Batch:
+    """``out``, a transform's result for a batch of ``n`` samples, checked (see
+    :func:`apply_transform`)."""
     if not isinstance(out, dict):
         raise TransformError(f"{where}: must return a dict batch. Found: {type(out).__name__}")
-    n = batch_len(batch)
     for name, col in out.items():
         if not (isinstance(col, Ragged) or isinstance(col, np.ndarray) and col.ndim >= 1):
             raise TransformError(f"{where}: field {name!r} must be a numpy array of shape "

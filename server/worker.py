@@ -40,8 +40,10 @@ The data socket is client-facing: it has the options and the
 :class:`DataCaps`. When a reply is handed to ZeroMQ its last frame carries a tracker, which
 tells when ZeroMQ let go of the whole reply.
 
-Each worker keeps an LRU of open shard readers. It exits when its parent dies (checked twice a
-second) or on SIGTERM; SIGINT is ignored (the parent decides).
+Each worker keeps an LRU of open shard readers, and with ``--cache-memory`` and a ``Stages``
+transform an LRU of decoded samples (its share of the flag:
+:mod:`~dataflow.server.samplecache`). It exits when its parent dies (checked twice a second) or
+on SIGTERM; SIGINT is ignored (the parent decides).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from dataflow import wire
 from dataflow.errors import InternalError, ProtocolError
 from dataflow.security import secure_server
 from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
+from dataflow.server.diskcache import DiskTier
 from dataflow.server.framing import (
     MAX_ERROR_TEXT,
     recv_bounded,
@@ -71,6 +74,7 @@ from dataflow.server.guard import (
     message_fd,
 )
 from dataflow.server.peerlog import RateLimitedLog, quote
+from dataflow.server.samplecache import SampleCache
 from dataflow.server.sender import DataSender
 from dataflow.server.shmserve import Segments
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
@@ -152,6 +156,11 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     transform = (load_transform(spec.transform, spec.transform_path) if spec.transform
                  else None)
     readers = ReaderCache(spec)
+    cache = None
+    if spec.cache_memory and transform is not None and transform.decode is not None:
+        disk = (DiskTier(spec.cache_disk, spec.cache_disk_bytes) if spec.cache_disk
+                else None)
+        cache = SampleCache(spec.cache_memory, disk)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -208,10 +217,12 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
             if task.attempts:
                 log.warning("request %d: %d reader(s) exited holding it before; reading ranges "
                             "%s", task.req_id, task.attempts, task.ranges[:8].tolist())
-            sender.send(*serve_task(readers, transform, spec, task, segments))
+            sender.send(*serve_task(readers, transform, spec, task, segments, cache))
     finally:
         segments.close()
         readers.close()
+        if cache is not None:
+            cache.close()
         guard.close()
         sock.close()
         data.close()

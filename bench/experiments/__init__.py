@@ -8,6 +8,8 @@ results, with the commands that produced them, are in ``bench/RESULTS.md``.
 * :mod:`.trainer_cpu`: P2, trainer-process CPU per batch beside torch's DataLoader, by thread.
 * :mod:`.decode`: a JPEG decode + crop workload (:mod:`.jpeg`) in the server's transform
   beside torch's workers, and the offload case.
+* :mod:`.cache`: the readers' decoded-sample cache on the JPEG workload: epochs, a sweep of
+  jobs, LRU against Belady's rule.
 * :mod:`.shuffle`: how the plan's shuffle modes mix (:mod:`.mixing`) and what they cost.
 * :mod:`.s3start`: a server's start on S3, bytes fetched before ready (:mod:`.s3local`: S3 on
   loopback, also used by the integration tests).

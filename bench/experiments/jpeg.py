@@ -1,7 +1,9 @@
 """A real decode workload: JPEG tar shards, and the decode + random crop both sides run.
 
 The server side runs :func:`decode_crop` as its per-batch transform
-(``--transform dataflow.bench.experiments.jpeg:decode_crop``); the torch side runs
+(``--transform dataflow.bench.experiments.jpeg:decode_crop``), or the same work in two stages,
+:data:`STAGES` (:func:`decode`, cacheable, then :func:`crop`, seeded by the batch's context:
+:mod:`.cache`); the torch side runs
 :func:`crop_sample` on each sample in its webdataset pipeline, then stacks the batch in the
 worker. Both decode with
 Pillow (the same calls, the same crop), so the comparison is of the loaders, not the decoders.
@@ -19,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from dataflow.batch import Batch, Ragged
+from dataflow.transform import Stages, TransformContext
 
 SIDE = 256
 CROP = 224
@@ -82,6 +85,36 @@ def decode_crop(batch: Batch) -> Batch:
     rng = np.random.default_rng()
     images = np.stack([_crop(jpg[i], rng) for i in range(len(jpg))])
     return {"image": images, "id": batch["id"]}
+
+
+def decode(batch: Batch) -> Batch:
+    """Cacheable stage: ``jpg`` bytes -> ``pixels`` uint8 (n, SIDE, SIDE, 3); ``id`` passes
+    through."""
+    jpg = batch["jpg"]
+    if not isinstance(jpg, Ragged):
+        raise TypeError(f"field 'jpg' must be bytes. Found: {type(jpg).__name__}")
+    out = np.empty((len(jpg), SIDE, SIDE, 3), dtype=np.uint8)
+    for i in range(len(jpg)):
+        with Image.open(io.BytesIO(jpg.values[jpg.offsets[i]:jpg.offsets[i + 1]].tobytes())
+                        ) as im:
+            out[i] = np.asarray(im.convert("RGB"))
+    return {"pixels": out, "id": batch["id"]}
+
+
+def crop(batch: Batch, ctx: TransformContext) -> Batch:
+    """Random stage: ``pixels`` -> ``image`` uint8 (n, CROP, CROP, 3), crops drawn from
+    ``ctx.rng()``."""
+    pixels = batch["pixels"]
+    if isinstance(pixels, Ragged):
+        raise TypeError("field 'pixels' must be as decode returns it")
+    rng = ctx.rng()
+    at = rng.integers(0, SIDE - CROP + 1, (len(pixels), 2))
+    images = np.stack([p[y:y + CROP, x:x + CROP] for p, (y, x) in zip(pixels, at, strict=True)])
+    return {"image": images, "id": batch["id"]}
+
+
+STAGES = Stages(decode, crop)
+"""``--transform dataflow.bench.experiments.jpeg:STAGES`` (with ``--cache-memory``)."""
 
 
 def crop_sample(sample: Mapping[str, object]) -> dict[str, object]:

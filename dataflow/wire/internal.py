@@ -10,7 +10,7 @@ neither codec decodes the other's messages.
     STARTED   reader -> frontend, once: my data socket is bound at ``endpoint``
     SENT      reader -> frontend: the reply to ``req_id`` of ``token`` is being handed to
               ZeroMQ (what the frontend counts of it; damaged samples left out as one int64
-              frame of ``(shard, samples)`` pairs)
+              frame of ``(shard, samples)`` pairs; what it did to the reader's cache)
     LOST      reader -> frontend: that reply was dropped, ``why``
     DONE      reader -> frontend: ``nbytes`` of the replies to ``token`` left the reader
               (written by ZeroMQ, or dropped)
@@ -110,6 +110,14 @@ class Sent:
         too_large: the reply is an ERROR because the batch exceeded ``--max-reply-bytes``.
         skips: ``(shard, samples)`` for each shard of which the reply left damaged samples out
             (``--on-error skip``); empty when none were.
+        cache_hits: samples the task found in the reader's decoded-sample cache
+            (:mod:`~dataflow.server.samplecache`).
+        cache_misses: samples it looked for there and did not find.
+        cache_evictions: entries it evicted.
+        cache_bytes: bytes the reader's cache holds in memory after it.
+        cache_disk_hits: samples it found in the cache's disk tier.
+        cache_disk_evictions: files it removed from the disk tier.
+        cache_disk_bytes: bytes of the disk tier's files after it.
     """
 
     token: bytes
@@ -118,6 +126,13 @@ class Sent:
     samples: int = 0
     too_large: bool = False
     skips: tuple[tuple[int, int], ...] = ()
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    cache_bytes: int = 0
+    cache_disk_hits: int = 0
+    cache_disk_evictions: int = 0
+    cache_disk_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,6 +202,9 @@ INTERNAL_SPECS: dict[InternalKind, MessageSpec] = {
         _TOKEN, REQ_ID, _NBYTES,
         FieldSpec("samples", integer(0, INT64_MAX)),
         FieldSpec("too_large", boolean, optional=True, omit=False),
+        *(FieldSpec(name, integer(0, INT64_MAX), optional=True, omit=0)
+          for name in ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes",
+                       "cache_disk_hits", "cache_disk_evictions", "cache_disk_bytes")),
     ), SkipsBody()),
     InternalKind.LOST: MessageSpec(Lost, (
         _TOKEN, REQ_ID, FieldSpec("why", text(MAX_TEXT), dump=lambda s: s[:MAX_TEXT]),

@@ -16,6 +16,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+from srvtools import run_ranks
 
 from dataflow.client import DataLoader
 
@@ -38,8 +39,9 @@ def jpeg_shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 def _epoch(endpoint: str, *, rank: int = 0, world: int = 1, epoch: int = 0,
-           seed: int = 5, per_request: int | str = "auto") -> list[dict[str, np.ndarray]]:
-    with DataLoader(endpoint, batch_size=BATCH, rank=rank, world_size=world, seed=seed,
+           seed: int = 5, per_request: int | str = "auto",
+           batch: int = BATCH) -> list[dict[str, np.ndarray]]:
+    with DataLoader(endpoint, batch_size=batch, rank=rank, world_size=world, seed=seed,
                     drop_last=True, timeout=30, batches_per_request=per_request) as dl:
         dl.set_epoch(epoch)
         return [{k: v.numpy() for k, v in b.items()} for b in dl]
@@ -111,6 +113,65 @@ def test_an_epoch_read_ahead_gets_the_crops_of_its_own_epoch(jpeg_shards, server
         assert [b["cls"].tolist() for b in got] == [b["cls"].tolist() for b in cold]
         for mine, theirs in zip(got, cold, strict=True):
             np.testing.assert_array_equal(mine["image"], theirs["image"])
+
+
+CACHED = ["--transform", "jpeg_crop:STAGES"]
+JOBS = [(5, 4, 1), (6, 8, 2), (7, 2, 4)]
+"""(seed, batch size, world size) of jobs on one dataset."""
+
+
+def _job(endpoint: str, seed: int, batch: int, world: int, epoch: int = 0) -> list[list[dict]]:
+    return run_ranks(world, lambda r: _epoch(endpoint, rank=r, world=world, seed=seed,
+                                             batch=batch, epoch=epoch), timeout=60)
+
+
+def _same(a: list[list[dict]], b: list[list[dict]]) -> None:
+    assert [len(r) for r in a] == [len(r) for r in b] and len({len(r) for r in a}) == 1
+    for mine, theirs in zip(a, b, strict=True):
+        for x, y in zip(mine, theirs, strict=True):
+            assert x["cls"].tolist() == y["cls"].tolist()
+            np.testing.assert_array_equal(x["image"], y["image"])
+
+
+@pytest.mark.timeout(120)
+def test_jobs_of_any_seed_batch_and_world_share_the_cache_and_get_the_uncached_crops(
+        jpeg_shards, servers, raw_client) -> None:
+    plain = servers(jpeg_shards, workers=1, extra_args=["--transform", "jpeg_crop:decode_crop"],
+                    cwd=EXAMPLES)
+    cached = servers(jpeg_shards, workers=2, extra_args=[*CACHED, "--cache-memory", "64M"],
+                     cwd=EXAMPLES)
+    served = 0
+    for seed, batch, world in JOBS:
+        for epoch in (0, 1):
+            got = _job(cached.endpoint, seed, batch, world, epoch)
+            ids = sorted(i for rank in got for b in rank for i in b["cls"].tolist())
+            assert ids == list(range(SAMPLES))  # every sample once per epoch
+            _same(got, _job(plain.endpoint, seed, batch, world, epoch))
+            served += SAMPLES
+    stats = raw_client(cached.endpoint).stats()
+    # Each of the 2 readers decodes a sample at most once; every other lookup is a hit (a
+    # loader also reads the first batches of its next epoch ahead: more lookups than served).
+    assert stats["cache_hits"] + stats["cache_misses"] >= served
+    assert SAMPLES <= stats["cache_misses"] <= 2 * SAMPLES
+    assert stats["cache_evictions"] == 0 and 0 < stats["cache_bytes"] <= 64 << 20
+
+
+@pytest.mark.timeout(120)
+def test_a_cache_smaller_than_the_decoded_set_holds_its_bound_and_serves_every_sample(
+        jpeg_shards, servers, raw_client) -> None:
+    bound = 48 * 1024  # the 32 decoded images take ~250 KiB; each of 2 readers gets 24 KiB
+    cached = servers(jpeg_shards, workers=2, extra_args=[*CACHED, "--cache-memory", str(bound)],
+                     cwd=EXAMPLES)
+    plain = servers(jpeg_shards, workers=1, extra_args=["--transform", "jpeg_crop:decode_crop"],
+                    cwd=EXAMPLES)
+    probe = raw_client(cached.endpoint)
+    for seed, batch, world in JOBS:
+        got = _job(cached.endpoint, seed, batch, world)
+        _same(got, _job(plain.endpoint, seed, batch, world))
+        assert 0 < probe.stats()["cache_bytes"] <= bound
+    stats = probe.stats()
+    assert stats["cache_evictions"] > 0
+    assert stats["cache_hits"] + stats["cache_misses"] >= len(JOBS) * SAMPLES
 
 
 @pytest.mark.timeout(60)

@@ -1,4 +1,5 @@
-"""The commands README.md and bench/RESULTS.md give name modules and transforms that exist."""
+"""The commands README.md and bench/RESULTS.md give name modules and transforms (functions or
+``Stages``) that exist."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from dataflow.transform import Stages
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "bench/RESULTS.md")
@@ -38,5 +41,6 @@ def test_every_python_m_command_names_a_runnable_module(name: str) -> None:
 
 
 @pytest.mark.parametrize("module,func", sorted(_named(TRANSFORM)))
-def test_every_transform_named_is_a_callable(module: str, func: str) -> None:
-    assert callable(getattr(importlib.import_module(module), func, None)), f"{module}:{func}"
+def test_every_transform_named_is_a_callable_or_stages(module: str, func: str) -> None:
+    found = getattr(importlib.import_module(module), func, None)
+    assert callable(found) or isinstance(found, Stages), f"{module}:{func}"

@@ -151,3 +151,26 @@ def test_max_open_shards_bounds_each_reader_s_open_shards_and_asks_for_descripto
     with pytest.raises(ConfigError, match=r"`max_open_shards` must be an integer in \[1, 65536\]"):
         ServerConfig(("x",), max_open_shards=0)
     assert "--max-open-shards" in build_parser().format_help()
+
+
+def test_cache_memory_is_a_size_shared_by_the_readers_and_off_by_default() -> None:
+    config = parse_args(["--data", "x"])
+    assert config.cache_memory == 0 == config.reader_cache_memory
+    config = parse_args(["--data", "x", "--cache-memory", "1G", "--workers", "4"])
+    assert config.cache_memory == 1 << 30 and config.reader_cache_memory == 1 << 28
+    with pytest.raises(ConfigError, match=r"`cache_memory` must be an integer in \[0, "):
+        ServerConfig(("x",), cache_memory=-1)
+    assert "--cache-memory" in build_parser().format_help()
+
+
+def test_cache_disk_needs_a_memory_tier_and_an_existing_directory(tmp_path) -> None:
+    config = parse_args(["--data", "x", "--cache-memory", "1M", "--cache-disk", str(tmp_path),
+                         "--cache-disk-bytes", "2G", "--workers", "2"])
+    assert config.cache_disk == str(tmp_path) and config.reader_cache_disk_bytes == 1 << 30
+    assert parse_args(["--data", "x"]).cache_disk_bytes == 10 << 30
+    with pytest.raises(ConfigError, match="`cache_disk` needs `cache_memory`"):
+        ServerConfig(("x",), cache_disk=str(tmp_path))
+    with pytest.raises(ConfigError, match="`cache_disk` must be an existing directory"):
+        ServerConfig(("x",), cache_memory=1, cache_disk=str(tmp_path / "nowhere"))
+    help_text = build_parser().format_help()
+    assert "--cache-disk DIR" in help_text and "--cache-disk-bytes" in help_text

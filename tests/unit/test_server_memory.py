@@ -29,6 +29,7 @@ def test_the_formula_for_small_flags() -> None:
     ("max_sessions", 512), ("max_credits", 128), ("max_inbound_total", 64 * MiB),
     ("max_window_samples", 1 << 20), ("max_request_samples", 1 << 16), ("workers", 4),
     ("worker_queue", 4), ("max_reply_bytes", 2 * 1024**3 - 1), ("max_unsent_bytes", 1 << 32),
+    ("cache_memory", 1 << 30),
 ])
 def test_the_bound_grows_with_every_flag_it_depends_on(flag: str, more: int) -> None:
     base = ServerConfig(data=("x",), max_request_samples=1024)
@@ -36,3 +37,11 @@ def test_the_bound_grows_with_every_flag_it_depends_on(flag: str, more: int) -> 
     before, after = memory_bound(base), memory_bound(raised)
     assert after.frontend >= before.frontend and after.readers >= before.readers
     assert (after.frontend, after.readers) != (before.frontend, before.readers)
+
+
+def test_the_readers_caches_add_their_flag_shared_equally() -> None:
+    base = ServerConfig(data=("x",), workers=3)
+    cached = dataclasses.replace(base, cache_memory=3 * MiB + 2)
+    assert cached.reader_cache_memory == MiB
+    assert memory_bound(cached).readers - memory_bound(base).readers == 3 * MiB
+    assert memory_bound(cached).frontend == memory_bound(base).frontend

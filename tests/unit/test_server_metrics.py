@@ -23,7 +23,8 @@ from dataflow.server.metrics import (
 
 NOT_COUNTERS = (  # the other scalar entries of Frontend.stats()
     "clients", "connections", "draining_sessions", "queued", "in_flight", "pending_sends",
-    "bytes_buffered", "workers", "worker_restarts", "log_lines_suppressed", "auth_refused")
+    "bytes_buffered", "workers", "worker_restarts", "log_lines_suppressed", "auth_refused",
+    "unsent_bytes", "cache_bytes", "cache_disk_bytes")
 
 
 def _samples(snap: Snapshot) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -70,6 +71,19 @@ def test_exposition_carries_values_labels_and_per_shard_skips() -> None:
     assert got[("dataflow_session_credits", key)] == 12
     assert got[("dataflow_session_outstanding_requests", key)] == 6
     assert got[("dataflow_session_credits", (("client", "rank 1/2 on node-a"),))] == 8
+
+
+def test_the_cache_metrics_are_labelled_by_tier() -> None:
+    got = _samples(Snapshot(stats={"cache_hits": 90, "cache_disk_hits": 7, "cache_misses": 3,
+                                   "cache_evictions": 5, "cache_disk_evictions": 1,
+                                   "cache_bytes": 4096, "cache_disk_bytes": 8192}))
+    assert got[("dataflow_cache_hits_total", (("tier", "memory"),))] == 90
+    assert got[("dataflow_cache_hits_total", (("tier", "disk"),))] == 7
+    assert got[("dataflow_cache_misses_total", ())] == 3
+    assert got[("dataflow_cache_evictions_total", (("tier", "memory"),))] == 5
+    assert got[("dataflow_cache_evictions_total", (("tier", "disk"),))] == 1
+    assert got[("dataflow_cache_bytes", (("tier", "memory"),))] == 4096
+    assert got[("dataflow_cache_bytes", (("tier", "disk"),))] == 8192
 
 
 def test_a_scrape_shows_the_latest_snapshot() -> None:

@@ -11,6 +11,7 @@ from dataflow import wire
 from dataflow.batch import Batch, Ragged
 from dataflow.errors import ProtocolError, ShardReadError
 from dataflow.readers import ShardReader
+from dataflow.server.samplecache import SampleCache
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import Transform
 from dataflow.transform import TransformContext, batch_seed
@@ -200,3 +201,29 @@ def test_a_reader_keeps_at_most_max_open_shards_open_least_recently_used_closed_
     assert readers.get(1) is not got[1] and got[0].closed  # opened again; 0 least recent
     readers.close()
     assert all(r.closed for r in got.values())
+
+
+def test_a_cached_batch_whose_misses_had_damaged_samples_is_served_again_uncached() -> None:
+    decoded: list[list[int]] = []
+
+    def decode(batch: Batch) -> Batch:
+        decoded.append(batch["x"].tolist())
+        return {"x": batch["x"], "sq": batch["x"] ** 2}
+
+    stages = Transform("m:STAGES", None, False, decode, "m:decode@1")
+    readers = FakeCache({0: LossyReader(10, {1})})
+    cache = SampleCache(1 << 20)
+
+    def serve(req_id: int, start: int, stop: int) -> tuple[wire.Message, Sent]:
+        frames, sent = serve_task(readers, stages, _spec(), Task(
+            b"tok", req_id, np.array([[0, start, stop]], dtype=np.int64)), None, cache)
+        return wire.decode(frames), sent
+
+    served = [serve(1, 2, 4), serve(2, 0, 4)]
+    # The second task's misses (0, and 1: damaged) lost a sample: the batch decoded whole.
+    assert decoded == [[2, 3], [0, 2, 3]]
+    (first, _), (msg, sent) = served
+    assert isinstance(first, wire.BatchMsg) and isinstance(msg, wire.BatchMsg)
+    assert (msg.size, msg.skipped) == (3, 1) and sent.skips == ((0, 1),)
+    assert msg.data[0].tolist() == [0, 2, 3] and msg.data[1].tolist() == [0, 4, 9]
+    assert (sent.cache_hits, sent.cache_misses) == (2, 2)

@@ -13,6 +13,7 @@ import pytest
 from dataflow import wire
 from dataflow.batch import Ragged
 from dataflow.errors import ConfigError, TransformError
+from dataflow.server.samplecache import SampleCache
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import Transform, apply_transform, load_transform
 from dataflow.transform import TransformContext, batch_seed
@@ -40,6 +41,26 @@ def scalar(batch):
     return {"x": np.int64(3)}
 
 NOT_CALLABLE = 3
+
+from dataflow.transform import Stages
+
+DECODED = []
+
+def dec(batch):
+    DECODED.extend(batch["x"].tolist())
+    return {"x": batch["x"], "sq": batch["x"] ** 2}
+
+def aug(batch, ctx):
+    batch["r"] = ctx.rng().integers(0, 2**62, len(batch["x"]))
+    return batch
+
+def padded(batch):
+    n = len(batch["x"])
+    return {"x": batch["x"], "pad": np.zeros((n, n), np.uint8)}
+
+STAGES = Stages(dec, aug)
+DECODE_ONLY = Stages(dec, version="7")
+PADDED = Stages(padded)
 '''
 
 
@@ -94,7 +115,7 @@ def test_load_errors_name_the_spec(module_dir: Path) -> None:
         assert "bad_mod" not in sys.modules
     finally:
         sys.modules.pop("bad_mod", None)
-    with pytest.raises(ConfigError, match="has no callable 'NOT_CALLABLE'"):
+    with pytest.raises(ConfigError, match="has no callable or Stages 'NOT_CALLABLE'"):
         load_transform("xform_mod:NOT_CALLABLE", str(module_dir))
     with pytest.raises(ConfigError, match=f"no module 'nowhere' on sys.path or in {module_dir}"):
         load_transform("nowhere:f", str(module_dir))
@@ -174,3 +195,92 @@ def test_serve_task_answers_a_transform_error_with_an_error_naming_the_batch(
     assert msg.kind is wire.ErrorKind.READ_FAILED
     assert msg.message == ("TransformError: transform 'xform_mod:broken' on batch 12 of epoch 3 "
                            "(b.arrow[3:5]): KeyError: 'no such field'")
+
+
+def test_a_stages_transform_loads_its_two_stages_and_the_decode_identity(
+        module_dir: Path) -> None:
+    t = load_transform("xform_mod:STAGES", str(module_dir))
+    assert t.decode is not None and t.with_context and t.identity == "xform_mod:dec@1"
+    only = load_transform("xform_mod:DECODE_ONLY", str(module_dir))
+    assert only.func is None and only.identity == "xform_mod:dec@7"
+    plain = load_transform("xform_mod:plain", str(module_dir))
+    assert plain.decode is None and plain.identity == ""
+
+
+def _serve(spec: WorkerSpec, t: Transform, tasks: list[tuple[np.ndarray, wire.BatchTag]],
+           cache: SampleCache | None) -> list[tuple[dict, object]]:
+    readers = ReaderCache(spec)
+    out = []
+    try:
+        for i, (rows, tag) in enumerate(tasks):
+            frames, sent = serve_task(readers, t, spec, Task(b"tok", i, rows, tag), None, cache)
+            msg = wire.decode(frames)
+            assert isinstance(msg, wire.BatchMsg), msg
+            out.append((wire.message_to_batch(msg), sent))
+    finally:
+        readers.close()
+    return out
+
+
+def test_the_cache_serves_what_the_uncached_stages_serve_decoding_each_sample_once(
+        module_dir: Path) -> None:
+    spec = _spec(module_dir, "xform_mod:STAGES")
+    t = load_transform("xform_mod:STAGES", spec.transform_path)
+    decoded = sys.modules["xform_mod"].DECODED
+    tasks = [(np.array([[0, 2, 4], [1, 0, 1]]), wire.BatchTag(4, 0, 6)),
+             (np.array([[1, 0, 2], [0, 3, 6]]), wire.BatchTag(9, 1, 2)),
+             (np.array([[0, 2, 6], [1, 0, 2]]), wire.BatchTag(4, 2, 0))]
+    plain = _serve(spec, t, tasks, None)
+    assert len(decoded) == 3 + 5 + 6
+    decoded.clear()
+    cached = _serve(spec, t, tasks, SampleCache(1 << 20))
+    assert decoded == [2, 3, 100, 101, 4, 5]  # only the misses, once each
+    for (a, _), (b, _) in zip(plain, cached, strict=True):
+        assert list(a) == list(b) == ["x", "sq", "r"]
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert [(s.cache_hits, s.cache_misses) for _, s in cached] == [(0, 3), (2, 3), (6, 0)]
+    assert cached[-1][1].cache_bytes > 0 and cached[-1][1].cache_evictions == 0
+    assert cached[0][0]["x"].tolist() == [2, 3, 100]
+
+
+def test_a_small_cache_stays_in_its_bound_and_still_serves_every_sample(
+        module_dir: Path) -> None:
+    spec = _spec(module_dir, "xform_mod:DECODE_ONLY")
+    t = load_transform("xform_mod:DECODE_ONLY", spec.transform_path)
+    cache = SampleCache(1200)
+    rows = np.array([[0, 0, 10], [1, 0, 10]])
+    for batch, sent in _serve(spec, t, [(rows, wire.BatchTag(0, e, 0)) for e in range(3)],
+                              cache):
+        assert batch["x"].tolist() == [*range(10), *range(100, 110)]
+        assert batch["sq"].tolist() == [x * x for x in batch["x"].tolist()]
+        assert 0 < sent.cache_bytes <= 1200 and sent.cache_evictions > 0
+
+
+def test_a_decode_that_depends_on_its_batch_fails_the_request_naming_it(
+        module_dir: Path) -> None:
+    spec = _spec(module_dir, "xform_mod:PADDED")
+    t = load_transform("xform_mod:PADDED", spec.transform_path)
+    readers = ReaderCache(spec)
+    cache = SampleCache(1 << 20)
+    try:
+        serve_task(readers, t, spec, Task(b"tok", 0, np.array([[0, 0, 1]])), None, cache)
+        frames, _ = serve_task(readers, t, spec, Task(b"tok", 1, np.array([[0, 0, 3]])), None,
+                               cache)
+    finally:
+        readers.close()
+    msg = wire.decode(frames)
+    assert isinstance(msg, wire.ErrorMsg) and msg.kind is wire.ErrorKind.READ_FAILED
+    assert msg.message.startswith("TransformError: transform 'xform_mod:PADDED' (decode) on "
+                                  "batch 0 of epoch 0 (a.arrow[0:3]): the decode stage gave "
+                                  "samples of different")
+
+
+def test_a_one_stage_transform_is_never_cached(module_dir: Path) -> None:
+    spec = _spec(module_dir, "xform_mod:plain")
+    t = load_transform("xform_mod:plain", spec.transform_path)
+    cache = SampleCache(1 << 20)
+    rows = np.array([[0, 0, 3]])
+    served = _serve(spec, t, [(rows, wire.BatchTag(0, 0, 0))] * 2, cache)
+    assert [b["x"].tolist() for b, _ in served] == [[0, 2, 4]] * 2
+    assert len(cache) == 0 and cache.counts().misses == 0
+    assert all(s.cache_hits == s.cache_misses == s.cache_bytes == 0 for _, s in served)

@@ -29,6 +29,8 @@ from dataflow.wire.internal import (
     Sent(b"tok", 1, 10, 3, skips=((0, 3), (5, 1))),
     Sent(b"tok", 2, 4096, too_large=True),
     Sent(b"tok", 2, 4096, 250),
+    Sent(b"tok", 3, 4096, 250, cache_hits=200, cache_misses=50, cache_evictions=7,
+         cache_bytes=1 << 33, cache_disk_hits=3, cache_disk_evictions=2, cache_disk_bytes=9),
     Lost(b"tok", 0, "the client's data connection was missing"),
     Started("tcp://127.0.0.1:5555"),
     Done(b"ab" * 16, 3 << 30),

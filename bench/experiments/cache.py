@@ -1,0 +1,263 @@
+"""Decode once, serve many: the readers' decoded-sample cache on the JPEG workload (:mod:`.jpeg`).
+
+One run, three parts, every server running ``--transform
+dataflow.bench.experiments.jpeg:STAGES`` (decode 256x256 JPEGs to pixels, a cacheable stage,
+then a random 224 crop seeded per batch), server CPU measured as the CPU time of the server's
+processes (frontend and readers):
+
+* **epochs**: one job (one rank) reading epochs 0, 1, 2 from a server with the cache
+  (``--cache-memory`` holding the decoded set in each reader, ``--cache-disk`` on /dev/shm
+  shared by the readers) and from one without: samples/s, server CPU ms per sample, and the
+  cache's hits per epoch.
+* **sweep**: ``--jobs`` jobs of different seeds started together on one fresh cached server,
+  against one job alone on a fresh cached server, and the same sweep on an uncached server:
+  total server CPU of the epoch, each job's samples/s.
+* **eviction**: a cache smaller than the decoded set under the sweep: the hit rate of LRU (what
+  the servers do) measured on a server with one reader and no disk tier, and computed offline
+  for LRU and for Belady's rule over the jobs' announced orders (the most a plan-aware eviction
+  can reach: it is not built in the servers) on the same access stream, the jobs' global
+  orders (:func:`dataflow.shuffle.epoch_order`) interleaved batch by batch.
+
+Usage: python -m dataflow.bench.experiments.cache [--workers 2] [--batch-size 64] [--jobs 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import os
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import OrderedDict
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from dataflow.bench.experiments.jpeg import SIDE, write_shards
+from dataflow.bench.procs import cpu_delta, cpu_snapshot, descendants
+from dataflow.client import DataLoader
+from dataflow.server import ServerHandle, launch
+from dataflow.shuffle import epoch_order
+
+STAGES = "dataflow.bench.experiments.jpeg:STAGES"
+DECODED = SIDE * SIDE * 3  # bytes of one decoded sample's pixels
+
+
+def _server(paths: list[str], workers: int, cache: list[str]) -> ServerHandle:
+    return launch(paths, workers=workers,
+                  extra_args=["--transform", STAGES, "--metrics-port", "0", *cache])
+
+
+def _counts(srv: ServerHandle) -> dict[str, float]:
+    """The server's cache counters: hits (both tiers), misses."""
+    url = f"http://127.0.0.1:{srv.ready['metrics_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {"hits": 0.0, "misses": 0.0}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "dataflow_cache_hits_total":
+                out["hits"] += s.value
+            elif s.name == "dataflow_cache_misses_total":
+                out["misses"] += s.value
+    return out
+
+
+def _settled(srv: ServerHandle, timeout: float = 30.0) -> dict[str, float]:
+    """The cache counters once two reads 0.5 s apart agree: the metrics are refreshed 4 times
+    a second, and a closed loader's last requests (its next epoch, read ahead) are still
+    served."""
+    last, deadline = _counts(srv), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _counts(srv)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def _pids(srv: ServerHandle) -> list[int]:
+    return [srv.pid, *descendants([srv.pid])]
+
+
+def _epoch(endpoint: str, seed: int, epoch: int, bs: int) -> tuple[int, float]:
+    """(samples, seconds) of one epoch of a fresh one-rank job."""
+    with DataLoader(endpoint, batch_size=bs, rank=0, world_size=1, seed=seed,
+                    timeout=300) as dl:
+        dl.set_epoch(epoch)
+        t0, n = time.perf_counter(), 0
+        for b in dl:
+            n += len(b["image"])
+        return n, time.perf_counter() - t0
+
+
+def _measured(srv: ServerHandle, jobs: list[int], epoch: int,
+              bs: int) -> tuple[float, list[float], dict[str, float]]:
+    """Run one epoch of a job per seed of ``jobs``, together: (server CPU s, each job's
+    samples/s, the cache counters' change)."""
+    pids = _pids(srv)
+    before, counts0 = cpu_snapshot(pids), _counts(srv)
+    rates: list[float] = [0.0] * len(jobs)
+    start = threading.Barrier(len(jobs))
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            start.wait()
+            n, s = _epoch(srv.endpoint, jobs[i], epoch, bs)
+            rates[i] = n / s
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    counts1 = _settled(srv)
+    cpu = cpu_delta(before, cpu_snapshot(pids))
+    return cpu, rates, {k: counts1[k] - counts0[k] for k in counts0}
+
+
+def _hit_rate(counts: dict[str, float]) -> str:
+    total = counts["hits"] + counts["misses"]
+    return f"{counts['hits'] / total:.1%}" if total else "-"
+
+
+def lru_hits(stream: np.ndarray, capacity: int) -> int:
+    """Hits of an LRU of ``capacity`` samples over the access ``stream``."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for s in stream.tolist():
+        if s in cache:
+            hits += 1
+            cache.move_to_end(s)
+            continue
+        cache[s] = None
+        if len(cache) > capacity:
+            cache.popitem(last=False)
+    return hits
+
+
+def belady_hits(stream: np.ndarray, capacity: int) -> int:
+    """Hits of Belady's rule (evict the sample used again furthest ahead) over ``stream``."""
+    nxt = np.full(len(stream), len(stream), dtype=np.int64)
+    last: dict[int, int] = {}
+    for i in range(len(stream) - 1, -1, -1):
+        s = int(stream[i])
+        nxt[i] = last.get(s, len(stream))
+        last[s] = i
+    held: dict[int, int] = {}  # sample -> its next use
+    heap: list[tuple[int, int]] = []  # (-next use, sample), stale entries skipped
+    hits = 0
+    for i, s in enumerate(stream.tolist()):
+        if s in held:
+            hits += 1
+        elif len(held) >= capacity:
+            while True:
+                use, victim = heapq.heappop(heap)
+                if held.get(victim) == -use:
+                    del held[victim]
+                    break
+        held[s] = int(nxt[i])
+        heapq.heappush(heap, (-int(nxt[i]), s))
+    return hits
+
+
+def sweep_stream(sizes: list[int], seeds: list[int], epochs: int, bs: int) -> np.ndarray:
+    """The samples ``len(seeds)`` jobs read, epoch after epoch, their batches interleaved
+    round robin."""
+    out: list[np.ndarray] = []
+    for epoch in range(epochs):
+        orders = [epoch_order(sizes, epoch=epoch, seed=seed) for seed in seeds]
+        for at in range(0, len(orders[0]), bs):
+            out.extend(order[at:at + bs] for order in orders)
+    return np.concatenate(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m dataflow.bench.experiments.cache",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=2,
+                   help="reader processes per server (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=64, help="default: %(default)s")
+    p.add_argument("--jobs", type=int, default=4, help="jobs of the sweep (default: %(default)s)")
+    p.add_argument("--shards", type=int, default=4, help="default: %(default)s")
+    p.add_argument("--samples-per-shard", type=int, default=500, help="default: %(default)s")
+    p.add_argument("--small", type=float, default=0.5,
+                   help="eviction part: the cache's size, a fraction of the decoded set "
+                        "(default: %(default)s)")
+    p.add_argument("--out", default="bench-out",
+                   help="directory for the JPEG shards, reused (default: %(default)s)")
+    args = p.parse_args(argv)
+    paths = write_shards(os.path.join(args.out, f"jpeg-{args.shards}x{args.samples_per_shard}"),
+                         args.shards, args.samples_per_shard)
+    total = args.shards * args.samples_per_shard
+    bs, w = args.batch_size, args.workers
+    seeds = list(range(1, args.jobs + 1))
+    decoded = total * DECODED
+    memory = str(w * decoded * 2)  # every reader holds the decoded set, with room
+    load0 = os.getloadavg()
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"command: python -m dataflow.bench.experiments.cache {command}".rstrip())
+    print(f"{len(paths)} JPEG tar shards x {args.samples_per_shard} ({SIDE}x{SIDE}, decoded set "
+          f"{decoded / 2**20:.0f} MiB), batch {bs}, {w} readers a server, {os.cpu_count()} CPUs\n")
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        cached = ["--cache-memory", memory, "--cache-disk", shm]
+        print("Epochs, one job (seed 1):\n")
+        print("| server | epoch | samples/s | server CPU ms / sample | cache hits |")
+        print("| --- | --- | --- | --- | --- |")
+        for name, flags in (("uncached", []), ("cached", cached)):
+            with _server(paths, w, flags) as srv:
+                for epoch in range(3):
+                    cpu, rates, counts = _measured(srv, [1], epoch, bs)
+                    print(f"| {name} | {epoch} | {rates[0]:,.0f} | {cpu / total * 1e3:.2f} | "
+                          f"{_hit_rate(counts)} |")
+
+        print(f"\nSweep, epoch 0, fresh servers; {args.jobs} jobs (seeds {seeds}) together "
+              "vs one alone:\n")
+        print("| server | jobs | server CPU s | vs one job | each job's samples/s | "
+              "vs alone | cache hits |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for name, flags in (("cached", cached), ("uncached", [])):
+            with _server(paths, w, flags) as srv:
+                cpu1, alone, counts = _measured(srv, [seeds[0]], 0, bs)
+            print(f"| {name} | 1 | {cpu1:.1f} | 1.00x | {alone[0]:,.0f} | 1.00x | "
+                  f"{_hit_rate(counts)} |")
+            with _server(paths, w, flags) as srv:
+                cpu, rates, counts = _measured(srv, seeds, 0, bs)
+            each = ", ".join(f"{r:,.0f}" for r in rates)
+            vs = ", ".join(f"{r / alone[0]:.2f}" for r in rates)
+            print(f"| {name} | {args.jobs} | {cpu:.1f} | {cpu / cpu1:.2f}x | {each} | {vs} | "
+                  f"{_hit_rate(counts)} |")
+
+    capacity = int(total * args.small)
+    small = str(capacity * (DECODED + 512))
+    print(f"\nEviction, a cache of {capacity} samples ({args.small:.0%} of the decoded set), "
+          f"{args.jobs} jobs, epochs 0 and 1:\n")
+    with _server(paths, 1, ["--cache-memory", small]) as srv:
+        _, _, c0 = _measured(srv, seeds, 0, bs)
+        _, _, c1 = _measured(srv, seeds, 1, bs)
+    measured = {k: c0[k] + c1[k] for k in c0}
+    stream = sweep_stream([args.samples_per_shard] * args.shards, seeds, 2, bs)
+    print("| eviction | hit rate | how |")
+    print("| --- | --- | --- |")
+    print(f"| LRU | {_hit_rate(measured)} | measured: one server, 1 reader, --cache-memory "
+          f"{int(small) / 2**20:.0f} MiB |")
+    print(f"| LRU | {lru_hits(stream, capacity) / len(stream):.1%} | computed, the stream of "
+          "the jobs' orders interleaved batch by batch |")
+    print(f"| Belady over the announced orders | {belady_hits(stream, capacity) / len(stream):.1%}"
+          " | computed, same stream (the bound of plan-aware eviction; not built) |")
+    print(f"\nload average (1/5/15 min) {' / '.join(f'{x:.2f}' for x in load0)} at the start, "
+          f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The disk tier of the readers' decoded-sample cache: file round trips, its bound, the files
+of readers that are gone, and the memory tier spilling to it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dataflow.batch import Ragged
+from dataflow.errors import ConfigError
+from dataflow.server.diskcache import (
+    DiskTier,
+    decode_sample,
+    encode_sample,
+    remove_server_directory,
+    server_directory,
+)
+from dataflow.server.samplecache import SampleCache, assemble, sample_bytes, split
+
+
+def _samples(n: int, size: int = 300) -> list:
+    ids = np.arange(n, dtype=np.int64)
+    offsets = np.arange(n + 1, dtype=np.int64) * 3
+    return split({"id": ids, "img": np.repeat(ids, size).astype(np.uint8).reshape(n, size),
+                  "txt": Ragged(np.arange(3 * n, dtype=np.uint8), offsets, "str")})
+
+
+def _file(sample: tuple) -> bytes:
+    return b"".join(bytes(piece) for piece in encode_sample(sample))
+
+
+def test_a_sample_file_round_trips_every_field_and_refuses_a_cut_one() -> None:
+    sample = _samples(3)[2]
+    back = decode_sample(_file(sample))
+    assert [(n, k) for n, _, k in back] == [(n, k) for n, _, k in sample]
+    for (_, a, _), (_, b, _) in zip(back, sample, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    with pytest.raises(ValueError):
+        decode_sample(_file(sample)[:-1])
+
+
+def test_the_tier_holds_its_bound_and_removes_the_least_recently_used(tmp_path: Path) -> None:
+    server = server_directory(str(tmp_path), 4242)
+    one = len(_file(_samples(1)[0]))
+    disk = DiskTier(server, 3 * one)
+    samples = _samples(5)
+    for row in range(3):
+        assert disk.put((0, row), samples[row])
+    assert disk.get((0, 0)) is not None
+    assert disk.put((0, 3), samples[3])
+    assert disk.get((0, 1)) is None and disk.evictions == 1
+    assert sorted(os.listdir(disk.directory)) == ["0-0", "0-2", "0-3"]
+    assert disk.bytes == 3 * one == sum(os.path.getsize(os.path.join(disk.directory, f))
+                                        for f in os.listdir(disk.directory))
+    assert not disk.put((1, 0), split({"x": np.zeros((1, 4 * one), np.uint8)})[0])
+    disk.close()
+    assert not os.path.exists(disk.directory)
+    remove_server_directory(server)
+    assert not os.path.exists(server)
+
+
+def test_a_damaged_file_is_a_miss_and_is_removed(tmp_path: Path) -> None:
+    disk = DiskTier(server_directory(str(tmp_path), 1), 1 << 20)
+    disk.put((2, 7), _samples(1)[0])
+    path = os.path.join(disk.directory, "2-7")
+    with open(path, "r+b") as f:
+        f.truncate(20)
+    assert disk.get((2, 7)) is None and not os.path.exists(path) and disk.bytes == 0
+
+
+def test_a_reader_removes_the_files_of_readers_that_are_gone(tmp_path: Path) -> None:
+    server = server_directory(str(tmp_path), 7)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    os.makedirs(os.path.join(server, f"reader-{gone}"))
+    os.makedirs(os.path.join(server, f"reader-{os.getppid()}"))  # alive: kept
+    DiskTier(server, 1 << 20)
+    assert sorted(os.listdir(server)) == sorted([f"reader-{os.getppid()}",
+                                                 f"reader-{os.getpid()}"])
+
+
+def test_new_entries_are_written_through_and_found_on_disk_once_memory_evicted_them(
+        tmp_path: Path) -> None:
+    samples = _samples(6)
+    cache = SampleCache(2 * sample_bytes(samples[0]),
+                        DiskTier(server_directory(str(tmp_path), 3), 1 << 20))
+    for row, sample in enumerate(samples):
+        cache.put((0, row), sample)
+    counts = cache.counts()
+    assert counts.entries == 2 and counts.evictions == 4
+    assert cache.disk is not None and len(os.listdir(cache.disk.directory)) == 6
+    order = [4, 5, 0, 1, 2, 3]  # the two in memory, then four from disk
+    got = [cache.get((0, row)) for row in order]
+    assert all(s is not None for s in got)
+    assert assemble(got, "t")["id"].tolist() == order
+    counts = cache.counts()
+    assert (counts.hits, counts.disk_hits, counts.misses) == (2, 4, 0)
+    assert counts.bytes <= 2 * sample_bytes(samples[0])
+    assert cache.get((1, 0)) is None and cache.counts().misses == 1
+    cache.close()
+
+
+def test_the_bound_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="`cache_disk_bytes` must be a positive number"):
+        DiskTier(str(tmp_path), 0)
+
+
+def test_a_reader_finds_the_files_its_siblings_wrote_whole_only(tmp_path: Path) -> None:
+    server = server_directory(str(tmp_path), 9)
+    sibling = Path(server) / f"reader-{os.getppid()}"  # a live process: a sibling reader
+    sibling.mkdir()
+    sample = _samples(1)[0]
+    (sibling / "0-5").write_bytes(_file(sample))
+    (sibling / ".tmp-0-6").write_bytes(_file(sample))  # being written: not found
+    (sibling / "0-7").write_bytes(_file(sample)[:-3])  # not whole: a miss
+    disk = DiskTier(server, 1 << 20)
+    found = disk.get((0, 5))
+    assert found is not None and np.array_equal(found[1][1], sample[1][1])
+    assert disk.get((0, 6)) is None and disk.get((0, 7)) is None
+    assert disk.hits == 1 and disk.bytes == 0  # a sibling's file is not this reader's
+    cache = SampleCache(1 << 20, disk)
+    assert cache.get((0, 5)) is not None and cache.counts().disk_hits == 2
+    assert cache.get((0, 5)) is not None and cache.counts().hits == 1  # now in memory
