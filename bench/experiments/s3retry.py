@@ -1,6 +1,7 @@
-"""Throttling and retries: dataflow's :class:`~dataflow.storage.remote.Remote` (adaptive
-concurrency and backoff, s3fs's and botocore's retries off) beside botocore's own retry modes
-(``adaptive``: a client-side rate limiter plus backoff; ``standard``) and s3fs's defaults.
+"""Throttling and retries: dataflow's :class:`~dataflow.storage.remote.Remote` (its backoff
+and retries; the pace botocore's ``adaptive`` rate limiter's, with one attempt; s3fs's retries
+off) beside botocore's own retry modes (``adaptive``: the rate limiter plus retries with
+backoff; ``standard``) and s3fs's defaults.
 
 A moto S3 server on loopback behind a proxy that, as S3 does, answers each object GET beyond
 ``--rate`` in the last second with ``503 SlowDown``. Each client reads ``--reads`` random
@@ -38,7 +39,7 @@ def _ours(endpoint: str) -> tuple[Read, Callable[[], str]]:
 
     def stats() -> str:
         s = remote.stats()
-        return f"{s['retries']} retries, backoff {s['backoff_s']:.1f} s, limit now {s['limit']}"
+        return f"{s['retries']} retries, backoff {s['backoff_s']:.1f} s"
 
     return (lambda url, a, b: remote.read_range(url, a, b)), stats
 
@@ -56,7 +57,7 @@ def _s3fs(endpoint: str, config: dict[str, Any] | None) -> tuple[Read, Callable[
 
 
 CLIENTS: dict[str, Callable[[str], tuple[Read, Callable[[], str]]]] = {
-    "dataflow Remote (AIMD concurrency, backoff 50 ms..5 s, 8 retries)": _ours,
+    "dataflow Remote (backoff 50 ms..5 s, 8 retries; botocore adaptive pacing)": _ours,
     "botocore adaptive, max_attempts 9": lambda e: _s3fs(e, {"mode": "adaptive",
                                                              "max_attempts": 9}),
     "botocore standard, max_attempts 9": lambda e: _s3fs(e, {"mode": "standard",
