@@ -3,9 +3,11 @@
 Each peer reads its own format, so the bench converts the dataset once into
 ``<out_dir>/peers-cache/<peer>-<fingerprint>/`` (reused while the dataset is unchanged) and
 reports how long the conversion took. A peer that is not installed, or fails to import, is
-skipped with the reason. Every peer gets ``cfg.workers`` loading processes: DataLoader workers
-for Streaming and LitData, ``num_cpus`` for Ray (whose own daemons come on top and show in the
-loader CPU/RSS figures).
+skipped with the reason. The peers live in a virtual environment of their own, made by
+``make peers`` (:data:`PEERS_VENV`, beside the project's ``.venv``, whose packages it sees
+behind its own): they pin older releases of packages the project's environment holds. Every
+peer gets ``cfg.workers`` loading processes: DataLoader workers for Streaming and LitData,
+``num_cpus`` for Ray (whose own daemons come on top and show in the loader CPU/RSS figures).
 """
 
 from __future__ import annotations
@@ -272,13 +274,19 @@ class OpenPeer(Protocol):
         """The opened loader (``prepare`` has run or runs first, cached)."""
 
 
+PEERS_VENV = ".venv-peers"
+"""The peers' virtual environment, made by :data:`MAKE_PEERS` in the repository's root."""
+MAKE_PEERS = "make peers"
+"""The command that installs every peer (the Makefile's ``peers`` target), under the torch pin."""
+
+
 @dataclass(frozen=True)
 class Peer:
     """A peer loader.
 
     Attributes:
         module: the module whose import decides availability.
-        install: how to install it, for the skip message.
+        package: the requirement :data:`MAKE_PEERS` installs for it.
         needs: per module the peer imports when it loads (other than its own), how to
             install it when missing or broken, for the skip message.
         prepare: converts the dataset (cached); returns path, seconds and cache hit.
@@ -286,28 +294,36 @@ class Peer:
     """
 
     module: str
-    install: str
+    package: str
     needs: dict[str, str]
     prepare: Callable[[BenchConfig, BenchData], dict[str, object]]
     open: OpenPeer
 
 
 TORCHVISION_FIX = (
-    f"install the torchvision release built for this torch ({torch.__version__}) without "
-    "letting pip change torch, e.g. `pip install --no-deps torchvision==<matching version> "
-    "--index-url https://download.pytorch.org/whl/cpu` for a CPU torch (the default index "
-    "may only have a CUDA build, which fails to load with a CPU torch: "
-    "`operator torchvision::nms does not exist`)"
+    f"`rm -rf {PEERS_VENV}; {MAKE_PEERS} TORCH_INDEX=URL` installs the torchvision built for "
+    f"this torch ({torch.__version__}) from the index torch came from, e.g. "
+    "https://download.pytorch.org/whl/cpu for a CPU build (PyPI's torchvision is built for "
+    "a CUDA torch and fails to load with a CPU one: `operator torchvision::nms does not exist`)"
 )
 
 PEERS: dict[str, Peer] = {
-    "streaming": Peer("streaming", "pip install mosaicml-streaming",
-                      {"torchvision": TORCHVISION_FIX}, _streaming_prepare, _streaming_open),
-    "litdata": Peer("litdata", "pip install litdata", {"torchvision": TORCHVISION_FIX},
+    "streaming": Peer("streaming", "mosaicml-streaming", {"torchvision": TORCHVISION_FIX},
+                      _streaming_prepare, _streaming_open),
+    "litdata": Peer("litdata", "litdata", {"torchvision": TORCHVISION_FIX},
                     _litdata_prepare, _litdata_open),
-    "ray": Peer("ray.data", "pip install 'ray[data]'", {"pydantic": "pip install pydantic"},
+    "ray": Peer("ray.data", "ray[data]",
+                {"pydantic": f"`{PEERS_VENV}/bin/python -m pip install pydantic`"},
                 _ray_prepare, RayRun),
 }
+
+
+def install_hint(name: str) -> str:
+    """How to install peer ``name`` and run the bench with it."""
+    return (f"`{MAKE_PEERS}` (in the repository's root) installs the peers into {PEERS_VENV}, "
+            "a virtual environment of their own that leaves .venv as it is; then run the "
+            f"bench with its python: `{PEERS_VENV}/bin/python -m dataflow.bench run --loaders "
+            f"dataflow,torch,{name} ...`")
 
 
 def _needed(peer: Peer, error: BaseException) -> str | None:
@@ -333,6 +349,6 @@ def unavailable_reason(name: str) -> str | None:
             return (f"`{peer.module}` imports `{dependency}`, which is missing or broken "
                     f"({type(e).__name__}: {e}); fix: {peer.needs[dependency]}")
         if isinstance(e, ImportError):
-            return f"not installed ({e}); install with `{peer.install}` (optional extra)"
+            return f"not installed ({e}); {install_hint(name)}"
         return f"fails to import: {type(e).__name__}: {e}"
     return None

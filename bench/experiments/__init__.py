@@ -13,6 +13,8 @@ results, with the commands that produced them, are in ``bench/RESULTS.md``.
 * :mod:`.shuffle`: how the plan's shuffle modes mix (:mod:`.mixing`) and what they cost.
 * :mod:`.s3start`: a server's start on S3, bytes fetched before ready (:mod:`.s3local`: S3 on
   loopback, also used by the integration tests).
+* :mod:`.s3cache`: the remote block cache beside fsspec's caches; :mod:`.s3retry`: retries
+  beside botocore's retry modes; :mod:`.probe`: the cost of a health probe process.
 
 An experiment may use the tool's modules (``dataflow.bench.torch_datasets``,
 ``dataflow.bench.procs``); the tool never imports an experiment.

@@ -3,8 +3,10 @@ throttling, HTTP proxy in front of it (``moto`` is a dev dependency)."""
 
 from __future__ import annotations
 
+import collections
 import http.client
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,7 +42,8 @@ def s3_client(endpoint: str):  # noqa: ANN201 - boto3 client types are generated
 class S3Proxy:
     """Forwards HTTP requests to ``upstream`` on loopback, counting them and the bytes of the
     replies; with ``every`` > 0, answers every ``every``-th GET of an object with
-    ``503 SlowDown`` instead (listing and HEAD requests pass).
+    ``503 SlowDown`` instead; with ``rate`` > 0, as S3 does, each GET of an object beyond
+    ``rate`` in the last second (listing and HEAD requests pass).
 
     Attributes:
         endpoint: the proxy's URL.
@@ -49,11 +52,13 @@ class S3Proxy:
         bytes_out: body bytes of the replies passed back.
     """
 
-    def __init__(self, upstream: str, every: int = 0) -> None:
+    def __init__(self, upstream: str, every: int = 0, rate: float = 0.0) -> None:
         self.throttled = 0
         self.forwarded = 0
         self.bytes_out = 0
         self._every = every
+        self._rate = rate
+        self._passed: collections.deque[float] = collections.deque()
         self._gets = 0
         self._lock = threading.Lock()
         host, port = upstream.removeprefix("http://").split(":")
@@ -105,13 +110,17 @@ class S3Proxy:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def _throttle(self) -> bool:
-        if self._every <= 0:
-            return False
         with self._lock:
             self._gets += 1
-            if self._gets % self._every == 0:
+            now = time.monotonic()
+            while self._passed and now - self._passed[0] >= 1.0:
+                self._passed.popleft()
+            if ((self._every > 0 and self._gets % self._every == 0)
+                    or (self._rate > 0 and len(self._passed) >= self._rate)):
                 self.throttled += 1
                 return True
+            if self._rate > 0:
+                self._passed.append(now)
             return False
 
     def __enter__(self) -> S3Proxy:

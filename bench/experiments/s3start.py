@@ -1,5 +1,5 @@
-"""Startup of a server on an S3 dataset: seconds to ready, bytes fetched before ready, bytes
-left in the cache.
+"""Startup of a server on an S3 dataset: seconds to ready, requests and bytes fetched before
+ready, bytes left in the cache.
 
 A moto S3 server on loopback holds ``--shards`` WebDataset tars; a counting proxy in front of
 it measures the bytes the server fetches. The server is started twice on one cache directory:
@@ -40,15 +40,16 @@ def _start(label: str, proxy: S3Proxy, cache: str, baseline: str | None) -> str:
         env.update(PYTHONPATH=baseline, FSSPEC_S3_ENDPOINT_URL=proxy.endpoint)
     else:
         args += ["--storage-option", f"endpoint_url={proxy.endpoint}"]
-    before = proxy.bytes_out
+    before, asked = proxy.bytes_out, proxy.forwarded
     t0 = time.perf_counter()
     with launch([f"s3://{BUCKET}/*.tar"], workers=1, env=env, timeout=600,
                 extra_args=args) as server:
         ready = time.perf_counter() - t0
         fetched = proxy.bytes_out - before
+        requests = proxy.forwarded - asked
         samples = server.ready["samples"]
-    return (f"| {label} | {ready:.2f} | {fetched / 2**20:.1f} | {_disk(cache) / 2**20:.1f} "
-            f"| {samples} |")
+    return (f"| {label} | {ready:.2f} | {requests} | {fetched / 2**20:.1f} "
+            f"| {_disk(cache) / 2**20:.1f} | {samples} |")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         size = sum(os.path.getsize(x) for x in demo.paths)
         print(f"{args.shards} tar shards, {demo.total} samples, {size / 2**20:.1f} MiB on S3 "
               "(moto on loopback)\n")
-        print("| code, start | seconds to ready | MiB fetched before ready | MiB in cache dir "
-              "| samples |\n| --- | --- | --- | --- | --- |")
+        print("| code, start | seconds to ready | requests before ready | MiB fetched before ready "
+              "| MiB in cache dir | samples |\n| --- | --- | --- | --- | --- | --- |")
         with moto_s3() as endpoint, S3Proxy(endpoint) as proxy:
             client = s3_client(endpoint)
             client.create_bucket(Bucket=BUCKET)

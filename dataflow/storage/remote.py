@@ -5,11 +5,15 @@ through :class:`Remote`, one per process and :class:`RemoteConfig` (:func:`sessi
 
 * **storage options** (``--storage-option KEY=VALUE``, ``DATAFLOW_STORAGE_OPTIONS``) are passed
   to the fsspec filesystem of every remote URL (``endpoint_url``, ``anon``, ``key``...);
-* **ranged reads** (:meth:`Remote.read_range`) go through a :class:`~dataflow.storage.throttle.Gate`
-  whose limit adapts to throttling replies (S3 ``503 SlowDown``), and are retried with
-  exponential backoff; connection failures are retried only :data:`CONNECT_RETRIES` times, so
-  a wrong endpoint fails fast. For S3, s3fs's and botocore's own retries are turned off
-  (unless the options set them), so one place decides and counts;
+* **retries** (:meth:`Remote.call`, every request: ranged reads, listings, ``info``): a
+  throttling reply (S3 ``503 SlowDown``, HTTP 503/429) is retried with exponential backoff
+  (:class:`~dataflow.storage.throttle.Backoff`); a connection failure only
+  :data:`CONNECT_RETRIES` times, so a wrong endpoint fails fast; anything else never;
+* **pacing**, for S3: botocore's ``adaptive`` retry mode with one attempt, i.e. its client-side
+  rate limiter (lowered on each throttling reply, raised as replies come back) and none of its
+  retries, and s3fs's retry loop off (unless the options set ``config_kwargs.retries``): one
+  place retries and counts, and a wrong endpoint fails in about a second, not after botocore's
+  retries of a refused connection (56-75 s: bench/RESULTS.md, ``s3retry``);
 * **errors** become one line naming the URL, the endpoint or bucket and the likely fix
   (:func:`describe`).
 
@@ -25,6 +29,7 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +42,7 @@ from fsspec import AbstractFileSystem
 from dataflow.checks import check_int
 from dataflow.errors import ConfigError, RangeUnsupported, RemoteFailure
 from dataflow.storage.remoteerrors import describe, is_connect_failure, is_throttle
-from dataflow.storage.throttle import AdaptiveLimit, Backoff, Gate
+from dataflow.storage.throttle import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +111,7 @@ class RemoteConfig:
     Attributes:
         storage_options: fsspec storage options as a JSON object (see :attr:`options`).
         cache_bytes: size limit of the local cache of remote bytes.
-        max_concurrency: most requests in flight per process (the adaptive limit's ceiling).
+        max_concurrency: threads fetching blocks in parallel per process.
         max_retries: retries of a throttled request before giving up.
     """
 
@@ -140,16 +145,21 @@ class Remote:
     """Reads remote bytes under one :class:`RemoteConfig`. Thread-safe.
 
     Attributes:
-        gate: the adaptive concurrency limit and the retry counters.
         pool: threads for parallel block fetches (``max_concurrency`` of them).
+        retries: retries made (throttled or failed to connect).
+        throttles: throttling replies met.
+        waited_s: seconds spent backing off.
     """
 
     def __init__(self, config: RemoteConfig, *, sleep: Callable[[float], None] = time.sleep,
                  draw: Callable[[], float] = random.random) -> None:
         self.config = config
         self.options = config.options
-        self.gate = Gate(AdaptiveLimit(config.max_concurrency))
         self.backoff = Backoff(max_retries=config.max_retries)
+        self.retries = 0
+        self.throttles = 0
+        self.waited_s = 0.0
+        self._counts = threading.Lock()
         self.pool = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="remote")
         self._sleep = sleep
         self._draw = draw
@@ -165,7 +175,7 @@ class Remote:
         s3 = url.split("://", 1)[0] in _S3
         if s3:
             kwargs = options.setdefault("config_kwargs", {})
-            kwargs.setdefault("retries", {"total_max_attempts": 1})
+            kwargs.setdefault("retries", {"mode": "adaptive", "total_max_attempts": 1})
         try:
             fs, path = fsspec.core.url_to_fs(url, **options)
         except (ImportError, ValueError, TypeError) as e:
@@ -176,8 +186,7 @@ class Remote:
         return fs, path
 
     def call(self, url: str, fn: Callable[[], T]) -> T:
-        """``fn()`` under the gate, retried on throttling (backoff, limit halved) and
-        connection failures.
+        """``fn()``, retried with backoff on throttling and on connection failures.
 
         Raises:
             RemoteFailure: ``fn`` failed for good; the message is one line.
@@ -185,15 +194,13 @@ class Remote:
         retry = 0
         while True:
             try:
-                with self.gate.slot():
-                    out = fn()
-                self.gate.succeeded()
-                return out
+                return fn()
             except Exception as e:  # noqa: BLE001 - classified, then retried or raised
                 throttled = is_throttle(e)
                 limit = self.backoff.max_retries if throttled else CONNECT_RETRIES
                 if throttled:
-                    self.gate.throttled()
+                    with self._counts:
+                        self.throttles += 1
                 elif not is_connect_failure(e):
                     limit = 0
                 if retry >= limit:
@@ -202,7 +209,9 @@ class Remote:
                 wait = self.backoff.delay(retry, self._draw())
                 log.debug("%s: %s; retry %d in %.2f s", url, "throttled" if throttled
                           else "connection failed", retry + 1, wait)
-                self.gate.note_retry(wait)
+                with self._counts:
+                    self.retries += 1
+                    self.waited_s += wait
                 self._sleep(wait)
                 retry += 1
 
@@ -225,9 +234,9 @@ class Remote:
         return bytes(data)
 
     def stats(self) -> dict[str, float]:
-        limit = self.gate.limit
-        return {"retries": self.gate.retries, "backoff_s": round(self.gate.waited_s, 3),
-                "throttles": limit.throttles, "limit": limit.limit}
+        with self._counts:
+            return {"retries": self.retries, "backoff_s": round(self.waited_s, 3),
+                    "throttles": self.throttles}
 
 
 @functools.lru_cache(maxsize=8)

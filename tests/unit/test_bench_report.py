@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,11 +13,12 @@ import sys
 import numpy as np
 import pytest
 
+from dataflow.bench.__main__ import build_parser
 from dataflow.bench.config import BenchConfig
 from dataflow.bench.data import BenchData
 from dataflow.bench.loaders import dataflow_budget, server_prefetch
 from dataflow.bench.loop import Measurement
-from dataflow.bench.peers import PEERS, unavailable_reason
+from dataflow.bench.peers import MAKE_PEERS, PEERS, PEERS_VENV, install_hint, unavailable_reason
 from dataflow.bench.plot import plot_run, plot_sweep
 from dataflow.bench.procs import (
     _is_loopback,
@@ -179,8 +181,42 @@ def test_a_peer_missing_a_dependency_says_which_and_the_fix(tmp_path, monkeypatc
                              "is missing or broken (ModuleNotFoundError")
     assert reason.endswith("fix: install the thing")
     monkeypatch.setitem(PEERS, "streaming", dataclasses.replace(fake, module="bench_no_such"))
-    assert unavailable_reason("streaming").startswith("not installed (No module named")
+    reason = unavailable_reason("streaming")
+    assert reason.startswith("not installed (No module named 'bench_no_such'); ")
+    assert reason.endswith(install_hint("streaming"))
     assert unavailable_reason("torch") is None
+
+
+def test_the_peers_install_hint_names_the_make_target_and_the_bench_command():
+    hint = install_hint("litdata")
+    assert f"`{MAKE_PEERS}`" in hint and PEERS_VENV in hint
+    run = hint.split(f"`{PEERS_VENV}/bin/python -m dataflow.bench ", 1)[1].split("`")[0]
+    args = build_parser().parse_args(run.replace("...", "").split())
+    assert args.loaders == ["dataflow", "torch", "litdata"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_peers_installs_every_peer_into_its_own_venv_under_the_torch_pin():
+    """`make peers` (named by the skip hints) exists and installs each peer's package into
+    the peers' venv, never into .venv; a dry run (-n, -B: as if never made) executes nothing."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def dry_run(*args: str) -> list[str]:
+        done = subprocess.run(["make", "-n", "-B", "-C", root, "-o", ".venv/.demo-installed",
+                               MAKE_PEERS.split()[1], *args],
+                              capture_output=True, text=True, timeout=60, check=True)
+        return done.stdout.splitlines()
+
+    lines = dry_run()
+    assert f"test -d {PEERS_VENV} || .venv/bin/python -m venv {PEERS_VENV}" in lines
+    pips = [x for x in lines if " -m pip install " in x]
+    assert len(pips) == 1
+    assert pips[0].startswith(f'PIP_CONSTRAINT="{root}/.ci/constraints.txt" {PEERS_VENV}/bin/')
+    assert all(f"'{peer.package}'" in pips[0] for peer in PEERS.values())
+    index = "https://example.invalid/whl/cpu"
+    pips = [x for x in dry_run(f"TORCH_INDEX={index}") if " -m pip install " in x]
+    assert pips[0].endswith(f"--index-url '{index}' -U torchvision")
+    assert pips[0].startswith(f'PIP_CONSTRAINT="{root}/.ci/constraints.txt" {PEERS_VENV}/bin/')
 
 
 def test_json_holds_every_step(tmp_path, outcome):

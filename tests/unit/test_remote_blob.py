@@ -1,5 +1,5 @@
 """Remote bytes in cached blocks (an fsspec ``memory://`` file): reads across block
-boundaries, spans, the streaming file and a cache smaller than the file."""
+boundaries, spans, the streaming file, a cache smaller than the file and the one-pass copy."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import fsspec
 import numpy as np
 import pytest
 
+from dataflow.storage import remotefile
 from dataflow.storage.remote import RemoteConfig
 from dataflow.storage.remotefile import BLOCK_BYTES, BLOCKS_DIR, buffered, open_blob
 
@@ -55,3 +56,16 @@ def test_a_cache_smaller_than_the_file_stays_bounded(data: bytes, tmp_path) -> N
     blocks = tmp_path / BLOCKS_DIR
     held = sum(os.path.getsize(blocks / n) for n in os.listdir(blocks) if n[0] != ".")
     assert held <= BLOCK_BYTES
+
+
+def test_copy_to_writes_the_file_in_parts_and_leaves_the_cache_alone(data: bytes, tmp_path,
+                                                                     monkeypatch) -> None:
+    monkeypatch.setattr(remotefile, "COPY_PART", BLOCK_BYTES)  # 3 parts, the last a half
+    blob = open_blob(URL, RemoteConfig(), str(tmp_path))
+    assert blob.read(0, 1) == data[:1]  # block 0 cached: its part comes from the cache
+    with open(tmp_path / "copy", "wb") as f:
+        blob.copy_to(f)
+    assert (tmp_path / "copy").read_bytes() == data
+    assert blob.fetched == len(data)
+    blocks = tmp_path / BLOCKS_DIR
+    assert len([n for n in os.listdir(blocks) if n[0] != "."]) == 1
