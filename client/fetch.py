@@ -28,7 +28,10 @@ class Fetch:
     Batches are requested in order from ``demand.first``, at most ``depth`` of them requested
     and not taken by the consumer (who took ``taken``: the index of the batch it takes next);
     a request may carry a run of consecutive batches of one pass (:meth:`run`), each open on
-    its own. A batch to request again goes alone.
+    its own, and a new request waits until a whole run (``group`` batches, or the rest of the
+    pass) is within the depth: a consumer taking batches one by one frees the depth one batch
+    at a time, and requests of one batch each would undo the grouping. A batch to request
+    again goes alone.
 
     Thread invariant: used by the I/O thread only (through the scheduler).
     """
@@ -71,14 +74,24 @@ class Fetch:
     def _unsent_due(self, taken: int, depth: int) -> bool:
         return self.next_request < self.demand.end and self.next_request - taken < depth
 
-    def peek(self, taken: int, depth: int) -> int | None:
+    def _run_due(self, taken: int, depth: int, group: int) -> bool:
+        """Whether the next run may be requested: a whole one (``group`` batches, or the rest
+        of its pass) fits within ``depth``."""
+        index = self.next_request
+        if index >= self.demand.end:
+            return False
+        whole = min(group, self.demand.pass_end(index) - index)
+        return taken + depth - index >= whole
+
+    def peek(self, taken: int, depth: int, group: int = 1) -> int | None:
         """The batch to request next, or None: the lowest open batch to request again, else
-        the next in order while fewer than ``depth`` are requested and not taken."""
+        the next in order once a whole run of up to ``group`` fits within ``depth``
+        requested and not taken."""
         while self.retry and self.retry[0] not in self.open:
             heapq.heappop(self.retry)
         if self.retry:
             return self.retry[0]
-        return self.next_request if self._unsent_due(taken, depth) else None
+        return self.next_request if self._run_due(taken, depth, group) else None
 
     def retrying(self, index: int) -> bool:
         """Whether :meth:`peek`'s ``index`` is a batch to request again."""
@@ -110,10 +123,10 @@ class Fetch:
         self.open.update(range(index, index + count))
         return False
 
-    def full(self, taken: int, depth: int) -> bool:
+    def full(self, taken: int, depth: int, group: int = 1) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
         return (not self.retry and self.next_request < self.demand.end
-                and self.next_request - taken >= depth)
+                and not self._run_due(taken, depth, group))
 
     def waiting(self, taken: int, depth: int) -> bool:
         """Whether a server is needed now: batches of the pass the consumer reads open, or

@@ -352,7 +352,7 @@ class Scheduler:
         self._taken = taken
         out: list[Slot] = []
         while fetch is not None:
-            index = fetch.peek(taken, self.depth)
+            index = fetch.peek(taken, self.depth, self._group)
             if index is None:
                 break
             best = self._choose(self._holders(fetch.gen, index) if fetch.retrying(index)
@@ -379,7 +379,7 @@ class Scheduler:
 
     def full(self, taken: int) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
-        return self._fetch is not None and self._fetch.full(taken, self.depth)
+        return self._fetch is not None and self._fetch.full(taken, self.depth, self._group)
 
     def on_reply(self, server: int, req_id: int, now: float) -> Reply | None:
         """A reply (batch or error) to ``req_id`` arrived from ``server``.

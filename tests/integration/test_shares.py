@@ -19,8 +19,10 @@ from dataflow.client import DataLoader
 def test_servers_alike_take_equal_shares_of_an_epoch(demo_data, servers) -> None:
     demo = demo_data("arrow")
     endpoints = [servers([str(p) for p in demo.paths], workers=2).endpoint for _ in range(3)]
+    # one batch a request: the choice of server is per request, and an epoch of 346 batches
+    # is enough requests to hold it to +-15% (runs of 8 would be 43)
     with DataLoader(endpoints, batch_size=1, rank=0, world_size=1, seed=3, prefetch=2,
-                    timeout=30) as dl:
+                    timeout=30, batches_per_request=1) as dl:
         # the loader starts with the first server: an epoch begun before the others joined
         # would be theirs only in part
         wait_for(lambda: len(dl.server_readers) == 3, 30, "every server to join")

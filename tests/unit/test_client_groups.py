@@ -49,11 +49,16 @@ def test_a_request_carries_a_run_of_one_pass_within_the_depth() -> None:
     assert req.parts == (Part(1, BatchTag(7, 0, 0)), Part(1, BatchTag(7, 0, 1)),
                          Part(1, BatchTag(7, 0, 2)))
     assert s.on_reply(0, a.req_id, now=0.1).indexes == (0, 1, 2)
-    (c,) = s.assignments(taken=0, now=0.1)
-    assert list(c.indexes) == [5] and c.parts == ()  # 5 requested and not taken: the depth
+    # 5 requested and none taken: room for 1 of the next run of 3: it waits (a consumer
+    # taking batches one by one would otherwise make every request one batch)
+    assert s.assignments(taken=0, now=0.1) == [] and s.full(0) and not s.full(2)
+    (c,) = s.assignments(taken=2, now=0.1)
+    assert list(c.indexes) == [5, 6, 7] and c.request().parts[0].tag == BatchTag(7, 1, 0)
     s.on_reply(0, b.req_id, now=0.2)
-    (d,) = s.assignments(taken=4, now=0.2)
-    assert list(d.indexes) == [6, 7, 8] and d.request().parts[0].tag == BatchTag(7, 1, 1)
+    (d,) = s.assignments(taken=3, now=0.2)
+    assert list(d.indexes) == [8]  # the rest of the pass: a whole run
+    s.on_reply(0, c.req_id, now=0.3)
+    assert s.assignments(taken=3, now=0.3) == []  # the demand ends at 9
 
 
 def test_requests_are_sized_once_from_the_first_batch() -> None:
