@@ -125,8 +125,15 @@ class Fetch:
 
     def full(self, taken: int, depth: int, group: int = 1) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
-        return (not self.retry and self.next_request < self.demand.end
-                and not self._run_due(taken, depth, group))
+        return self.unblocked_at(taken, depth, group) is not None
+
+    def unblocked_at(self, taken: int, depth: int, group: int = 1) -> int | None:
+        """When only the consumer taking batches lets more requests go out: how many it must
+        have taken (more than ``taken``) for the next whole run to fit; else None."""
+        index = self.next_request
+        if self.retry or index >= self.demand.end or self._run_due(taken, depth, group):
+            return None
+        return index + min(group, self.demand.pass_end(index) - index) - depth
 
     def waiting(self, taken: int, depth: int) -> bool:
         """Whether a server is needed now: batches of the pass the consumer reads open, or

@@ -64,7 +64,7 @@ class Handoff(Generic[T]):
         self._readers: dict[str, int] = {}  # each server that joined -> its reader processes
         self._error: BaseException | None = None
         self._closed = False
-        self._want_wake = False
+        self._wake_at: int | None = None  # the take count that wakes the I/O thread
         self._delivered = 0
         self._discarded = 0
         self._counters = dict.fromkeys(COUNTERS, 0)
@@ -130,8 +130,8 @@ class Handoff(Generic[T]):
                 self._error = item.error
                 self._stopping = True  # a failed loader holds no session
                 wake = True
-            elif self._want_wake:
-                self._want_wake = False
+            elif self._wake_at is not None and self._taken >= self._wake_at:
+                self._wake_at = None
                 wake = True
         if wake:
             self._wake()
@@ -185,15 +185,17 @@ class Handoff(Generic[T]):
         with self._lock:
             return self._stopping
 
-    def taken(self, gen: int, full: bool) -> int:
+    def taken(self, gen: int, wake_at: int | None = None) -> int:
         """Batches of ``gen`` the consumer took (0 for a generation no longer current).
 
-        ``full``: the I/O thread cannot request more until the consumer takes a batch; the
-        next :meth:`take` then wakes it (otherwise takes do not wake it).
+        ``wake_at``: the I/O thread cannot request more until the consumer took this many
+        batches of ``gen``; the :meth:`take` that gets there wakes it (takes do not wake it
+        otherwise). None: no take wakes it.
         """
         with self._lock:
-            self._want_wake = full
-            return self._taken if gen == self._demand.gen else 0
+            current = gen == self._demand.gen
+            self._wake_at = wake_at if current else None
+            return self._taken if current else 0
 
     def deliver(self, gen: int, index: int, item: T | Failed) -> bool:
         """Hand batch ``index`` of ``gen`` to the consumer.

@@ -262,7 +262,7 @@ class IOThread(threading.Thread):
         gen = self._scheduler.gen
         if gen is None:
             return
-        taken = self.handoff.taken(gen, full=False)
+        taken = self.handoff.taken(gen)
         while True:
             for slot in self._scheduler.assignments(taken, now):
                 request = self._shm.lend(slot.server, slot.request())
@@ -270,12 +270,13 @@ class IOThread(threading.Thread):
                                                           flags=zmq.NOBLOCK)
                 if slot.retry:
                     self.handoff.count("rerequested")
-            if not self._scheduler.full(taken):
+            at = self._scheduler.unblocked_at(taken)
+            if at is None:
                 return
-            # Ask to be woken by the next take; a take since the first look is seen here, so
-            # no wake-up is missed between the two.
-            fresh = self.handoff.taken(gen, full=True)
-            if fresh == taken:
+            # Ask to be woken by the take that gets there; a take since the first look is seen
+            # here, so no wake-up is missed between the two.
+            fresh = self.handoff.taken(gen, wake_at=at)
+            if fresh < at:
                 return
             taken = fresh
 

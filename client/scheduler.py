@@ -379,7 +379,14 @@ class Scheduler:
 
     def full(self, taken: int) -> bool:
         """True when only the consumer taking batches lets more requests go out."""
-        return self._fetch is not None and self._fetch.full(taken, self.depth, self._group)
+        return self.unblocked_at(taken) is not None
+
+    def unblocked_at(self, taken: int) -> int | None:
+        """When only the consumer taking batches lets more requests go out (it took
+        ``taken``): how many it must have taken for the next one; else None."""
+        if self._fetch is None:
+            return None
+        return self._fetch.unblocked_at(taken, self.depth, self._group)
 
     def on_reply(self, server: int, req_id: int, now: float) -> Reply | None:
         """A reply (batch or error) to ``req_id`` arrived from ``server``.

@@ -112,9 +112,9 @@ def test_a_run_waits_until_it_fits_whole_within_the_depth() -> None:
     f.claim(0, 3)
     assert f.peek(0, 6, 3) == 3 and f.run(3, 0, 6, 3) == 3
     f.claim(3, 3)
-    for taken in (0, 1, 2):  # room for fewer than the next run of 3
-        assert f.peek(taken, 6, 3) is None and f.full(taken, 6, 3)
+    for taken in (0, 1, 2):  # room for fewer than the next run of 3: the third take frees it
+        assert f.peek(taken, 6, 3) is None and f.unblocked_at(taken, 6, 3) == 3
     assert f.peek(1, 6, 1) == 6  # runs of one: as soon as a batch is taken
-    assert f.peek(3, 6, 3) == 6 and not f.full(3, 6, 3)
+    assert f.peek(3, 6, 3) == 6 and f.unblocked_at(3, 6, 3) is None
     f.claim(6, 3)
     assert f.peek(7, 6, 3) == 9 and f.run(9, 7, 6, 3) == 1  # the rest of the pass: 1

@@ -96,12 +96,19 @@ def test_taken_counts_the_current_generation_and_wakes_only_when_asked() -> None
         h.deliver(1, i, str(i))
     before = waker.count
     h.take(1, 0.01, _alive)
-    assert waker.count == before and h.taken(1, full=True) == 1
+    assert waker.count == before and h.taken(1, wake_at=2) == 1
     h.take(1, 0.01, _alive)
-    assert waker.count == before + 1 and h.taken(1, full=False) == 2
+    assert waker.count == before + 1 and h.taken(1) == 2
     h.take(1, 0.01, _alive)
     assert waker.count == before + 1
-    assert h.taken(0, full=False) == 0
+    assert h.taken(0) == 0
+    for i in range(3, 6):
+        h.deliver(1, i, str(i))
+    assert h.taken(1, wake_at=5) == 3  # the take that gets to 5 wakes, not those before
+    h.take(1, 0.01, _alive)
+    assert waker.count == before + 1
+    h.take(1, 0.01, _alive)
+    assert waker.count == before + 2
 
 
 def test_failure_reaches_a_waiting_consumer_and_stays() -> None:
@@ -142,7 +149,7 @@ def test_foreign_exceptions_are_wrapped_and_a_dead_thread_is_noticed() -> None:
 def test_a_demand_of_the_same_generation_keeps_its_batches_and_takes_count_on() -> None:
     h, waker = _handoff(capacity=2)
     h.want(_demand(1))
-    assert h.taken(1, full=False) == 0 and h.capacity == 2
+    assert h.taken(1) == 0 and h.capacity == 2
     assert h.deliver(1, 0, "a") and h.take(1, 0.01, _alive) == (0, "a")
     assert h.deliver(1, 1, "b")
     ahead = Demand(1, (NONE, PassPlan(Pass(1, 0), Batches.of([]))))
@@ -150,9 +157,9 @@ def test_a_demand_of_the_same_generation_keeps_its_batches_and_takes_count_on() 
     assert h.wanted() is ahead and waker.count == 2
     assert h.take(1, 0.01, _alive) == (1, "b")
     assert h.deliver(1, 2, "next epoch's first") and h.take(1, 0.01, _alive)[0] == 2
-    assert h.taken(1, full=False) == 3
+    assert h.taken(1) == 3
     h.want(_demand(2))
-    assert h.taken(1, full=False) == 0 and h.taken(2, full=False) == 0
+    assert h.taken(1) == 0 and h.taken(2) == 0
 
 
 def test_a_failed_batch_raises_in_its_place_and_a_dropped_generation_drops_it() -> None:
