@@ -86,8 +86,9 @@ class Fetch:
 
     def run(self, index: int, taken: int, depth: int, group: int) -> int:
         """How many batches from ``index`` (:meth:`peek`'s, not one to request again) one
-        request takes: at most ``group``, within its pass and within ``depth``; at least 1."""
-        return max(1, min(group, self.demand.pass_end(index) - index,
+        request takes: at most ``group``, within its pass (:meth:`Demand.run_end`) and within
+        ``depth``; at least 1."""
+        return max(1, min(group, self.demand.run_end(index) - index,
                           taken + depth - index))
 
     def claim(self, index: int, count: int = 1) -> bool:
