@@ -58,7 +58,7 @@ from dataflow.plan import (
     ranges_of,
     rank_positions,
 )
-from dataflow.shuffle import Shuffle, epoch_order, shard_sizes_array
+from dataflow.shuffle import Shuffle, as_shuffle, epoch_order, shard_sizes_array
 from dataflow.transform import SEED_MAX, global_batch_index
 
 __all__ = [
@@ -364,7 +364,7 @@ def mixture_batches(
     check_int("rank", rank, 0, check_int("world_size", world_size, 1) - 1)
     check_int("epoch", epoch, 0)
     check_int("samples_per_epoch", samples_per_epoch, 1)
-    how = Shuffle(shuffle) if isinstance(shuffle, str | bool) else shuffle
+    how = as_shuffle(shuffle)
     sizes = [shard_sizes_array(s) for s in sources]
     for k, s in enumerate(sizes):
         if s.sum() == 0:
