@@ -83,6 +83,22 @@ def fields(source: int, shard: np.ndarray, row: np.ndarray,
             ROW: torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64))}
 
 
+def attach(batch: Mapping[str, torch.Tensor],
+           lineage: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with its lineage fields.
+
+    Raises:
+        ConfigError: the batch has a field of that name already (a server ``--transform``
+            made one), naming it.
+    """
+    if SOURCE in batch or SHARD in batch or ROW in batch:
+        taken = next(n for n in FIELDS if n in batch)
+        raise ConfigError(f"`lineage` adds fields {list(FIELDS)}, but a batch has a field "
+                          f"{taken!r} already (a server --transform made it?); rename it or "
+                          "leave lineage off")
+    return {**batch, **lineage}
+
+
 def check_free(names: Sequence[str], what: str) -> None:
     """Refuse lineage where a field of the data already has one of its names.
 

@@ -31,7 +31,7 @@ from dataflow.client.discovery import (
     ENV_VAR,
     servers_setting,
 )
-from dataflow.client.lineage import Names, Origin, check_free, sample_rows
+from dataflow.client.lineage import Names, Origin, attach, check_free, sample_rows
 from dataflow.client.lineage import fields as lineage_fields
 from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.passes import PassIterator, plan_pass
@@ -470,7 +470,7 @@ class DataLoader:
             if self.config.lineage:
                 shard, row = sample_rows(stream.demand.batch(got)[0],
                                                  left_out=batch.left_out)
-                out = {**out, **lineage_fields(0, shard, row, samples(out))}
+                out = attach(out, lineage_fields(0, shard, row, samples(out)))
             if self._meter is not None:
                 self._meter.batch(perf_counter() - t0, batch)
             left = stream.took(got, handoff.capacity)

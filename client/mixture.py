@@ -34,7 +34,7 @@ from dataflow.client.cursor import EpochCursor, Pass
 from dataflow.client.decode import BatchDecoder
 from dataflow.client.discovery import ServerSource, servers_setting
 from dataflow.client.iothread import IOThread
-from dataflow.client.lineage import Names, Origin, check_free, sample_rows
+from dataflow.client.lineage import Names, Origin, attach, check_free, sample_rows
 from dataflow.client.lineage import fields as lineage_fields
 from dataflow.client.loader import EpochSetter
 from dataflow.client.metrics import LoaderMetrics
@@ -454,7 +454,7 @@ class MixtureLoader:
             out = repeat(out, np.repeat(np.arange(len(kept)), kept))
         if self.config.loader.lineage:
             shard, row = sample_rows(part.rows, copies=copies, left_out=left_out)
-            out = {**out, **lineage_fields(part.source, shard, row, samples(out))}
+            out = attach(out, lineage_fields(part.source, shard, row, samples(out)))
         return out
 
     def _combine(self, parts: list[tuple[int, dict[str, torch.Tensor]]]) -> dict[str, Any]:

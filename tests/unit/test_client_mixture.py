@@ -15,7 +15,15 @@ from dataflow.client import DataLoader, LoaderConfig, MixtureConfig, MixtureLoad
 from dataflow.client.combine import concat, repeat, samples, signature
 from dataflow.client.cursor import EpochCursor, Pass
 from dataflow.client.discovery import parse_servers
-from dataflow.client.lineage import FIELDS, Names, Origin, check_free, fields, sample_rows
+from dataflow.client.lineage import (
+    FIELDS,
+    Names,
+    Origin,
+    attach,
+    check_free,
+    fields,
+    sample_rows,
+)
 from dataflow.client.mixstream import MixturePass, Projection, SourcePass
 from dataflow.client.state import (
     make_mixture_state,
@@ -349,6 +357,10 @@ def test_lineage_fields_name_source_shard_and_row() -> None:
     assert names(unknown) == [Origin("web", "", -1)] * 2
     with pytest.raises(ConfigError, match="lineage=True"):
         names({"id": torch.zeros(1)})
+    assert set(attach({"id": torch.zeros(1)}, fields(0, np.array([0]), np.array([3])))) == {
+        "id", *FIELDS}
+    with pytest.raises(ConfigError, match="a field 'lineage.source' already"):
+        attach(fields(0, np.array([0]), np.array([3])), fields(0, np.array([0]), np.array([3])))
     check_free(["id", "text"], "the dataset")
     with pytest.raises(ConfigError, match="'lineage.row'"):
         check_free(["id", FIELDS[2]], "the dataset")
