@@ -142,11 +142,15 @@ class Received:
         tensors: field name -> tensor (see the DataLoader docstring for names and shapes).
         event: the device copy the consumer must wait for (:func:`hand_over`), or None on CPU.
         base: the device buffer the tensors view, or None on CPU.
+        left_out: which of the samples the batch's plan names the server left out as damaged
+            (``--on-error skip``): positions in the plan's order; None when some were and the
+            server did not say which.
     """
 
     tensors: dict[str, torch.Tensor]
     event: CopyEvent | None = None
     base: torch.Tensor | None = None
+    left_out: tuple[int, ...] | None = ()
 
 
 class Landing(ABC):

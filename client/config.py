@@ -14,9 +14,16 @@ from dataflow.client.decode import Decode, as_decode
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
 from dataflow.client.shmring import VIEWS
 from dataflow.errors import ConfigError, FieldError
-from dataflow.security import ClientCurve
+from dataflow.security import ClientCurve, client_curve
 from dataflow.shm import Geometry
-from dataflow.shuffle import Shuffle, as_shuffle
+from dataflow.shuffle import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_SHUFFLE_WINDOW,
+    DEFAULT_WINDOW,
+    Shuffle,
+    as_shuffle,
+    shuffle_mode,
+)
 from dataflow.wire import Hello
 from dataflow.wire.fields import MAX_BATCH_SIZE, MAX_GROUP, MAX_MESSAGE_BYTES, column_names
 
@@ -115,6 +122,39 @@ class LoaderConfig:
     shared_memory: str = "auto"
     shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES
     batches_per_request: int | str = "auto"
+    lineage: bool = False
+
+    @classmethod
+    def of(cls, servers: ServerSource, *, batch_size: int, rank: int | None = None,
+           world_size: int | None = None, shuffle: bool | str = True, seed: int = 0,
+           drop_last: bool = False, device: str | torch.device | None = None,
+           pin_memory: bool = True, prefetch: int = 4, timeout: float = 60.0,
+           grace: float = 10.0, shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+           block_size: int = DEFAULT_BLOCK_SIZE, window: int = DEFAULT_WINDOW,
+           curve_key: str | os.PathLike | None = None,
+           server_key: str | os.PathLike | None = None,
+           resolve_interval: float = DEFAULT_RESOLVE_INTERVAL,
+           columns: Sequence[str] | None = None, read_ahead: bool = True,
+           request_timeout: float | None = None,
+           collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+           decode: Any = None, io_threads: int = DEFAULT_IO_THREADS,
+           shared_memory: str = "auto", shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES,
+           batches_per_request: int | str = "auto", lineage: bool = False) -> LoaderConfig:
+        """The configuration of a DataLoader's arguments (the same names and defaults; see
+        :class:`client.DataLoader`): ``rank`` and ``world_size`` from the environment when
+        None (:func:`dist_env`), the shuffle's knobs as one :class:`~dataflow.shuffle.Shuffle`,
+        the key files read."""
+        rank, world_size = dist_env(rank, world_size)
+        return cls(
+            servers=servers, batch_size=batch_size, rank=rank, world_size=world_size,
+            shuffle=Shuffle(shuffle_mode(shuffle), shuffle_window, block_size, window),
+            seed=seed, drop_last=drop_last, device=normalize_device(device),
+            pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
+            curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
+            columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
+            collate_fn=collate_fn, decode=as_decode(decode), io_threads=io_threads,
+            shared_memory=shared_memory, shared_memory_slot_bytes=shared_memory_slot_bytes,
+            batches_per_request=batches_per_request, lineage=lineage)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode", as_decode(self.decode))
@@ -140,8 +180,10 @@ class LoaderConfig:
             object.__setattr__(self, "batches_per_request",
                                check_int("batches_per_request", self.batches_per_request, 1,
                                          MAX_GROUP))
-        if not isinstance(self.read_ahead, bool):
-            raise ConfigError(f"`read_ahead` must be True or False. Found: {self.read_ahead!r}")
+        for flag in ("read_ahead", "lineage"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"`{flag}` must be True or False. Found: "
+                                  f"{getattr(self, flag)!r}")
         for name, lo, hi in (("batch_size", 1, MAX_BATCH_SIZE), ("world_size", 1, None),
                              ("rank", 0, None), ("seed", 0, None), ("prefetch", 1, None),
                              ("io_threads", 1, MAX_IO_THREADS)):

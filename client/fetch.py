@@ -80,7 +80,7 @@ class Fetch:
         index = self.next_request
         if index >= self.demand.end:
             return False
-        whole = min(group, self.demand.pass_end(index) - index)
+        whole = min(group, self.demand.run_end(index) - index)
         return taken + depth - index >= whole
 
     def peek(self, taken: int, depth: int, group: int = 1) -> int | None:
@@ -99,8 +99,9 @@ class Fetch:
 
     def run(self, index: int, taken: int, depth: int, group: int) -> int:
         """How many batches from ``index`` (:meth:`peek`'s, not one to request again) one
-        request takes: at most ``group``, within its pass and within ``depth``; at least 1."""
-        return max(1, min(group, self.demand.pass_end(index) - index,
+        request takes: at most ``group``, within its pass (:meth:`Demand.run_end`) and within
+        ``depth``; at least 1."""
+        return max(1, min(group, self.demand.run_end(index) - index,
                           taken + depth - index))
 
     def claim(self, index: int, count: int = 1) -> bool:
@@ -133,7 +134,7 @@ class Fetch:
         index = self.next_request
         if self.retry or index >= self.demand.end or self._run_due(taken, depth, group):
             return None
-        return index + min(group, self.demand.pass_end(index) - index) - depth
+        return index + min(group, self.demand.run_end(index) - index) - depth
 
     def waiting(self, taken: int, depth: int) -> bool:
         """Whether a server is needed now: batches of the pass the consumer reads open, or

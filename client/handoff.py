@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from dataflow import wire
-from dataflow.client.stream import Demand
+from dataflow.client.stream import Demand, Readable
 from dataflow.errors import DataflowError, InternalError, LoaderClosedError
 
 T = TypeVar("T")
@@ -56,7 +56,7 @@ class Handoff(Generic[T]):
         self._wake = wake
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
-        self._demand = Demand()
+        self._demand: Demand[Readable] = Demand()
         self._stopping = False
         self._batches: deque[tuple[int, T | Failed]] = deque()
         self._taken = 0

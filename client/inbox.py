@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import zmq
 
@@ -133,15 +134,17 @@ class Inbox:
         else:
             batches = receive_shared(sock, endpoint, msg, *shared, self._sink,
                                      self._handoff.count)
+        lefts = slot.left_out(msg)
         if msg.skipped:
             self._handoff.count("skipped", msg.skipped)
         if slot.retry:
             self._handoff.count("recovered")
         if self._scheduler.sized(wire.BatchLayout.of(msg).nbytes // len(batches)):
             self._grow()
-        for index, ready in zip(slot.indexes, batches, strict=True):
+        for index, ready, left in zip(slot.indexes, batches, lefts, strict=True):
             if index in reply.indexes:
-                self._hand_over(slot.gen, index, ready)
+                self._hand_over(slot.gen, index, replace(ready, left_out=left) if left != ()
+                                else ready)
 
     def _on_request_error(self, server: int, msg: wire.ErrorMsg, now: float) -> None:
         """A request failed: its batches are requested again (undeliverable, or a request of

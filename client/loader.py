@@ -4,37 +4,35 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from time import perf_counter
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from prometheus_client import CollectorRegistry
 
 from dataflow.batch import Schema
 from dataflow.checks import check_int
-from dataflow.client.buffers import CudaSink, HostSink, hand_over
+from dataflow.client.buffers import hand_over
+from dataflow.client.combine import samples
 from dataflow.client.compat import refuse_torch_arguments
 from dataflow.client.config import (
     DEFAULT_IO_THREADS,
     DEFAULT_SLOT_BYTES,
     LoaderConfig,
-    dist_env,
-    normalize_device,
 )
+from dataflow.client.connect import GET_POLL_S, first_index, start_io
 from dataflow.client.cursor import EpochCursor
-from dataflow.client.decode import BatchDecoder, Decode, ImageDecode, as_decode
+from dataflow.client.decode import BatchDecoder, Decode, ImageDecode
 from dataflow.client.discovery import (
     DEFAULT_RESOLVE_INTERVAL,
     ENV_VAR,
-    first_lookup,
-    lookup,
     servers_setting,
 )
-from dataflow.client.iothread import IOThread
+from dataflow.client.lineage import Names, Origin, attach, check_free, sample_rows
+from dataflow.client.lineage import fields as lineage_fields
 from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.passes import PassIterator, plan_pass
 from dataflow.client.state import make_state, read_state
@@ -42,23 +40,24 @@ from dataflow.client.stream import Stream
 from dataflow.errors import ConfigError, LoaderClosedError
 from dataflow.index import DatasetIndex
 from dataflow.plan import EpochSize, consumed, epoch_size
-from dataflow.security import client_curve
 from dataflow.shuffle import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SHUFFLE_WINDOW,
     DEFAULT_WINDOW,
-    Shuffle,
-    shuffle_mode,
 )
 
-GET_POLL_S = 0.5
+
+class Epochs(Protocol):
+    """A loader whose epoch is set (a DataLoader, a MixtureLoader)."""
+
+    def set_epoch(self, epoch: int) -> None: ...
 
 
 class EpochSetter:
     """``loader.sampler``: what code written for a ``DistributedSampler`` calls each epoch
     (``loader.sampler.set_epoch(epoch)``; PyTorch Lightning does it for every dataloader)."""
 
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, loader: Epochs) -> None:
         self._loader = weakref.ref(loader)
 
     def set_epoch(self, epoch: int) -> None:
@@ -244,6 +243,11 @@ class DataLoader:
             per request divides the per-batch cost of requests, replies and wake-ups on both
             sides (the trainer's CPU per batch, see README "Several batches a request"); the
             loader then holds up to ``prefetch x`` that many batches per server.
+        lineage: every batch says where each of its samples came from
+            (:mod:`dataflow.client.lineage`): int64 CPU tensors ``lineage.source`` (0),
+            ``lineage.shard`` (the shard's number in :attr:`index`) and ``lineage.row`` of
+            shape ``(batch,)``, read by :meth:`lineage`; samples a server left out as damaged
+            are not in them. Off (the default): no cost.
 
     torch's DataLoader arguments that have no place here (``num_workers``,
     ``prefetch_factor``, ``persistent_workers``, ``sampler``, ``generator``, ...) raise
@@ -292,24 +296,20 @@ class DataLoader:
         shared_memory: str = "auto",
         shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES,
         batches_per_request: int | str = "auto",
+        lineage: bool = False,
         **torch_only: object,
     ) -> None:
         refuse_torch_arguments(torch_only)
-        rank, world_size = dist_env(rank, world_size)
-        self.config = LoaderConfig(
-            servers=servers_setting(servers, os.environ.get(ENV_VAR)), batch_size=batch_size,
-            rank=rank, world_size=world_size,
-            shuffle=Shuffle(shuffle_mode(shuffle), shuffle_window, block_size, window),
-            seed=seed, drop_last=drop_last, device=normalize_device(device),
-            pin_memory=pin_memory, prefetch=prefetch, timeout=timeout, grace=grace,
-            curve=client_curve(curve_key, server_key), resolve_interval=resolve_interval,
+        self.config = LoaderConfig.of(
+            servers_setting(servers, os.environ.get(ENV_VAR)), batch_size=batch_size,
+            rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+            device=device, pin_memory=pin_memory, prefetch=prefetch, timeout=timeout,
+            grace=grace, shuffle_window=shuffle_window, block_size=block_size, window=window,
+            curve_key=curve_key, server_key=server_key, resolve_interval=resolve_interval,
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
-            collate_fn=collate_fn,
-            decode=as_decode(decode),
-            io_threads=io_threads,
+            collate_fn=collate_fn, decode=decode, io_threads=io_threads,
             shared_memory=shared_memory, shared_memory_slot_bytes=shared_memory_slot_bytes,
-            batches_per_request=batches_per_request,
-        )
+            batches_per_request=batches_per_request, lineage=lineage)
         self._start(metrics)
 
     @classmethod
@@ -332,38 +332,26 @@ class DataLoader:
 
     def _start(self, metrics: int | str | CollectorRegistry | None) -> None:
         cfg = self.config
-        source = cfg.servers
-        find = functools.partial(lookup, source)
-        endpoints = first_lookup(source, find, cfg.timeout)
-        if cfg.device is not None and cfg.decode is None:
-            sink: HostSink | CudaSink = CudaSink(torch.device(cfg.device))
-        elif cfg.device is not None:  # the decode stage copies to the device (client/decode.py)
-            sink = HostSink(pin=True)
-        else:
-            sink = HostSink(pin=cfg.pin_memory and torch.cuda.is_available())
-        name = f"rank {cfg.rank}/{cfg.world_size} on {socket.gethostname()}"
-        self._io = IOThread(endpoints, cfg.hello(name),
-                            cfg.timeout, cfg.grace, sink, cfg.curve,
-                            find if source.dynamic else None, cfg.resolve_interval,
-                            cfg.request_limit, cfg.io_threads, cfg.shm_geometry,
-                            cfg.request_group)
+        self._io = start_io(cfg)
         self._finalizer = weakref.finalize(self, self._io.stop)
-        self._io.start()
         self._metrics: LoaderMetrics | None = None
         self._decoder: BatchDecoder | None = None
         try:
             if metrics is not None:
                 self._metrics = LoaderMetrics(metrics, cfg.rank, self._io.handoff.stats)
                 weakref.finalize(self, self._metrics.close)
-            self.index = self._handshake()
+            self.index = DatasetIndex.from_json(first_index(self._io).index_json)
+            root = self.index.root
+            shards = [s.removeprefix(root) for s in self.index.shards]
             if cfg.decode is not None:
-                root = self.index.root
-                self._decoder = BatchDecoder(cfg.decode, cfg.device,
-                                             [s.removeprefix(root) for s in self.index.shards])
+                self._decoder = BatchDecoder(cfg.decode, cfg.device, shards)
                 weakref.finalize(self, self._decoder.close)
+            if cfg.lineage:
+                check_free([f.name for f in self.index.schema], "the dataset")
         except BaseException:
             self.close()
             raise
+        self._names = Names([(cfg.servers.spec, shards)])
         self._stream = Stream(EpochCursor(self.index.total),
                               functools.partial(plan_pass, cfg, self.index.sizes),
                               self._io.handoff.want, read_ahead=cfg.read_ahead)
@@ -373,12 +361,6 @@ class DataLoader:
         self.batch_sampler = None  # as torch's DataLoader: batches are not a sampler's here
         self._meter = self._metrics.meter if self._metrics is not None else None
         self.metrics_port = self._metrics.port if self._metrics is not None else None
-
-    def _handshake(self) -> DatasetIndex:
-        """The dataset index of the first server that joined (the I/O thread made sure every
-        later one serves the same)."""
-        return DatasetIndex.from_json(self._io.handoff.hello(GET_POLL_S, self._io.is_alive)
-                                      .index_json)
 
     @property
     def server_readers(self) -> tuple[int, ...]:
@@ -485,6 +467,10 @@ class DataLoader:
             out = hand_over(batch)
             if self._decoder is not None:  # a batch that fails to decode is not consumed
                 out = self._decoder(out, *stream.demand.batch(got))
+            if self.config.lineage:
+                shard, row = sample_rows(stream.demand.batch(got)[0],
+                                                 left_out=batch.left_out)
+                out = attach(out, lineage_fields(0, shard, row, samples(out)))
             if self._meter is not None:
                 self._meter.batch(perf_counter() - t0, batch)
             left = stream.took(got, handoff.capacity)
@@ -495,6 +481,17 @@ class DataLoader:
             yield out
             if not left and not stream.current(token):
                 return  # its pass yielded every batch; the loader moved on since: it ends
+
+    def lineage(self, batch: Mapping[str, Any]) -> list[Origin]:
+        """Where each sample of ``batch`` (as this loader returned it, made with
+        ``lineage=True``) came from: ``Origin(source, shard, row)`` per sample, in order; the
+        source is the ``servers`` setting, the shard named as the servers' INDEX names it
+        (relative to the dataset root).
+
+        Raises:
+            ConfigError: the batch has no lineage fields.
+        """
+        return self._names(batch)
 
     def stats(self) -> dict[str, int]:
         """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,

@@ -15,8 +15,11 @@ tensors as received),
 ``dataflow_client_h2d_pending_total`` (batches whose host-to-device copy had not finished when
 ``next()`` returned them: the training stream waits for it, so the copy was not hidden), the
 loader's ``stats()`` counters as ``dataflow_client_<name>_total`` and
-``dataflow_client_waiting_batches`` (batches received, not yet taken). Served on a port, the
-loader's own registry also has the process's ``process_*`` metrics and ``dataflow_build_info``.
+``dataflow_client_waiting_batches`` (batches received, not yet taken); a MixtureLoader's also
+``dataflow_client_source_samples_total`` and ``dataflow_client_source_batches_total`` (labels
+``rank`` and ``source``: samples of each source returned, batches holding any). Served on a
+port, the loader's own registry also has the process's ``process_*`` metrics and
+``dataflow_build_info``.
 
 Where a port is served follows the server's ``--metrics-bind`` rule: loopback unless an
 address is given (``metrics="0.0.0.0:9200"``), since the endpoint has no authentication.
@@ -88,10 +91,12 @@ class LoaderCollector(Collector):
         stats: its ``stats()`` (called per scrape; must be thread-safe).
     """
 
-    def __init__(self, rank: int, meter: StallMeter, stats: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, rank: int, meter: StallMeter, stats: Callable[[], dict[str, int]],
+                 sources: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
         self._rank = str(rank)
         self._meter = meter
         self._stats = stats
+        self._sources = sources
 
     def collect(self) -> Iterator[Metric]:
         m, labels = self._meter, [self._rank]
@@ -118,6 +123,15 @@ class LoaderCollector(Collector):
                     if key in GAUGES else CounterMetricFamily(PREFIX + key, help, labels=["rank"]))
             stat.add_metric(labels, value)
             yield stat
+        if self._sources is not None:
+            per = self._sources()
+            for key, help in (("samples", "samples of the source returned by next()"),
+                              ("batches", "batches returned by next() holding the source")):
+                fam = CounterMetricFamily(PREFIX + "source_" + key, help,
+                                          labels=["rank", "source"])
+                for name, source in per.items():
+                    fam.add_metric([self._rank, name], source[key])
+                yield fam
 
     def describe(self) -> Iterable[Metric]:
         return self.collect()
@@ -131,7 +145,9 @@ class LoaderMetrics:
             ``/metrics``, ``"ADDRESS:PORT"`` to serve on that address (``"0.0.0.0:9200"``,
             ``"[::]:9200"``), or a ``CollectorRegistry`` to register into.
         rank: the loader's rank.
-        stats: the loader's ``stats()``.
+        stats: the loader's counters (``stats()``).
+        sources: a MixtureLoader's counters per source (name -> ``samples``, ``batches``);
+            None for a DataLoader.
 
     Raises:
         ConfigError: ``target`` is neither.
@@ -139,7 +155,8 @@ class LoaderMetrics:
     """
 
     def __init__(self, target: int | str | CollectorRegistry, rank: int,
-                 stats: Callable[[], dict[str, int]]) -> None:
+                 stats: Callable[[], dict[str, int]],
+                 sources: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
         bind = EXPORT_BIND
         if isinstance(target, CollectorRegistry):
             registry, port = target, None
@@ -159,7 +176,7 @@ class LoaderMetrics:
             raise ConfigError("`metrics` must be a port number, 'ADDRESS:PORT' or a "
                               f"prometheus_client CollectorRegistry. Found: {target!r}")
         self.meter = StallMeter()
-        self._collector = LoaderCollector(rank, self.meter, stats)
+        self._collector = LoaderCollector(rank, self.meter, stats, sources)
         try:
             registry.register(self._collector)
         except ValueError as e:

@@ -46,6 +46,11 @@ class PassPlan:
         """Batch ``i``'s (seed, epoch, global batch index)."""
         return BatchTag(self.seed, self.span.epoch, self.first + i * self.stride)
 
+    def run_end(self, i: int) -> int:
+        """A request may carry batches up to the pass's end (within an epoch each sample is
+        read once, but for the padded tail)."""
+        return len(self)
+
 
 def plan_pass(cfg: LoaderConfig, sizes: Sequence[int], span: Pass) -> PassPlan:
     """This rank's plan of ``span`` over shards of ``sizes`` samples.

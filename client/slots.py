@@ -79,3 +79,26 @@ class Slot:
                 raise ProtocolError(f"{endpoint}: BATCH {self.req_id} has {size} samples in "
                                     f"its batch {j}; the request asked for {asked}")
             row += part.rows
+
+    def left_out(self, msg: wire.BatchMsg) -> list[tuple[int, ...] | None]:
+        """Per batch of BATCH ``msg`` (checked with :meth:`check_size`), which of its planned
+        samples the server left out: positions in the batch's plan, from ``msg.left_out``;
+        None for a short batch when the server did not say which."""
+        served = msg.parts or (msg.size,)
+        if not msg.skipped:
+            return [()] * len(served)
+        bounds = [0]
+        row = 0
+        for part in self.parts or (wire.Part(len(self.ranges), self.tag),):
+            rows = self.ranges[row : row + part.rows]
+            bounds.append(bounds[-1] + int((rows[:, 2] - rows[:, 1]).sum()))
+            row += part.rows
+        if not msg.left_out:
+            return [None if b - a > n else () for a, b, n in zip(bounds[:-1], bounds[1:], served,
+                                                                  strict=True)]
+        runs = msg.left_out
+        left = np.concatenate([np.arange(a, b) for a, b in zip(runs[::2], runs[1::2],
+                                                                strict=True)])
+        cuts = np.searchsorted(left, bounds)
+        return [tuple((left[i:j] - a).tolist()) for a, i, j in zip(bounds, cuts, cuts[1:],
+                                                                   strict=False)]

@@ -14,18 +14,27 @@ identity) and the plan inputs that must match (``seed``, ``batch_size``, the
 not match. Every field is the same on every rank of
 that job (a state has no ``rank``; one saved by an earlier release with a ``rank`` loads the
 same), so any rank's state may be saved.
+
+A MixtureLoader's state (:func:`make_mixture_state`) is the same, counted in the mixture's
+slots: ``mixture`` (its version, 1), ``epoch``, ``consumed`` (slots of the mixture epoch),
+``samples_per_epoch``, ``weights`` (the integers in lowest terms of
+:class:`~dataflow.mixture.Weights`), the plan fields, ``world_size`` and ``sources``: per
+source its ``name``, ``fingerprint``, ``total`` and ``position`` (samples of its stream of
+passes consumed: a function of the rest, checked on load).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dataflow.checks import check_int
 from dataflow.errors import DatasetMismatchError, StateMismatchError
+from dataflow.mixture import Weights
 from dataflow.shuffle import Shuffle
 
 VERSION = 2
+MIXTURE_VERSION = 1
 PLAN_FIELDS = ("seed", "batch_size", *Shuffle().fields(), "drop_last")
 
 
@@ -49,6 +58,9 @@ def read_state(state: Mapping[str, Any], *, total: int, fingerprint: str,
     """
     if not isinstance(state, Mapping):
         raise StateMismatchError(f"state_dict must be a mapping. Found: {type(state).__name__}")
+    if "mixture" in state:
+        raise StateMismatchError("state_dict is a MixtureLoader's (it has `mixture`); load it "
+                                 "into a MixtureLoader of the same sources")
     if state.get("version") != VERSION:
         raise StateMismatchError(f"state_dict `version` must be {VERSION}. Found: "
                                  f"{state.get('version')!r} (a state from another release)")
@@ -68,4 +80,70 @@ def read_state(state: Mapping[str, Any], *, total: int, fingerprint: str,
                                  of="the state_dict") for name in ("epoch", "consumed"))
     if consumed > total:
         raise StateMismatchError(f"state_dict `consumed` must be <= {total}. Found: {consumed}")
+    return epoch, consumed
+
+
+def make_mixture_state(*, epoch: int, consumed: int, samples_per_epoch: int, weights: Weights,
+                       sources: Sequence[tuple[str, str, int]], plan: Mapping[str, Any],
+                       world_size: int) -> dict[str, Any]:
+    """A MixtureLoader's state dict (see the module); ``sources``: each one's name,
+    fingerprint and total, in order."""
+    positions = weights.taken(epoch * samples_per_epoch + consumed)
+    return {"mixture": MIXTURE_VERSION, "epoch": epoch, "consumed": consumed,
+            "samples_per_epoch": samples_per_epoch, "weights": list(weights.counts),
+            "sources": [{"name": name, "fingerprint": fp, "total": total, "position": at}
+                        for (name, fp, total), at in zip(sources, positions, strict=True)],
+            **{k: plan[k] for k in PLAN_FIELDS}, "world_size": world_size}
+
+
+def read_mixture_state(state: Mapping[str, Any], *, samples_per_epoch: int, weights: Weights,
+                       sources: Sequence[tuple[str, str, int]],
+                       plan: Mapping[str, Any]) -> tuple[int, int]:
+    """Check a MixtureLoader's ``state`` against this one; returns ``(epoch, consumed)``.
+
+    Raises:
+        StateMismatchError: not a MixtureLoader state of this version, a field missing or
+            malformed, another number of sources, other weights, ``samples_per_epoch`` or
+            plan inputs (naming the field and both values), or source positions that do not
+            follow from the rest.
+        DatasetMismatchError: a source's data differs (naming the source).
+    """
+    if not isinstance(state, Mapping):
+        raise StateMismatchError(f"state_dict must be a mapping. Found: {type(state).__name__}")
+    if "mixture" not in state:
+        raise StateMismatchError("state_dict is a DataLoader's (it has no `mixture`); a "
+                                 "MixtureLoader resumes only its own")
+    if state["mixture"] != MIXTURE_VERSION:
+        raise StateMismatchError(f"state_dict `mixture` must be {MIXTURE_VERSION}. Found: "
+                                 f"{state['mixture']!r} (a state from another release)")
+    for name in ("epoch", "consumed", "samples_per_epoch", "weights", "sources", *PLAN_FIELDS):
+        if name not in state:
+            raise StateMismatchError(f"state_dict is missing `{name}`")
+    theirs = state["sources"]
+    if not isinstance(theirs, list) or len(theirs) != len(sources) or not all(
+            isinstance(s, Mapping) and {"name", "fingerprint", "total", "position"} <= set(s)
+            for s in theirs):
+        raise StateMismatchError(f"state_dict `sources` must list {len(sources)} source(s) "
+                                 f"with name, fingerprint, total and position. Found: "
+                                 f"{theirs!r}"[:400])
+    for k, (s, (name, fingerprint, total)) in enumerate(zip(theirs, sources, strict=True)):
+        if s["fingerprint"] != fingerprint or s["total"] != total:
+            raise DatasetMismatchError(f"state_dict source {k} ({s['name']!r}) was dataset "
+                                       f"{s['fingerprint']} ({s['total']!r} samples); source "
+                                       f"{k} ({name!r}) serves {fingerprint} ({total} samples)")
+    for name, ours in (("samples_per_epoch", samples_per_epoch),
+                       ("weights", list(weights.counts)), *((k, plan[k]) for k in PLAN_FIELDS)):
+        if state[name] != ours or isinstance(state[name], bool) != isinstance(ours, bool):
+            raise StateMismatchError(f"state_dict `{name}` is {state[name]!r} but this loader "
+                                     f"has {ours!r}")
+    epoch, consumed = (check_int(name, state[name], 0, error=StateMismatchError,
+                                 of="the state_dict") for name in ("epoch", "consumed"))
+    if consumed > samples_per_epoch:
+        raise StateMismatchError(f"state_dict `consumed` must be <= {samples_per_epoch}. "
+                                 f"Found: {consumed}")
+    positions = weights.taken(epoch * samples_per_epoch + consumed)
+    if [s["position"] for s in theirs] != list(positions):
+        raise StateMismatchError(f"state_dict source positions {[s['position'] for s in theirs]}"
+                                 f" do not follow from its epoch {epoch} and consumed "
+                                 f"{consumed} ({list(positions)})")
     return epoch, consumed

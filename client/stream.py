@@ -30,23 +30,50 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
 from dataflow.client.cursor import EpochCursor, Pass
-from dataflow.client.passes import PassPlan, after
+from dataflow.client.passes import after
 from dataflow.errors import InternalError, StaleIteratorError
 from dataflow.wire import BatchTag
 
 
+class Planned(Protocol):
+    """A pass planned for this rank, as the stream sees it: its span and its batch count."""
+
+    @property
+    def span(self) -> Pass: ...
+
+    def __len__(self) -> int: ...
+
+
+class Readable(Planned, Protocol):
+    """A planned pass whose batches a server reads: each one's rows and tag
+    (:class:`~dataflow.client.passes.PassPlan`)."""
+
+    def rows(self, i: int) -> np.ndarray: ...
+
+    def tag(self, i: int) -> BatchTag: ...
+
+    def run_end(self, i: int) -> int:
+        """One past the last batch a request starting at batch ``i`` may carry (batches one
+        request carries must not name a sample twice: a server refuses that)."""
+        ...
+
+
+P = TypeVar("P", bound=Planned, covariant=True)
+
+
 @dataclass(frozen=True)
-class Demand:
+class Demand(Generic[P]):
     """The batches the consumer wants read: generation ``gen``'s ``passes``, back to back,
     numbered from ``first``. ``passes[0]`` is the pass the consumer reads (its batches are
     needed); a pass after it is read ahead."""
 
     gen: int = 0
-    passes: tuple[PassPlan, ...] = ()
+    passes: tuple[P, ...] = ()
     first: int = 0
 
     @property
@@ -59,8 +86,9 @@ class Demand:
         """One past the last batch wanted."""
         return self.first + sum(len(p) for p in self.passes)
 
-    def pass_end(self, index: int) -> int:
-        """One past the last batch of the pass batch ``index`` is of.
+    def run_end(self: Demand[Readable], index: int) -> int:
+        """One past the last batch that one request starting at batch ``index`` may carry:
+        its pass's end, or sooner where the pass says (:meth:`Readable.run_end`).
 
         Raises:
             InternalError: ``index`` is not a batch of this demand.
@@ -68,12 +96,12 @@ class Demand:
         start = self.first
         for p in self.passes:
             if start <= index < start + len(p):
-                return start + len(p)
+                return start + p.run_end(index - start)
             start += len(p)
         raise InternalError(f"batch {index} is outside generation {self.gen}'s batches "
                             f"[{self.first}, {self.end})")
 
-    def batch(self, index: int) -> tuple[np.ndarray, BatchTag]:
+    def batch(self: Demand[Readable], index: int) -> tuple[np.ndarray, BatchTag]:
         """Batch ``index``'s ``(shard, start, stop)`` rows and its tag.
 
         Raises:
@@ -88,7 +116,10 @@ class Demand:
                             f"[{self.first}, {self.end})")
 
 
-class Stream:
+Q = TypeVar("Q", bound=Planned)
+
+
+class Stream(Generic[Q]):
     """A loader's stream of batches and its current iterator (see the module).
 
     Args:
@@ -101,13 +132,13 @@ class Stream:
     Thread invariant: used by the consumer's thread only.
     """
 
-    def __init__(self, cursor: EpochCursor, plan: Callable[[Pass], PassPlan],
-                 publish: Callable[[Demand], None], *, read_ahead: bool) -> None:
+    def __init__(self, cursor: EpochCursor, plan: Callable[[Pass], Q],
+                 publish: Callable[[Demand[Q]], None], *, read_ahead: bool) -> None:
         self._cursor = cursor
         self._plan = plan
         self._publish = publish
         self._read_ahead = read_ahead
-        self.demand = Demand()
+        self.demand: Demand[Q] = Demand()
         self._taken = 0  # batches of the demand's generation the consumer took
         self._current: object | None = None  # the current iterator's token
         self._pending: Pass | None = None  # its pass, sought at its first next()
@@ -230,6 +261,6 @@ class Stream:
         self._taken = 0
         self._want(Demand(self.demand.gen + 1, (planned,)))
 
-    def _want(self, demand: Demand) -> None:
+    def _want(self, demand: Demand[Q]) -> None:
         self.demand = demand
         self._publish(demand)

@@ -112,7 +112,8 @@ class SchemaError(DataflowError):
 
 
 class SchemaMismatchError(SchemaError):
-    """Two shards of one dataset disagree on their schema."""
+    """Two shards of one dataset disagree on their schema (or two sources of a mixture, whose
+    batches hold the fields they share, on their fields)."""
 
     def __init__(self, shard_a: str, shard_b: str, field: str, detail: str) -> None:
         super().__init__(

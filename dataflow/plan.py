@@ -54,10 +54,14 @@ __all__ = [
     "Batches",
     "EpochSize",
     "Range",
+    "batch_bounds",
     "consumed",
     "epoch_order",
     "epoch_size",
     "rank_batches",
+    "rank_positions",
+    "ranges_of",
+    "sort_within",
 ]
 
 
@@ -155,29 +159,75 @@ def _check_rank(rank: int, world_size: int) -> None:
     check_int("rank", rank, 0, check_int("world_size", world_size, 1) - 1)
 
 
-def _table(order: np.ndarray, start: int, ends: np.ndarray, size: EpochSize, *,
-           world_size: int, rank: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """One rank's batches of the epoch's ``order`` (sample ids) after ``start`` consumed."""
+def rank_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
+                   batch_size: int, total: int) -> np.ndarray:
+    """Positions in the epoch's order of rank ``rank``'s samples of the rest of an epoch.
+
+    Args:
+        size: :func:`epoch_size` of that rest (``total`` samples, ``start`` consumed).
+
+    Returns:
+        int64 of shape ``(size.samples_per_rank,)``: batch ``j`` is the ``batch_size``
+        positions from ``j * batch_size`` (the last one ``size.last_batch_size``), in order
+        within each batch. Padding positions (past the end of the order) are already taken
+        modulo ``total``.
+    """
     batches, last = size.batches_per_rank, size.last_batch_size
     if batches == 0:
-        return np.zeros((0, 3), dtype=np.int64), np.zeros(1, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)
     full = batches - 1
     per_round = world_size * batch_size
-    rest = order[start:]
-    body = rest[: full * per_round].reshape(full, world_size, batch_size)[:, rank, :]
-    tail = start + full * per_round + rank * last + np.arange(last)
-    ids = np.concatenate([np.sort(body, axis=1).reshape(-1), np.sort(order[tail % len(order)])])
+    body = (start + rank * batch_size + np.arange(full, dtype=np.int64)[:, None] * per_round
+            + np.arange(batch_size, dtype=np.int64)[None, :]).reshape(-1)
+    tail = start + full * per_round + rank * last + np.arange(last, dtype=np.int64)
+    return np.concatenate([body, tail % total])
+
+
+def batch_bounds(samples: int, batch_size: int) -> np.ndarray:
+    """Where each batch of ``samples`` positions cut into batches of ``batch_size`` (the last
+    one shorter) starts: int64 of shape ``(batches + 1,)``, from 0 to ``samples``."""
+    return np.append(np.arange(0, samples, batch_size, dtype=np.int64), samples)
+
+
+def ranges_of(ids: np.ndarray, bounds: np.ndarray, ends: np.ndarray) -> Batches:
+    """Batches of sample ids as ranges: batch ``i`` is ``ids[bounds[i]:bounds[i + 1]]``
+    (non-empty), sorted within the batch, each sample once; ``ends`` the shards' cumulative
+    sizes. Adjacent samples of one shard merge into one ``(shard, start, stop)`` range."""
+    if len(bounds) < 2:
+        return Batches(np.zeros((0, 3), dtype=np.int64), np.zeros(1, dtype=np.int64))
     shard = np.searchsorted(ends, ids, side="right")
     head = np.ones(len(ids), dtype=bool)
     head[1:] = (ids[1:] != ids[:-1] + 1) | (shard[1:] != shard[:-1])
-    firsts = np.arange(batches) * batch_size
+    firsts = bounds[:-1]
     head[firsts] = True
     heads = np.flatnonzero(head)
     lasts = np.append(heads[1:], len(ids)) - 1
     base = np.concatenate([[0], ends[:-1]])[shard[heads]]
     table = np.stack([shard[heads], ids[heads] - base, ids[lasts] + 1 - base], axis=1)
-    bounds = np.append(np.searchsorted(heads, firsts), len(heads))
-    return table.astype(np.int64, copy=False), bounds
+    return Batches(table.astype(np.int64, copy=False),
+                   np.append(np.searchsorted(heads, firsts), len(heads)))
+
+
+def sort_within(ids: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``ids`` sorted within each batch ``ids[bounds[i]:bounds[i + 1]]`` (a new array)."""
+    sizes = np.diff(bounds)
+    if len(sizes) == 0:
+        return ids.copy()
+    if (sizes[:-1] == sizes[0]).all():  # full batches, then maybe a short one
+        cut = int(bounds[-2])
+        body = np.sort(ids[:cut].reshape(-1, int(sizes[0])), axis=-1)
+        return np.concatenate([body.reshape(-1), np.sort(ids[cut:])])
+    batch = np.repeat(np.arange(len(sizes)), sizes)
+    return ids[np.lexsort((ids, batch))]
+
+
+def _table(order: np.ndarray, start: int, ends: np.ndarray, size: EpochSize, *,
+           world_size: int, rank: int, batch_size: int) -> Batches:
+    """One rank's batches of the epoch's ``order`` (sample ids) after ``start`` consumed."""
+    positions = rank_positions(size, start=start, world_size=world_size, rank=rank,
+                               batch_size=batch_size, total=len(order))
+    bounds = batch_bounds(len(positions), batch_size)
+    return ranges_of(sort_within(order[positions], bounds), bounds, ends)
 
 
 class Batches(Sequence[list[Range]]):
@@ -289,5 +339,5 @@ def rank_batches(
     order, ends, size = _order(shard_sizes, world_size=world_size, epoch=epoch, seed=seed,
                                batch_size=batch_size, drop_last=drop_last, start=start,
                                shuffle=shuffle)
-    return Batches(*_table(order, start, ends, size, world_size=world_size, rank=rank,
-                           batch_size=batch_size))
+    return _table(order, start, ends, size, world_size=world_size, rank=rank,
+                  batch_size=batch_size)

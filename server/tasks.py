@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -147,6 +149,7 @@ class SkipMeter:
     def __init__(self, readers: ReaderCache) -> None:
         self._readers = readers
         self._seen: dict[int, list[tuple[ShardReader, int]]] = {}
+        self._uncounted: dict[int, int] = {}  # shard -> skips of reads made to find which
 
     def get(self, shard: int) -> ShardReader:
         reader = self._readers.get(shard)
@@ -168,8 +171,20 @@ class SkipMeter:
     def skips(self) -> dict[int, int]:
         """Samples skipped during the task, by shard (shards with none left out)."""
         out = {shard: sum(r.skipped - before for r, before in seen)
-               for shard, seen in self._seen.items()}
+               - self._uncounted.get(shard, 0) for shard, seen in self._seen.items()}
         return {shard: n for shard, n in out.items() if n}
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Reads made meanwhile do not count in :meth:`skips` (reading samples again to learn
+        which ones a read left out)."""
+        before = self.skips()
+        try:
+            yield
+        finally:
+            for shard, n in self.skips().items():
+                self._uncounted[shard] = self._uncounted.get(shard, 0) + n - before.get(shard,
+                                                                                       0)
 
 
 def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> TransformContext:
@@ -253,21 +268,39 @@ def _batch_with(readers: ReaderCache, transform: Transform | None, spec: WorkerS
     read again alone."""
     meter = SkipMeter(readers)
     if not task.parts:
-        batch, skipped = _one(meter, transform, spec, task.ranges, task.tag, task.columns,
-                              cache)
-        return _checked(spec, wire.batch_to_message(task.req_id, batch, skipped)), meter
+        batch, left = _one(meter, transform, spec, task.ranges, task.tag, task.columns,
+                           cache)
+        msg = wire.batch_to_message(task.req_id, batch, len(left))
+        return _checked(spec, _saying(msg, left)), meter
     if transform is None:
-        batch, skipped = _one(meter, None, spec, task.ranges, task.tag, task.columns, None)
-        if not skipped:
+        batch, left = _one(meter, None, spec, task.ranges, task.tag, task.columns, None)
+        if not len(left):
             sizes = [_samples(rows) for rows in _part_rows(task)]
             return _checked(spec, wire.parts_to_message(task.req_id, batch, sizes)), meter
         meter = SkipMeter(readers)
-    batches, skipped = [], 0
+    batches, lefts, before = [], [], 0
     for part, rows in zip(task.parts, _part_rows(task), strict=True):
-        batch, n = _one(meter, transform, spec, rows, part.tag, task.columns, cache)
+        batch, left = _one(meter, transform, spec, rows, part.tag, task.columns, cache)
         batches.append(batch)
-        skipped += n
-    return _checked(spec, wire.batches_to_message(task.req_id, batches, skipped)), meter
+        lefts.append(np.where(left < 0, -1, left + before))
+        before += _samples(rows)
+    left = np.concatenate(lefts)
+    msg = wire.batches_to_message(task.req_id, batches, len(left))
+    return _checked(spec, _saying(msg, left)), meter
+
+
+def _saying(msg: wire.BatchMsg, left: np.ndarray) -> wire.BatchMsg:
+    """``msg`` with its ``left_out`` runs: which of the request's samples ``left`` (sorted
+    positions, -1 where not known) it skipped; none when they are not all known or take more
+    than :data:`~dataflow.wire.MAX_LEFT_OUT_RUNS` runs."""
+    if not len(left) or (left < 0).any():
+        return msg
+    starts = np.flatnonzero(np.diff(left, prepend=-2) != 1)
+    if len(starts) > wire.MAX_LEFT_OUT_RUNS:
+        return msg
+    stops = np.append(starts[1:], len(left)) - 1
+    runs = np.stack([left[starts], left[stops] + 1], axis=1).reshape(-1)
+    return replace(msg, left_out=tuple(runs.tolist()))
 
 
 def _part_rows(task: Task) -> list[np.ndarray]:
@@ -296,10 +329,10 @@ def _checked(spec: WorkerSpec, msg: wire.BatchMsg) -> wire.BatchMsg:
 
 def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges: np.ndarray,
          tag: BatchTag, columns: tuple[str, ...] | None,
-         cache: SampleCache | None) -> tuple[Batch, int]:
+         cache: SampleCache | None) -> tuple[Batch, np.ndarray]:
     """One batch of ``ranges`` (``tag``) read, transformed (a decode stage through ``cache``)
-    and selected, and the samples left out of it as damaged."""
-    before = sum(meter.skips().values())
+    and selected, and which of its samples were left out as damaged (:func:`_left_out`)."""
+    before = meter.skips()
     if transform is None:
         batch = read_ranges(meter.get, ranges)
     else:
@@ -313,12 +346,36 @@ def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges
         batch = apply_transform(transform, batch, ctx, columns)
     if columns is not None:
         batch = select(batch, columns)
-    skipped = sum(meter.skips().values()) - before
+    now = meter.skips()
+    skipped = sum(now.values()) - sum(before.values())
     requested = _samples(ranges)
     if batch_len(batch) + skipped != requested:
         raise InternalError(f"batch of {batch_len(batch)} sample(s) with {skipped} skipped "
                             f"for a request of {requested}")
-    return batch, skipped
+    if not skipped:
+        return batch, np.zeros(0, dtype=np.int64)
+    damaged = [shard for shard, n in now.items() if n > before.get(shard, 0)]
+    with meter.uncounted():
+        left = _left_out(meter, ranges, damaged)
+    if len(left) != skipped:  # the damage read otherwise this time: not known which
+        left = np.full(skipped, -1, dtype=np.int64)
+    return batch, left
+
+
+def _left_out(meter: SkipMeter, ranges: np.ndarray, damaged: list[int]) -> np.ndarray:
+    """Positions among the samples of ``ranges`` (in order) that a read leaves out: each
+    sample of the ``damaged`` shards read alone. A read of a damaged sample serves nothing
+    under ``--on-error skip``; only batches with skipped samples pay for it."""
+    lengths = ranges[:, 2] - ranges[:, 1]
+    heads = np.cumsum(lengths) - lengths
+    left = []
+    for (shard, start, stop), head in zip(ranges.tolist(), heads.tolist(), strict=True):
+        if shard not in damaged:
+            continue
+        for i in range(start, stop):
+            if batch_len(read_ranges(meter.get, np.array([[shard, i, i + 1]]))) == 0:
+                left.append(head + i - start)
+    return np.asarray(left, dtype=np.int64)
 
 
 def _decoded(meter: SkipMeter, transform: Transform, ranges: np.ndarray,

@@ -84,6 +84,12 @@ def check_batch(msg: BatchMsg) -> None:
     if msg.parts and (len(msg.parts) < 2 or sum(msg.parts) != msg.size):
         raise ProtocolError(f"BATCH header field `parts`: 2 or more batches adding up to "
                             f"`size` {msg.size}. Found: {list(msg.parts)}"[:400])
+    runs = msg.left_out
+    if runs and (sum(runs[1::2]) - sum(runs[::2]) != msg.skipped
+                 or runs[-1] > msg.size + msg.skipped):
+        raise ProtocolError(f"BATCH header field `left_out`: runs of the request's "
+                            f"{msg.size + msg.skipped} samples adding up to `skipped` "
+                            f"{msg.skipped}. Found: {list(runs)}"[:400])
     by_name = {s.name: s for s in msg.arrays}
     paired: set[str] = set()
     for name, _ in msg.ragged:

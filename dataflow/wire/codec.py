@@ -29,6 +29,7 @@ from dataflow.wire.fields import (
     MAX_CREDITS,
     MAX_GROUP,
     MAX_INDEX_BYTES,
+    MAX_LEFT_OUT_RUNS,
     MAX_MESSAGE_BYTES,
     MAX_NAME,
     MAX_RANGES,
@@ -180,6 +181,17 @@ def batch_parts(v: Any) -> tuple[int, ...]:
     return tuple(v)
 
 
+def sample_runs(v: Any) -> tuple[int, ...]:
+    """A BATCH's ``left_out``: 1 to :data:`MAX_LEFT_OUT_RUNS` runs ``[start, stop, ...]`` of
+    sample positions, each non-empty, increasing and disjoint."""
+    if (not isinstance(v, list) or not 2 <= len(v) <= 2 * MAX_LEFT_OUT_RUNS or len(v) % 2
+            or not all(as_int(x) is not None and 0 <= x <= INT64_MAX for x in v)
+            or any(a >= b for a, b in zip(v, v[1:], strict=False))):
+        raise FieldError(f"must be 1 to {MAX_LEFT_OUT_RUNS} runs [start, stop, ...] of "
+                         "increasing sample positions")
+    return tuple(v)
+
+
 def check_request(msg: Request) -> None:
     """A REQUEST with ``parts`` tags each of them, not itself."""
     if msg.parts and msg.tag != NO_TAG:
@@ -225,6 +237,7 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("skipped", integer(0, INT64_MAX), optional=True, omit=0),
         FieldSpec("shm", shm_ref, dump=lambda r: [r.slot, r.nbytes], optional=True),
         FieldSpec("parts", batch_parts, dump=list, optional=True, omit=()),
+        FieldSpec("left_out", sample_runs, dump=list, optional=True, omit=()),
     ), ArraysBody(), check_batch),
     Kind.ERROR: MessageSpec(ErrorMsg, (
         FieldSpec("req_id", integer(-1, INT64_MAX)),

@@ -261,6 +261,11 @@ class BatchMsg:
             (one entry each; they add up to ``size``); a ragged field's offsets then start
             again at 0 for each batch (``size + len(parts)`` of them: each batch's own
             ``n + 1``), its values follow one another. Empty (not on the wire): one batch.
+        left_out: which of the request's samples are the ``skipped`` ones, as runs
+            ``(start, stop, start, stop, ...)`` of positions in the request's samples (in the
+            order its ranges name them, over all its parts), increasing and disjoint, adding
+            up to ``skipped``; at most :data:`~dataflow.wire.fields.MAX_LEFT_OUT_RUNS` runs.
+            Empty (not on the wire): none skipped, or the server does not say which.
     """
 
     req_id: int
@@ -271,6 +276,7 @@ class BatchMsg:
     skipped: int = 0
     shm: ShmRef | None = None
     parts: tuple[int, ...] = ()
+    left_out: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, init=False)

@@ -18,8 +18,9 @@ import torch
 import webdataset
 from PIL import Image
 
-from dataflow.client import DataLoader, ImageDecode
+from dataflow.client import DataLoader, ImageDecode, MixtureLoader, Source
 from dataflow.errors import DecodeError
+from dataflow.mixture import source_seed
 from dataflow.transform import batch_seed
 
 SHARDS, PER_SHARD, BATCH, CROP, SEED = 3, 16, 6, 16, 7
@@ -189,3 +190,24 @@ def test_a_field_that_is_not_bytes_is_named(jpeg_tars, servers) -> None:
         next(iter(dl))
     assert "decode of field 'id' in batch 0 of epoch 0: not a bytes field: a fixed-size " \
            "torch.int64 field of shape (4,)" in str(e.value)
+
+
+@pytest.mark.timeout(120)
+def test_a_mixture_decodes_each_source_s_part_with_its_own_draws(jpeg_tars, servers) -> None:
+    """Two sources on the same server (two sessions): each part of a batch is decoded alone,
+    its crops drawn with its source's seed (``source_seed``), position by position."""
+    paths, jpgs = jpeg_tars
+    endpoint = servers(paths, workers=1).endpoint
+    sources = [Source(endpoint, 2, name="a"), Source(endpoint, 1, name="b")]
+    with MixtureLoader(sources, batch_size=BATCH, seed=SEED, decode=DECODE, timeout=30,
+                       lineage=True, samples_per_epoch=36) as ml:
+        batches = list(ml)
+        assert ml.stats()["sources"]["a"]["samples"] == 24
+    assert len(batches) == 6
+    for g, batch in enumerate(batches):
+        origins = ml.lineage(batch)
+        assert [o.source for o in origins] == ["a"] * 4 + ["b"] * 2
+        for p, sid in enumerate(batch["id"].tolist()):
+            k, at = (0, p) if p < 4 else (1, p - 4)
+            assert np.array_equal(batch["image"][p].numpy(),
+                                  _expected(jpgs[sid], source_seed(SEED, k), 0, g, at)), (g, p)

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from dataflow import wire
 from dataflow.client.cursor import Pass
 from dataflow.client.passes import PassPlan
 from dataflow.client.scheduler import CONTROL, Loss, Reply, Scheduler, State
+from dataflow.client.slots import Slot
 from dataflow.client.stream import Demand
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.plan import Batches, Range
@@ -440,6 +444,22 @@ def test_batch_size_plus_skipped_must_be_the_request() -> None:
         slot.check_size("tcp://a:1", _reply(1, 4, 1))
     with pytest.raises(ProtocolError, match="carries 2 batches; the request asked for 1"):
         slot.check_size("tcp://a:1", _reply(1, 4, 0, parts=(2, 2)))
+
+
+def test_which_planned_samples_each_batch_of_a_reply_lacks() -> None:
+    """``left_out`` runs of the request's samples, cut into each batch's own positions; a
+    short batch the server said nothing about is not known (None)."""
+    rows = np.array([[0, 0, 3], [1, 5, 6], [0, 7, 9], [2, 0, 4]], dtype=np.int64)
+    parts = (wire.Part(2, wire.BatchTag()), wire.Part(1, wire.BatchTag()),
+             wire.Part(1, wire.BatchTag()))  # batches of 4, 2 and 4 samples
+    slot = Slot(0, 1, 1, 0, rows, wire.NO_TAG, False, 0.0, parts=parts)
+    assert slot.left_out(_reply(1, 10, 0, parts=(4, 2, 4))) == [(), (), ()]
+    said = replace(_reply(1, 7, 3, parts=(2, 2, 3)), left_out=(1, 3, 9, 10))
+    assert slot.left_out(said) == [(1, 2), (), (3,)]
+    assert slot.left_out(_reply(1, 7, 3, parts=(2, 2, 3))) == [None, (), None]
+    alone = Slot(0, 1, 1, 0, rows[:2], wire.NO_TAG, False, 0.0)
+    assert alone.left_out(replace(_reply(1, 3, 1), left_out=(3, 4))) == [(3,)]
+    assert alone.left_out(_reply(1, 3, 1)) == [None]
 
 
 def _reply(req_id: int, size: int, skipped: int, parts: tuple[int, ...] = ()) -> wire.BatchMsg:

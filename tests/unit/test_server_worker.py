@@ -70,6 +70,26 @@ def test_batch_counts_the_samples_the_readers_skipped_during_the_task() -> None:
     assert (msg.size, msg.skipped) == (7, 3)
     assert msg.data[0].tolist() == [0, 3, 4, 6, 7, 8, 9]
     assert sent.skips == ((0, 2), (1, 1)) and not sent.too_large and sent.samples == 7
+    # which: positions 1, 2 (shard 0, samples 1, 2) and 5 (shard 1, sample 5) of the 10 asked
+    assert msg.left_out == (1, 3, 5, 6)
+    assert readers[0].skipped == 7 + 4 and readers[1].skipped == 2  # read again to know which
+
+
+def test_which_samples_were_left_out_is_said_only_when_known() -> None:
+    """A reader whose damage reads otherwise when read again (or none was skipped): the
+    BATCH counts its skipped samples but does not say which."""
+
+    class Flaky(LossyReader):
+        def _read(self, start: int, stop: int) -> Batch:
+            batch = super()._read(start, stop)
+            self._damaged = {i + 1 for i in self._damaged}
+            return batch
+
+    msg, sent = _serve({0: Flaky(10, {1})}, 3, (0, 0, 5))
+    assert isinstance(msg, wire.BatchMsg) and (msg.size, msg.skipped, msg.left_out) == (4, 1, ())
+    assert sent.skips == ((0, 1),)
+    msg, _ = _serve({0: LossyReader(10, set())}, 3, (0, 0, 5))
+    assert isinstance(msg, wire.BatchMsg) and (msg.skipped, msg.left_out) == (0, ())
 
 
 def test_a_count_that_does_not_add_up_is_an_internal_error_reply(caplog) -> None:
@@ -126,6 +146,7 @@ def test_error_messages_name_shards_relative_to_the_root() -> None:
 def test_all_or_nothing_skipped(damaged: set[int]) -> None:
     msg, _ = _serve({0: LossyReader(3, damaged)}, 7, (0, 0, 3))
     assert isinstance(msg, wire.BatchMsg) and msg.size + msg.skipped == 3
+    assert msg.left_out == ((0, 3) if damaged else ())
 
 
 def _tagged(batch: Batch, ctx: TransformContext) -> Batch:
@@ -152,6 +173,7 @@ def test_a_task_of_several_batches_reads_and_transforms_each_alone() -> None:
     assert [set(b["batch"].tolist()) for b in got] == [{0}, {4}, {0}]
     assert [set(b["seed"].tolist()) for b in got] == [{batch_seed(*t) % 2**62} for t in tags]
     assert sent.samples == 8 and sent.skips == ((0, 2),)
+    assert msg.left_out == (1, 2, 7, 8)  # sample 1 of shard 0 (position 1), 9 (position 7)
 
 
 @pytest.mark.parametrize("damaged", [set(), {1, 9}])
@@ -171,6 +193,7 @@ def test_without_a_transform_the_batches_of_a_task_are_read_as_one(damaged: set[
     assert [b["x"].tolist() for b in wire.message_to_batches(msg)] == want
     assert msg.parts == tuple(map(len, want)) and msg.skipped == len(damaged)
     assert sent.skips == (((0, 2),) if damaged else ()) and sent.samples == msg.size
+    assert msg.left_out == ((1, 2, 7, 8) if damaged else ())
 
 
 def test_a_batch_read_as_one_is_cut_with_each_batch_s_own_offsets() -> None:

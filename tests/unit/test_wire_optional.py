@@ -1,9 +1,10 @@
-"""Optional header fields: HELLO ``batch_size`` and ``columns``, BATCH ``skipped``, REQUEST
-``tag``; new ERROR kinds."""
+"""Optional header fields: HELLO ``batch_size`` and ``columns``, BATCH ``skipped`` and
+``left_out``, REQUEST ``tag``; new ERROR kinds."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -73,6 +74,26 @@ def test_batch_skipped_is_left_out_when_zero_and_round_trips() -> None:
     header = {**_header(frames), "skipped": -1}
     with pytest.raises(ProtocolError, match="`skipped`"):
         wire.decode([json.dumps(header).encode(), *frames[1:]])
+
+
+def test_batch_left_out_runs_round_trip_and_must_add_up_to_skipped() -> None:
+    batch = {"x": np.arange(3, dtype=np.int64)}
+    plain = wire.encode(wire.batch_to_message(1, batch, skipped=2))
+    assert "left_out" not in _header(plain) and wire.decode(plain).left_out == ()
+    msg = replace(wire.batch_to_message(1, batch, skipped=3), left_out=(0, 1, 3, 5))
+    frames = wire.encode(msg)
+    assert _header(frames)["left_out"] == [0, 1, 3, 5]
+    assert wire.decode(frames).left_out == (0, 1, 3, 5)
+    assert wire.decode(wire.encode(replace(msg, left_out=(1, 4)))).left_out == (1, 4)
+    for runs, reason in (([0, 2, 3, 5], "adding up to `skipped` 3"),  # 4 of them
+                         ([4, 7], "adding up"),  # past the request's 6 samples
+                         ([3, 5, 5, 6], "increasing"), ([0, 1, 3], "runs"), ([2, 2], "runs"),
+                         ([0, -1], "runs"), ("0-3", "runs"),
+                         (list(range(2 * wire.MAX_LEFT_OUT_RUNS + 2)), "runs")):
+        header = {**_header(frames), "left_out": runs}
+        with pytest.raises(ProtocolError, match="`left_out`") as info:
+            wire.decode([json.dumps(header).encode(), *frames[1:]])
+        assert reason in str(info.value), (runs, str(info.value))
 
 
 def test_request_tag_is_left_out_when_zero_and_round_trips() -> None:

@@ -1,0 +1,407 @@
+"""Weighted mixtures of datasets: which source each sample of a mixture comes from, and which
+samples of each source each rank reads. Pure functions, no I/O.
+
+A mixture of ``K`` sources (each a dataset of its own shards) with weights is read as one
+stream of *slots*: slot ``s`` (``s = 0, 1, ...`` from the start of training, across epochs)
+is a sample of source :meth:`Weights.source_of` ``(s)``, and it is that source's
+``Weights.position(s)``-th sample: each source's samples are consumed as one endless stream of
+passes over it, pass ``q`` a permutation of all its samples (:func:`dataflow.shuffle.
+epoch_order` of the source's shards, epoch ``q``, the source's own seed). So every pass over a
+source reads each of its samples exactly once: a source weighed above its share of the data
+(upsampled) repeats whole passes, one below it (downsampled) reads a seeded subset per mixture
+epoch (the next part of its current pass, so the next epochs read the rest of that pass).
+
+Proportions. Weights are exact fractions (:class:`Weights`): source ``k`` takes ``a_k`` of
+every ``P = sum(a)`` consecutive slots. Slots are assigned by earliest deadline first over the
+quota windows of each source (a source's ``j``-th slot lies in ``[floor(j P / a_k),
+ceil((j + 1) P / a_k))``), so after any ``n`` slots from the start, source ``k`` had
+``floor(n a_k / P)`` or ``ceil(n a_k / P)`` of them; the assignment repeats every ``P`` slots,
+so *every* window of ``P`` consecutive slots holds exactly ``a_k`` of source ``k``, and any
+window of ``n`` consecutive slots within 2 of ``n a_k / P``. A batch of ``B`` slots holds
+``B a_k / P`` samples of source ``k`` when that is an integer; otherwise every window of
+``P / gcd(P, B)`` consecutive batches is exact.
+
+Epochs. A mixture epoch is ``samples_per_epoch`` (``S``) slots: epoch ``e`` is slots
+``[e S, (e + 1) S)``. It is cut into batches and ranks exactly as a single dataset's epoch of
+``S`` samples in storage order is (:mod:`dataflow.plan`): consumption is a prefix of the
+epoch's slots, rank ``r`` of ``W`` takes global batches ``r, r + W, ...``, a resume is the
+consumed slot count of an epoch and works on any world size, and every rank gets the same
+number of batches. The tail: with ``drop_last=False`` fewer than ``W`` slots of the epoch's
+start are read again (their samples twice), with ``drop_last=True`` fewer than ``W x B``
+slots are not read (their samples are missing from their source's pass). Every other sample
+of every source's pass is read exactly once.
+
+Inside a batch each source's samples form one *part*, in source order, as a single dataset's
+batch is: ranges sorted by (shard, start), adjacent samples merged. A part may name a sample
+twice (a source of fewer samples than its share of a batch, or a part that spans the end of one
+pass and the start of the next): its ranges name each sample once and :attr:`Part.copies` says
+how many times each one is in the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from numbers import Real
+
+import numpy as np
+
+from dataflow.checks import check_int
+from dataflow.errors import ConfigError, InternalError
+from dataflow.plan import (
+    Batches,
+    EpochSize,
+    batch_bounds,
+    epoch_size,
+    ranges_of,
+    rank_positions,
+)
+from dataflow.shuffle import Shuffle, as_shuffle, epoch_order, shard_sizes_array
+from dataflow.transform import SEED_MAX, global_batch_index
+
+__all__ = [
+    "MAX_PERIOD",
+    "MixtureBatches",
+    "Weights",
+    "mixture_batches",
+    "mixture_size",
+    "source_seed",
+]
+
+MAX_PERIOD = 1 << 16
+"""The most slots the assignment of sources to slots may take to repeat (the sum of the
+weights as integers in lowest terms): it is planned once, in ~0.1 s at this size."""
+
+
+def _fraction(k: int, w: object) -> Fraction:
+    """Weight ``w`` of source ``k`` as an exact fraction (a float: the nearest one whose
+    denominator is at most :data:`MAX_PERIOD`, so 0.7 is 7/10)."""
+    if isinstance(w, bool) or not isinstance(w, Real | Fraction) or not math.isfinite(w):
+        raise ConfigError(f"`weights[{k}]` must be a finite number > 0. Found: {w!r}")
+    exact = w if isinstance(w, int | Fraction) else Fraction(float(w)).limit_denominator(
+        MAX_PERIOD)
+    if exact <= 0:
+        raise ConfigError(f"`weights[{k}]` must be > 0. Found: {w!r}")
+    return Fraction(exact)
+
+
+def _pattern(counts: tuple[int, ...]) -> np.ndarray:
+    """The source of each slot of one period: earliest deadline first over the quota windows
+    (see the module). int64 of shape ``(sum(counts),)``.
+
+    Raises:
+        InternalError: no source could take a slot (impossible: the windows are feasible).
+    """
+    period = sum(counts)
+    taken = [0] * len(counts)
+    out = np.empty(period, dtype=np.int64)
+    for t in range(period):
+        best, due = -1, period
+        for k, a in enumerate(counts):
+            j = taken[k]
+            if j == a or j * period // a > t:  # its period's share is done, or it is ahead
+                continue
+            deadline = -(-(j + 1) * period // a) - 1
+            if deadline < due or best < 0:
+                best, due = k, deadline
+        if best < 0 or due < t:
+            raise InternalError(f"no source can take slot {t} of the mixture {counts}")
+        out[t] = best
+        taken[best] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The sources' shares as integers in lowest terms: source ``k`` takes ``counts[k]`` of
+    every :attr:`period` consecutive slots (see the module). Build with :meth:`of`.
+
+    Attributes:
+        counts: one positive integer per source, their greatest common divisor 1.
+        pattern: int64 of shape ``(period,)``: the source of each slot of a period.
+        nth: int64 of shape ``(period,)``: each slot's index among its source's slots of the
+            period.
+        before: int64 of shape ``(period + 1, sources)``: slots of each source in the
+            period's first ``t`` slots.
+    """
+
+    counts: tuple[int, ...]
+    pattern: np.ndarray = field(init=False, repr=False, compare=False)
+    nth: np.ndarray = field(init=False, repr=False, compare=False)
+    before: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        counts = tuple(check_int(f"weights[{k}]", a, 1) for k, a in enumerate(self.counts))
+        if not counts:
+            raise ConfigError("`weights` must name at least one source. Found: ()")
+        if math.gcd(*counts) != 1 or sum(counts) > MAX_PERIOD:
+            raise ConfigError(f"`counts` must be in lowest terms and sum to at most "
+                              f"{MAX_PERIOD}. Found: {counts}")
+        object.__setattr__(self, "counts", counts)
+        pattern = _pattern(counts)
+        onehot = pattern[:, None] == np.arange(len(counts))[None, :]
+        before = np.zeros((len(pattern) + 1, len(counts)), dtype=np.int64)
+        np.cumsum(onehot, axis=0, out=before[1:])
+        object.__setattr__(self, "pattern", pattern)
+        object.__setattr__(self, "nth", before[np.arange(len(pattern)), pattern])
+        object.__setattr__(self, "before", before)
+
+    @classmethod
+    def of(cls, weights: Sequence[object]) -> Weights:
+        """The weights of the sources, any positive numbers (normalized; a float is taken as
+        the nearest fraction of denominator at most :data:`MAX_PERIOD`: 0.7 is 7/10).
+
+        Raises:
+            ConfigError: a weight is not a finite number > 0, there are none, or their
+                period (the sum of the weights as integers in lowest terms) is over
+                :data:`MAX_PERIOD`, naming it.
+        """
+        if isinstance(weights, str | bytes) or not isinstance(weights, Sequence):
+            raise ConfigError(f"`weights` must be a list of numbers. Found: {weights!r}")
+        if not weights:
+            raise ConfigError("`weights` must name at least one source. Found: []")
+        fractions = [_fraction(k, w) for k, w in enumerate(weights)]
+        scale = math.lcm(*(f.denominator for f in fractions))
+        ints = [int(f * scale) for f in fractions]
+        common = math.gcd(*ints)
+        counts = tuple(n // common for n in ints)
+        if sum(counts) > MAX_PERIOD:
+            raise ConfigError(f"`weights` {list(weights)!r} are {list(counts)} in lowest "
+                              f"terms: their assignment repeats every {sum(counts)} samples, "
+                              f"more than {MAX_PERIOD}; round them (e.g. to integers summing "
+                              f"to at most {MAX_PERIOD})")
+        return cls(counts)
+
+    @property
+    def period(self) -> int:
+        """Slots after which the assignment repeats: ``sum(counts)``."""
+        return len(self.pattern)
+
+    @property
+    def shares(self) -> tuple[Fraction, ...]:
+        """Each source's share of the slots (they sum to 1)."""
+        return tuple(Fraction(a, self.period) for a in self.counts)
+
+    def source_of(self, slots: np.ndarray) -> np.ndarray:
+        """The source of each slot (int64 array of any shape, slots >= 0)."""
+        return self.pattern[slots % self.period]
+
+    def position(self, slots: np.ndarray) -> np.ndarray:
+        """Each slot's position in its source's stream: how many slots of that source come
+        before it (int64, same shape)."""
+        turn, at = np.divmod(slots, self.period)
+        return turn * np.asarray(self.counts, dtype=np.int64)[self.pattern[at]] + self.nth[at]
+
+    def taken(self, slot: int) -> tuple[int, ...]:
+        """Samples of each source among slots ``[0, slot)``."""
+        turn, at = divmod(check_int("slot", slot, 0), self.period)
+        return tuple(turn * a + int(b) for a, b in zip(self.counts, self.before[at],
+                                                        strict=True))
+
+
+def source_seed(seed: int, source: int) -> int:
+    """The seed of source ``source``'s passes and batch tags in a mixture seeded ``seed``: its
+    own, so sources of equal shard sizes are not shuffled alike. In ``[0, 2**63)``."""
+    words = [check_int("seed", seed, 0, SEED_MAX), check_int("source", source, 0)]
+    lo, hi = np.random.SeedSequence([w for v in words for w in (v & 0xFFFFFFFF, v >> 32)]
+                                    + [0x6D6978]).generate_state(2, np.uint32).tolist()
+    return (lo | hi << 32) & SEED_MAX
+
+
+def mixture_size(samples_per_epoch: int, *, world_size: int, batch_size: int,
+                 drop_last: bool, start: int = 0) -> EpochSize:
+    """Sizes of the rest of a mixture epoch of ``samples_per_epoch`` slots after ``start``
+    (:func:`dataflow.plan.epoch_size` of that many samples)."""
+    return epoch_size(samples_per_epoch, world_size=world_size, batch_size=batch_size,
+                      drop_last=drop_last, start=start)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Source ``source``'s samples of one mixture batch, as a request reads them.
+
+    Attributes:
+        source: the source's number.
+        rows: int64 of shape ``(ranges, 3)``: ``(shard, start, stop)`` of the source's shards,
+            sorted, each sample once.
+        copies: None (each sample once), or int64 of shape ``(samples,)``: how many times
+            each sample the rows name, in order, is in the batch (>= 1).
+    """
+
+    source: int
+    rows: np.ndarray
+    copies: np.ndarray | None = None
+
+    @property
+    def samples(self) -> int:
+        """Samples of this part in the batch, copies counted."""
+        if self.copies is not None:
+            return int(self.copies.sum())
+        return int((self.rows[:, 2] - self.rows[:, 1]).sum())
+
+
+@dataclass(frozen=True)
+class MixtureBatches:
+    """One rank's batches of (the rest of) one mixture epoch.
+
+    Attributes:
+        counts: int64 of shape ``(batches, sources)``: samples of each source in each batch
+            (copies counted).
+        parts: per source, its non-empty parts as :class:`~dataflow.plan.Batches`, in batch
+            order: part ``i`` of source ``k`` belongs to batch ``index[k][i]``.
+        index: per source, int64 of shape ``(parts,)``: the batch of each of its parts.
+        copies: per source, ``{part: copies}`` for its parts that name a sample twice or more
+            (:attr:`Part.copies`).
+        runs: per source, int64 of shape ``(parts,)``: one past the last of its parts that
+            may be read together with part ``i`` in one request without naming a sample
+            twice: the parts of one pass over the source (a part that spans two passes goes
+            alone).
+        first: the global batch index of batch 0 (:func:`dataflow.transform.
+            global_batch_index`); batch ``j`` is global batch ``first + j * stride``.
+        stride: the world size.
+    """
+
+    counts: np.ndarray
+    parts: tuple[Batches, ...]
+    index: tuple[np.ndarray, ...]
+    copies: tuple[dict[int, np.ndarray], ...]
+    runs: tuple[np.ndarray, ...]
+    first: int
+    stride: int
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @property
+    def sources(self) -> int:
+        return self.counts.shape[1]
+
+    def part_of(self, source: int, batch: int) -> int:
+        """The number of source ``source``'s part of batch ``batch`` among its parts (-1: the
+        batch has none of that source)."""
+        where = int(np.searchsorted(self.index[source], batch))
+        found = where < len(self.index[source]) and self.index[source][where] == batch
+        return where if found else -1
+
+    def batch(self, j: int) -> list[Part]:
+        """Batch ``j``'s parts, in source order (sources with samples in it only)."""
+        out = []
+        for k in range(self.sources):
+            i = self.part_of(k, j)
+            if i >= 0:
+                out.append(Part(k, self.parts[k].rows(i), self.copies[k].get(i)))
+        return out
+
+    def global_index(self, j: int) -> int:
+        """The global batch index of batch ``j`` in its epoch."""
+        return self.first + j * self.stride
+
+
+def _runs(passes: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    """:attr:`MixtureBatches.runs` of one source: ``passes`` and ``batch`` give each of its
+    samples' pass and batch, in batch order."""
+    if len(batch) == 0:
+        return np.zeros(0, dtype=np.int64)
+    heads = np.flatnonzero(np.diff(batch, prepend=-1))
+    lo, hi = np.minimum.reduceat(passes, heads), np.maximum.reduceat(passes, heads)
+    key = np.where(lo == hi, lo, -1 - np.arange(len(heads)))
+    bounds = np.append(np.flatnonzero(np.diff(key, prepend=key[0] - 1)), len(key))
+    return bounds[np.searchsorted(bounds, np.arange(len(key)), side="right")]
+
+
+def _source_ids(sizes: np.ndarray, positions: np.ndarray, *, seed: int,
+                shuffle: Shuffle) -> np.ndarray:
+    """The sample ids at ``positions`` of a source's endless stream of passes (pass ``q``:
+    its epoch ``q`` order under ``seed``)."""
+    total = int(sizes.sum())
+    passes, at = np.divmod(positions, total)
+    ids = np.empty_like(positions)
+    for q in np.unique(passes).tolist():
+        mask = passes == q
+        ids[mask] = epoch_order(sizes, epoch=q, seed=seed, shuffle=shuffle)[at[mask]]
+    return ids
+
+
+def mixture_batches(
+    sources: Sequence[Sequence[int] | np.ndarray],
+    weights: Weights,
+    *,
+    samples_per_epoch: int,
+    world_size: int,
+    rank: int,
+    epoch: int,
+    seed: int,
+    batch_size: int,
+    drop_last: bool = False,
+    start: int = 0,
+    shuffle: Shuffle | str | bool = "sample",
+) -> MixtureBatches:
+    """Rank ``rank``'s batches of the rest of mixture epoch ``epoch`` after ``start`` slots.
+
+    Args:
+        sources: each source's shard sizes (every source holds at least one sample).
+        weights: the sources' shares (one per source).
+        samples_per_epoch: slots (samples) per mixture epoch, >= 1.
+        world_size: ranks of the job reading the rest of the epoch.
+        rank: this rank, ``0 <= rank < world_size``.
+        epoch: the mixture epoch (>= 0).
+        seed: non-negative seed shared by all ranks (each source's passes use
+            :func:`source_seed`).
+        batch_size: samples per batch.
+        drop_last: drop the epoch's tail instead of padding it (see the module).
+        start: slots of the epoch already consumed (:func:`dataflow.plan.consumed` of the
+            epoch's ``samples_per_epoch``).
+        shuffle: how each source's passes are ordered (:class:`~dataflow.shuffle.Shuffle`).
+
+    Raises:
+        ConfigError: an input is invalid, naming it.
+    """
+    if len(sources) != len(weights.counts):
+        raise ConfigError(f"`sources` must have one entry per weight ({len(weights.counts)}). "
+                          f"Found: {len(sources)}")
+    check_int("rank", rank, 0, check_int("world_size", world_size, 1) - 1)
+    check_int("epoch", epoch, 0)
+    check_int("samples_per_epoch", samples_per_epoch, 1)
+    how = as_shuffle(shuffle)
+    sizes = [shard_sizes_array(s) for s in sources]
+    for k, s in enumerate(sizes):
+        if s.sum() == 0:
+            raise ConfigError(f"`sources[{k}]` must hold at least one sample. Found: none")
+    size = mixture_size(samples_per_epoch, world_size=world_size, batch_size=batch_size,
+                        drop_last=drop_last, start=start)
+    positions = rank_positions(size, start=start, world_size=world_size, rank=rank,
+                               batch_size=batch_size, total=samples_per_epoch)
+    slots = epoch * samples_per_epoch + positions
+    source, stream = weights.source_of(slots), weights.position(slots)
+    batch_of = np.repeat(np.arange(size.batches_per_rank, dtype=np.int64),
+                         np.diff(batch_bounds(len(slots), batch_size)))
+    counts = np.zeros((size.batches_per_rank, len(sizes)), dtype=np.int64)
+    np.add.at(counts, (batch_of, source), 1)
+    parts, index, copies, runs = [], [], [], []
+    for k, shard_sizes in enumerate(sizes):
+        mine = source == k
+        ids = _source_ids(shard_sizes, stream[mine], seed=source_seed(seed, k), shuffle=how)
+        batch = batch_of[mine]
+        runs.append(_runs(stream[mine] // int(shard_sizes.sum()), batch))
+        order = np.lexsort((ids, batch))
+        ids, batch = ids[order], batch[order]
+        keep = np.ones(len(ids), dtype=bool)
+        keep[1:] = (ids[1:] != ids[:-1]) | (batch[1:] != batch[:-1])
+        heads = np.flatnonzero(keep)
+        ids, batch = ids[heads], batch[heads]
+        where = np.flatnonzero(np.diff(batch, prepend=-1))
+        bounds = np.append(where, len(ids))
+        parts.append(ranges_of(ids, bounds, np.cumsum(shard_sizes)))
+        index.append(batch[where])
+        repeats = np.diff(np.append(heads, int(mine.sum())))
+        twice = {}
+        for i in np.unique(np.searchsorted(where, np.flatnonzero(repeats > 1),
+                                           side="right") - 1).tolist():
+            twice[i] = repeats[bounds[i] : bounds[i + 1]]
+        copies.append(twice)
+    first = global_batch_index(start=start, batch_size=batch_size, world_size=world_size,
+                               rank=rank, index=0)
+    return MixtureBatches(counts, tuple(parts), tuple(index), tuple(copies), tuple(runs), first,
+                          world_size)
