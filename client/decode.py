@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from dataflow.checks import check_int
-from dataflow.client.augment import box, draws, place
+from dataflow.client.augment import box, draws, place, place_all
 from dataflow.client.imaging import Backend, backend_for
 from dataflow.errors import ConfigError, DecodeError
 from dataflow.wire import BatchTag
@@ -263,6 +263,8 @@ def assemble(images: Sequence[torch.Tensor], u: np.ndarray, spec: ImageDecode,
         except ValueError as e:
             raise fail(i, str(e)) from None
     device = images[0].device if n else torch.device("cpu")
+    if device.type != "cpu" and len({tuple(image.shape) for image in images}) == 1:
+        return place_all(torch.stack(list(images)), boxes, size)
     out = torch.empty((n, 3, *size), dtype=torch.uint8, device=device)
 
     def one(i: int) -> None:

@@ -9,8 +9,12 @@ threads: ZeroMQ's I/O thread included) per GiB received; reader CPU is the serve
 processes' per GiB served (they copy into the slot instead of handing frames to ZeroMQ). On a
 loaded machine GB/s is noise; the CPU per GiB is the figure that shows the copies saved.
 
+With ``--device cuda`` the DataLoader delivers every batch on the GPU (from its slot in the
+registered segment, or from its pinned ring for TCP frames) and the clock stops after the last
+copy has finished: the rate is host to GPU memory.
+
 Usage: python -m dataflow.bench.experiments.shm [--batch-bytes 4194304 19267584] [--gib 1]
-    [--repeats 3] [--workers 2]
+    [--repeats 3] [--workers 2] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -47,20 +51,29 @@ def _proc_cpu(pids: list[int]) -> float:
     return total / tick
 
 
-def run(endpoint: str, readers: list[int], batch: int, epochs: int,
-        mode: str) -> tuple[float, float, float]:
+def _synchronize(device: str | None) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def run(endpoint: str, readers: list[int], batch: int, epochs: int, mode: str,
+        device: str | None = None) -> tuple[float, float, float]:
     """GB/s through the DataLoader (an untimed warm-up epoch first), receiver CPU s/GiB and
-    reader CPU s/GiB, with ``shared_memory=mode``."""
+    reader CPU s/GiB, with ``shared_memory=mode``, batches delivered on ``device``."""
     with DataLoader(endpoint, batch_size=batch, rank=0, world_size=1, shuffle=False,
-                    prefetch=4, timeout=60, shared_memory=mode,
+                    prefetch=4, timeout=60, shared_memory=mode, device=device,
                     shared_memory_slot_bytes=batch * SAMPLE_BYTES) as dl:
         for _ in dl:
             pass
+        _synchronize(device)
         nbytes = 0
         start, cpu, rcpu = time.perf_counter(), _cpu(), _proc_cpu(readers)
         for _ in range(epochs):
             for b in dl:
                 nbytes += b["x"].numel()
+        _synchronize(device)
         elapsed, cpu, rcpu = (time.perf_counter() - start, _cpu() - cpu,
                               _proc_cpu(readers) - rcpu)
         stats = dl.stats()  # batches read ahead may be received and not delivered yet
@@ -81,7 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gib", type=float, default=1.0, help="data timed per measurement")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="reader processes")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the DataLoader delivers batches (default: %(default)s)")
     args = p.parse_args(argv)
+    device = "cuda" if args.device == "cuda" else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-shm-") as tmp:
         for want in args.batch_bytes:
@@ -97,14 +113,15 @@ def main(argv: list[str] | None = None) -> None:
                 readers = list(server.ready["worker_pids"])
                 for _ in range(args.repeats):
                     for mode in MODES:
-                        got[mode].append(run(server.endpoint, readers, batch, epochs, mode))
+                        got[mode].append(run(server.endpoint, readers, batch, epochs, mode, device))
             for mode in MODES:
                 rates, cpus, rcpus = zip(*got[mode], strict=True)
                 rows.append((size, mode, statistics.median(rates), min(rates), max(rates),
                              statistics.median(cpus), statistics.median(rcpus)))
     command = " ".join(argv if argv is not None else sys.argv[1:])
     print(f"command: python -m dataflow.bench.experiments.shm {command}".rstrip())
-    print(f"one server, {args.workers} reader(s), same host, {os.cpu_count()} CPUs; median of "
+    print(f"one server, {args.workers} reader(s), same host, {os.cpu_count()} CPUs, batches "
+          f"delivered on {args.device}; median of "
           f"{args.repeats} interleaved runs (GB/s range in brackets)")
     print()
     print("| batch | path | GB/s | receiver CPU s / GiB | reader CPU s / GiB |")

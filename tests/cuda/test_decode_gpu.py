@@ -31,7 +31,9 @@ CROP, BATCH = 24, 8
 FIELDS = {"jpg": ImageDecode(size=CROP, flip=True, output="image")}
 
 
-def _shards(out, n: int = 64, bad: int | None = None) -> list[str]:
+def _shards(out, n: int = 64, bad: int | None = None, equal: bool = False) -> list[str]:
+    """Two shards of ``n`` JPEGs of random sizes (``equal``: all 40x48, the batches then
+    cropped in one gather), sample ``bad`` cut short."""
     rng = np.random.default_rng(0)
     paths = []
     for s in range(2):
@@ -39,7 +41,7 @@ def _shards(out, n: int = 64, bad: int | None = None) -> list[str]:
         with webdataset.TarWriter(path) as w:
             for i in range(n // 2):
                 sid = s * (n // 2) + i
-                h, wd = (int(v) for v in rng.integers(CROP, 64, 2))
+                h, wd = (40, 48) if equal else (int(v) for v in rng.integers(CROP, 64, 2))
                 y, x = np.mgrid[0:h, 0:wd]
                 pix = np.stack([(x * 9 + y * 4 + c * 60) % 256 for c in range(3)], -1)
                 buf = io.BytesIO()
@@ -54,8 +56,9 @@ def _shards(out, n: int = 64, bad: int | None = None) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-def test_gpu_decode_matches_the_cpu_decode(tmp_path) -> None:
-    paths = _shards(tmp_path)
+@pytest.mark.parametrize("equal", [False, True])
+def test_gpu_decode_matches_the_cpu_decode(tmp_path, equal) -> None:
+    paths = _shards(tmp_path, equal=equal)
     kw = dict(batch_size=BATCH, rank=0, world_size=1, seed=3, timeout=30)
     with launch(paths, workers=2) as server, \
             DataLoader(server.endpoint, device="cuda", decode=FIELDS, **kw) as gpu, \

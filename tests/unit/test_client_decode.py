@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from dataflow.client import DataLoader, Decode, ImageDecode
-from dataflow.client.augment import Box, box, draws, place, place_numpy, place_torch
+from dataflow.client.augment import Box, box, draws, place, place_all, place_numpy, place_torch
 from dataflow.client.config import LoaderConfig
 from dataflow.client.decode import BatchDecoder, Where, as_decode, assemble
 from dataflow.client.discovery import parse_servers
@@ -144,6 +144,21 @@ def test_place_crops_and_flips_cpu_tensors(how) -> None:
     assert np.array_equal(dst.numpy(), hwc[2:7, 3:7].transpose(2, 0, 1))
     how(dst, image, Box(7, 6, True))
     assert np.array_equal(dst.numpy(), hwc[7:12, 6:10][:, ::-1].transpose(2, 0, 1))
+
+
+@pytest.mark.parametrize(("n", "height", "width", "size"),
+                         [(1, 5, 4, (5, 4)), (7, 12, 10, (5, 4)), (16, 9, 31, (3, 30))])
+def test_place_all_equals_place_of_each_sample(n, height, width, size) -> None:
+    rng = np.random.default_rng(n)
+    hwc = rng.integers(0, 256, (n, height, width, 3), dtype=np.uint8)
+    images = torch.from_numpy(hwc).permute(0, 3, 1, 2)  # strided CHW views, as decoders give
+    boxes = [box(u, height, width, size, "random", True) for u in rng.random((n, 3))]
+    assert {b.flip for b in boxes} == ({True, False} if n > 1 else {boxes[0].flip})
+    want = torch.empty((n, 3, *size), dtype=torch.uint8)
+    for i in range(n):
+        place_numpy(want[i].numpy(), images[i].numpy(), boxes[i])
+    got = place_all(images, boxes, size)
+    assert got.shape == (n, 3, *size) and got.is_contiguous() and torch.equal(got, want)
 
 
 def _fail(i: int | None, cause: str) -> DecodeError:
