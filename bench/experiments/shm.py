@@ -14,7 +14,7 @@ registered segment, or from its pinned ring for TCP frames) and the clock stops 
 copy has finished: the rate is host to GPU memory.
 
 Usage: python -m dataflow.bench.experiments.shm [--batch-bytes 4194304 19267584] [--gib 1]
-    [--repeats 3] [--workers 2] [--device cpu|cuda]
+    [--repeats 3] [--workers 2] [--prefetch 4] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -59,11 +59,12 @@ def _synchronize(device: str | None) -> None:
 
 
 def run(endpoint: str, readers: list[int], batch: int, epochs: int, mode: str,
-        device: str | None = None) -> tuple[float, float, float]:
+        device: str | None = None, prefetch: int = 4) -> tuple[float, float, float]:
     """GB/s through the DataLoader (an untimed warm-up epoch first), receiver CPU s/GiB and
-    reader CPU s/GiB, with ``shared_memory=mode``, batches delivered on ``device``."""
+    reader CPU s/GiB, with ``shared_memory=mode``, batches delivered on ``device``, ``prefetch``
+    batches in flight."""
     with DataLoader(endpoint, batch_size=batch, rank=0, world_size=1, shuffle=False,
-                    prefetch=4, timeout=60, shared_memory=mode, device=device,
+                    prefetch=prefetch, timeout=60, shared_memory=mode, device=device,
                     shared_memory_slot_bytes=batch * SAMPLE_BYTES) as dl:
         for _ in dl:
             pass
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gib", type=float, default=1.0, help="data timed per measurement")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="reader processes")
+    p.add_argument("--prefetch", type=int, default=4,
+                   help="the DataLoader's prefetch: batches in flight (default: %(default)s)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the DataLoader delivers batches (default: %(default)s)")
     args = p.parse_args(argv)
@@ -113,14 +116,16 @@ def main(argv: list[str] | None = None) -> None:
                 readers = list(server.ready["worker_pids"])
                 for _ in range(args.repeats):
                     for mode in MODES:
-                        got[mode].append(run(server.endpoint, readers, batch, epochs, mode, device))
+                        got[mode].append(run(server.endpoint, readers, batch, epochs, mode, device,
+                                              args.prefetch))
             for mode in MODES:
                 rates, cpus, rcpus = zip(*got[mode], strict=True)
                 rows.append((size, mode, statistics.median(rates), min(rates), max(rates),
                              statistics.median(cpus), statistics.median(rcpus)))
     command = " ".join(argv if argv is not None else sys.argv[1:])
     print(f"command: python -m dataflow.bench.experiments.shm {command}".rstrip())
-    print(f"one server, {args.workers} reader(s), same host, {os.cpu_count()} CPUs, batches "
+    print(f"one server, {args.workers} reader(s), prefetch {args.prefetch}, same host, "
+          f"{os.cpu_count()} CPUs, batches "
           f"delivered on {args.device}; median of "
           f"{args.repeats} interleaved runs (GB/s range in brackets)")
     print()
