@@ -10,12 +10,16 @@ decoded by the trainer into uint8 images of shape ``(batch, 3, height, width)`` 
   output field's name).
 * :class:`Decode`: every decoded field, the decoder (``backend``) and the CPU decoder's
   threads; a plain mapping stands for ``Decode(fields)``.
-* :class:`BatchDecoder`: the stage a DataLoader runs on each batch in its consumer's thread,
-  before the batch is yielded (and counted as consumed): it checks the fields, decodes every
-  sample with a backend of :mod:`dataflow.client.imaging` (nvJPEG on the loader's device, or
-  Pillow on the CPU), crops and flips with :mod:`dataflow.client.augment`'s seeded draws, and
-  with a CUDA device issues every copy on its own CUDA stream, which the consumer's stream
-  waits for.
+* :class:`BatchDecoder`: the stage a DataLoader runs on each batch before the batch is
+  yielded (and counted as consumed): it checks the fields, decodes every sample with a backend
+  of :mod:`dataflow.client.imaging` (nvJPEG on the loader's device, or Pillow on the CPU),
+  crops and flips with :mod:`dataflow.client.augment`'s seeded draws, and with a CUDA device
+  issues every copy on its own CUDA stream, which the consumer's stream waits for. While the
+  consumer holds a batch, the next one, when it has arrived, is decoded ahead on the stage's
+  own thread (:meth:`BatchDecoder.ahead`): the consumer's next batch is then ready or nearly,
+  and the decode (torchvision's holds a process-wide lock and the calling thread's CPU) runs
+  beside the consumer's work instead of after it. A batch decoded ahead is the same as one
+  decoded at its turn (same rows, tag and draws), and its error is raised at its turn.
 
 Errors are :class:`~dataflow.errors.DecodeError`, naming the field, the sample's position in
 the batch, the batch (epoch, global batch index) and the sample's shard; never a skip.
@@ -27,6 +31,7 @@ import functools
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +48,9 @@ BACKENDS = ("auto", "pillow", "nvjpeg")
 MAX_THREADS = 64
 DEFAULT_THREADS = 8
 HELD_BATCHES = 3  # host inputs kept alive behind the decode stream (see BatchDecoder)
+
+# A decoded batch, and on a CUDA device the event of its copies (see BatchDecoder._prepare).
+Prepared = tuple[dict[str, torch.Tensor], "torch.cuda.Event | None"]
 
 
 def _size(value: object) -> tuple[int, int] | None:
@@ -284,8 +292,13 @@ class BatchDecoder:
         shards: shard names by index (relative to the dataset root), for messages.
         backend: the decoder (default: :func:`dataflow.client.imaging.backend_for`).
 
-    Thread invariant: called from the consumer's thread only; the backend's threads only run
-    inside a call.
+    Attributes:
+        ahead_used: batches whose decode ahead was used at their turn.
+
+    Thread invariant: called (and :meth:`ahead`, :meth:`close`) from the consumer's thread
+    only. A batch's decode runs there or on the stage's decode-ahead thread, one at a time: a
+    call waits for the decode ahead before it decodes anything else. The backend's threads
+    only run inside a decode.
     """
 
     def __init__(self, decode: Decode, device: str | None, shards: Sequence[str],
@@ -297,29 +310,49 @@ class BatchDecoder:
             decode.backend, self._device, decode.thread_count)
         self._stream = torch.cuda.Stream(self._device) if self._device is not None else None
         self._held: deque[tuple[torch.cuda.Event, dict[str, torch.Tensor]]] = deque()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dataflow-decode-ahead")
+        self._pending: tuple[object, Future[Prepared]] | None = None
+        self.ahead_used = 0
 
     def close(self) -> None:
-        """Stop the backend's threads and wait for pending copies (idempotent)."""
+        """Wait for a decode ahead, stop the stage's and the backend's threads and wait for
+        pending copies (idempotent)."""
+        self._drop_pending()
+        self._pool.shutdown(wait=True)
         self.backend.close()
         while self._held:
             self._held.popleft()[0].synchronize()
 
+    def ahead(self, key: object, batch: dict[str, torch.Tensor], rows: np.ndarray,
+              tag: BatchTag) -> None:
+        """Start decoding ``batch`` (host tensors), the batch the consumer takes next, known
+        by ``key`` (the object the consumer will pass to :meth:`__call__` with it), on the
+        decode-ahead thread. A decode ahead of another key still pending is waited for and
+        dropped first."""
+        self._drop_pending()
+        where = Where(tag, rows, self._shards)
+        self._pending = (key, self._pool.submit(self._prepare, batch, where))
+
     def __call__(self, batch: dict[str, torch.Tensor], rows: np.ndarray,
-                 tag: BatchTag) -> dict[str, torch.Tensor]:
+                 tag: BatchTag, key: object = None) -> dict[str, torch.Tensor]:
         """``batch`` (host tensors) with every decoded field in place of its bytes; on the
-        loader's device when it has one, ready for the consumer's current stream.
+        loader's device when it has one, ready for the consumer's current stream. The
+        decode ahead of ``key`` when there is one, else decoded now.
 
         Raises:
             DecodeError: a field is missing or not bytes, or a sample does not decode.
         """
-        where = Where(tag, rows, self._shards)
-        if self._stream is None:
-            return self._decode(batch, where)
-        with torch.cuda.stream(self._stream):
-            out = {k: v.to(self._device, non_blocking=True)
-                   for k, v in self._decode(batch, where).items()}
-            event = torch.cuda.Event()
-            event.record(self._stream)
+        pending = self._pending
+        if pending is not None and key is not None and pending[0] is key:
+            self._pending = None
+            prepared = pending[1].result()
+            self.ahead_used += 1
+        else:
+            self._drop_pending()
+            prepared = self._prepare(batch, Where(tag, rows, self._shards))
+        out, event = prepared
+        if event is None:
+            return out
         consumer = torch.cuda.current_stream(self._device)
         consumer.wait_event(event)
         for tensor in out.values():
@@ -329,6 +362,25 @@ class BatchDecoder:
         if len(self._held) > HELD_BATCHES:
             self._held.popleft()[0].synchronize()
         return out
+
+    def _drop_pending(self) -> None:
+        """Wait for the decode ahead, if any, and drop it (its error too: its batch was not
+        taken, so the error is nobody's)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[1].exception()
+
+    def _prepare(self, batch: dict[str, torch.Tensor], where: Where) -> Prepared:
+        """The decoded batch, and on a CUDA device its tensors there with the event of their
+        copies on the stage's stream (any thread)."""
+        if self._stream is None:
+            return self._decode(batch, where), None
+        with torch.cuda.stream(self._stream):
+            out = {k: v.to(self._device, non_blocking=True)
+                   for k, v in self._decode(batch, where).items()}
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return out, event
 
     def _decode(self, batch: dict[str, torch.Tensor], where: Where) -> dict[str, torch.Tensor]:
         encoded = {k for field, _ in self.decode.items() for k in (field, field + ".offsets")}

@@ -139,6 +139,16 @@ class Handoff(Generic[T]):
             raise item.error
         return index, item
 
+    def peek(self, gen: int) -> tuple[int, T] | None:
+        """The batch :meth:`take` would return next for ``gen``, if it is here already, without
+        taking it (never waits); None when none waits, the next is a :class:`Failed`, or
+        ``gen`` is not current."""
+        with self._lock:
+            if gen != self._demand.gen or not self._batches:
+                return None
+            index, item = self._batches[0]
+            return None if isinstance(item, Failed) else (index, item)
+
     def hello(self, timeout: float, alive: Callable[[], bool]) -> wire.Index:
         """The INDEX of the first server that joined, once one did (raises the I/O thread's
         failure: ServerUnavailable when none joined within the loader's ``timeout``)."""

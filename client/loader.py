@@ -380,6 +380,12 @@ class DataLoader:
         return self.config.drop_last
 
     @property
+    def decoded_ahead(self) -> int:
+        """Batches of ``decode`` that were decoded ahead, while the consumer held the batch
+        before them (see :mod:`dataflow.client.decode`); 0 without ``decode``."""
+        return 0 if self._decoder is None else self._decoder.ahead_used
+
+    @property
     def decode_backend(self) -> str | None:
         """The decoder of ``decode`` and why it was chosen (``"pillow (auto: torchvision does
         not load ...)"``, ``"nvjpeg on cuda:0 (auto)"``); None without ``decode``."""
@@ -466,7 +472,7 @@ class DataLoader:
             got, batch = handoff.take(stream.demand.gen, GET_POLL_S, self._io.is_alive)
             out = hand_over(batch)
             if self._decoder is not None:  # a batch that fails to decode is not consumed
-                out = self._decoder(out, *stream.demand.batch(got))
+                out = self._decoder(out, *stream.demand.batch(got), key=batch)
             if self.config.lineage:
                 shard, row = sample_rows(stream.demand.batch(got)[0],
                                                  left_out=batch.left_out)
@@ -478,6 +484,11 @@ class DataLoader:
                 # The samples the index lost to damage are missing from every epoch: rank 0
                 # counts them once per pass over an epoch from its start.
                 handoff.count("skipped", self.index.lost)
+            if self._decoder is not None:  # decode the next batch while the consumer works
+                following = handoff.peek(stream.demand.gen)
+                if following is not None:
+                    self._decoder.ahead(following[1], hand_over(following[1]),
+                                        *stream.demand.batch(following[0]))
             yield out
             if not left and not stream.current(token):
                 return  # its pass yielded every batch; the loader moved on since: it ends

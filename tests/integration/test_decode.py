@@ -17,6 +17,7 @@ import pytest
 import torch
 import webdataset
 from PIL import Image
+from srvtools import wait_for
 
 from dataflow.client import DataLoader, ImageDecode, MixtureLoader, Source
 from dataflow.errors import DecodeError
@@ -134,6 +135,26 @@ def test_decoded_epochs_are_exact_pillow_crops_and_reproducible(jpeg_tars, serve
     moved = sum(not torch.equal(by_id[sid], b["image"][p])
                 for b in later.values() for p, sid in enumerate(b["id"].tolist()))
     assert moved > len(by_id) // 2
+
+
+@pytest.mark.timeout(120)
+def test_the_next_batch_decodes_while_the_consumer_holds_one(jpeg_tars, servers) -> None:
+    paths, jpgs = jpeg_tars
+    endpoint = servers(paths, workers=2).endpoint
+    with DataLoader(endpoint, batch_size=BATCH, rank=0, world_size=1, seed=SEED,
+                    decode=DECODE, timeout=30) as dl:
+        it = iter(dl)
+        got = {0: next(it)}
+        # Two batches wait: taking the first, the loader finds the second and decodes it
+        # ahead, while the consumer holds the first.
+        wait_for(lambda: dl.stats()["waiting"] >= 2, 60, "two batches waiting")
+        assert dl.decoded_ahead == 0
+        got[1] = next(it)
+        got.update({g: b for g, b in enumerate(it, start=2)})
+        assert dl.decoded_ahead >= 1
+    assert sorted(torch.cat([b["id"] for b in got.values()]).tolist()) == list(
+        range(SHARDS * PER_SHARD))
+    _check(got, jpgs, epoch=0)
 
 
 @pytest.mark.timeout(120)

@@ -231,6 +231,53 @@ def test_stage_decodes_crops_and_flips_like_pillow(threads) -> None:
     assert not torch.equal(out["image"], other["image"])
 
 
+def test_a_batch_decoded_ahead_is_the_batch_decoded_at_its_turn() -> None:
+    rng = np.random.default_rng(3)
+    batches = []
+    for _ in range(3):
+        values, offsets = _ragged([_jpeg(rng, 24, 20) for _ in range(5)])
+        batches.append({"jpg": values, "jpg.offsets": offsets, "id": torch.arange(5)})
+    tags = [BatchTag(4, 0, b) for b in range(3)]
+    spec = Decode({"jpg": ImageDecode(size=16, flip=True)}, threads=2)
+    inline, ahead = BatchDecoder(spec, None, SHARDS), BatchDecoder(spec, None, SHARDS)
+    keys = [object() for _ in batches]
+    try:
+        want = [inline(b, ROWS, t) for b, t in zip(batches, tags, strict=True)]
+        ahead.ahead(keys[0], batches[0], ROWS, tags[0])
+        got = [ahead(batches[0], ROWS, tags[0], key=keys[0])]
+        ahead.ahead(keys[1], batches[1], ROWS, tags[1])
+        # The consumer took another batch than the one decoded ahead (a new pass): decoded now.
+        got.append(ahead(batches[2], ROWS, tags[2], key=keys[2]))
+        assert ahead.ahead_used == 1
+        got.insert(1, ahead(batches[1], ROWS, tags[1], key=keys[1]))  # nothing ahead: now
+        assert ahead.ahead_used == 1
+    finally:
+        inline.close()
+        ahead.close()
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w["jpg"], g["jpg"]) and torch.equal(w["id"], g["id"])
+
+
+def test_the_error_of_a_batch_decoded_ahead_is_raised_at_its_turn_only() -> None:
+    rng = np.random.default_rng(4)
+    good = _ragged([_jpeg(rng, 12, 12) for _ in range(5)])
+    bad = _ragged([_jpeg(rng, 12, 12) for _ in range(3)] + [b"not a jpeg", _jpeg(rng, 12, 12)])
+    dec = _decoder()
+    key, other = object(), object()
+    try:
+        dec.ahead(key, {"jpg": bad[0], "jpg.offsets": bad[1]}, ROWS, BatchTag(0, 1, 6))
+        with pytest.raises(DecodeError, match="failed at sample 3 of batch 6 of epoch 1"):
+            dec({"jpg": bad[0], "jpg.offsets": bad[1]}, ROWS, BatchTag(0, 1, 6), key=key)
+        # Decoded ahead and never taken (another batch came first): its error is nobody's.
+        dec.ahead(key, {"jpg": bad[0], "jpg.offsets": bad[1]}, ROWS, BatchTag(0, 1, 6))
+        out = dec({"jpg": good[0], "jpg.offsets": good[1]}, ROWS, BatchTag(0, 1, 7), key=other)
+        assert out["jpg"].shape == (5, 3, 8, 8)
+        dec.ahead(key, {"jpg": good[0], "jpg.offsets": good[1]}, ROWS, BatchTag(0, 1, 7))
+    finally:
+        dec.close()  # waits for the decode ahead still pending
+    dec.close()
+
+
 def _decoder(**kw) -> BatchDecoder:
     return BatchDecoder(Decode({"jpg": ImageDecode(size=8, **kw)}, threads=2), None, SHARDS)
 

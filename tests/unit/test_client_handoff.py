@@ -181,6 +181,21 @@ def test_a_failed_batch_raises_in_its_place_and_a_dropped_generation_drops_it() 
         h.take(2, 0.01, _alive)
 
 
+def test_peek_shows_the_next_batch_of_the_current_generation_without_taking_it() -> None:
+    h, _ = _handoff(capacity=3)
+    h.want(_demand(1))
+    assert h.peek(1) is None  # nothing here: never waits
+    h.deliver(1, 0, "a")
+    h.deliver(1, 1, Failed(RemoteError("tcp://x:1", ErrorKind.READ_FAILED, "boom")))
+    assert h.peek(1) == (0, "a") and h.peek(1) == (0, "a") and h.peek(0) is None
+    assert h.take(1, 0.01, _alive) == (0, "a")
+    assert h.peek(1) is None  # a failed batch is raised by take, at its turn
+    h.want(_demand(2))
+    h.deliver(2, 0, "b")
+    assert h.peek(1) is None and h.peek(2) == (0, "b")
+    assert h.stats()["waiting"] == 1 and h.take(2, 0.01, _alive) == (0, "b")
+
+
 def test_close_makes_a_waiting_and_every_later_take_raise_loader_closed() -> None:
     h, _ = _handoff()
     h.want(_demand(1))
