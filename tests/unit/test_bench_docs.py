@@ -1,5 +1,5 @@
-"""The commands README.md, docs/*.md and bench/RESULTS.md give name modules and transforms (functions or
-``Stages``) that exist."""
+"""The commands README.md, docs/*.md and bench/RESULTS.md give name modules and transforms
+(functions or ``Stages``) that exist."""
 
 from __future__ import annotations
 
