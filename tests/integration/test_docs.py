@@ -26,6 +26,7 @@ import importlib.util
 import io
 import json
 import linecache
+import os
 import re
 import shlex
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ import torch
 
 from dataflow.client import DataLoader, MixtureLoader
 from dataflow.demo import DemoSpec, make_demo
+from dataflow.security import generate_keys
 from dataflow.server import ServerHandle, launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,13 +52,17 @@ FRONT_PAGE_LINES = 130  # "fits on two screens"
 # Placeholders a reader replaces with their own, and what the test puts there. Keep it small:
 # each entry is a name the docs cannot know (the reader's hosts) or a device CI lacks.
 SUBSTITUTE: dict[str, Callable[[LocalServers], str]] = {
-    # the front page's trainer and the CURVE example read a job's servers: the two local ones
+    # the front page's trainer reads a job's servers: the two local ones
     "tcp://loader-0:5555": lambda s: s.demo[0].endpoint,
     "tcp://loader-1:5555": lambda s: s.demo[1].endpoint,
     # the mixture example's three datasets: all three are the local demo data
     "tcp://web-loader:5555": lambda s: s.demo[0].endpoint,
     "tcp://code-loader:5555": lambda s: s.demo[1].endpoint,
     "tcp://books-loader:5555": lambda s: s.demo[0].endpoint,
+    # the CURVE example: a server started with the keys the page's keygen commands make in the
+    # working directory, and the place the page moves the trainer's secret key to
+    "tcp://secure-loader:5555": lambda s: s.curve().endpoint,
+    "/secure/place/": lambda s: f"{s.root / 'secure-place'}/",
     # the trainer decode example needs JPEG bytes: a server of JPEG tars
     "tcp://jpeg-loader:5555": lambda s: s.jpeg().endpoint,
     # a Kubernetes Service's DNS name: localhost resolves here, to the first server's port
@@ -131,13 +137,30 @@ class LocalServers:
         demo = make_demo(str(root / "demo"), DemoSpec(fmt="tar", shards=2, samples_per_shard=64),
                          progress=None)
         self.handles: list[ServerHandle] = []
-        self.demo = [self._start([str(p) for p in demo.paths]) for _ in range(2)]
+        self.paths = [str(p) for p in demo.paths]
+        self.demo = [self._start(self.paths) for _ in range(2)]
         self._jpeg: ServerHandle | None = None
+        self._curve: ServerHandle | None = None
 
-    def _start(self, data: list[str]) -> ServerHandle:
-        handle = launch(data, workers=1)
+    def _start(self, data: list[str], extra_args: tuple[str, ...] = ()) -> ServerHandle:
+        handle = launch(data, workers=1, extra_args=extra_args)
         self.handles.append(handle)
         return handle
+
+    def curve(self) -> ServerHandle:
+        """A server of the demo data that requires CURVE keys, made as docs/security.md's
+        commands make them: ``keys/server`` and ``keys/allowed`` in the working directory, the
+        trainer's secret key then moved out of the allowed directory."""
+        if self._curve is None:
+            generate_keys("keys/server", "server")
+            generate_keys("keys/allowed", "trainer0")
+            place = self.root / "secure-place"
+            place.mkdir()
+            os.replace("keys/allowed/trainer0.key_secret", place / "trainer0.key_secret")
+            self._curve = self._start(self.paths, (
+                "--curve-secret-key", os.path.abspath("keys/server/server.key_secret"),
+                "--curve-allowed-keys", os.path.abspath("keys/allowed")))
+        return self._curve
 
     def jpeg(self) -> ServerHandle:
         """A server of 256 JPEGs of 232x240 in 2 tars (a batch of the decode example)."""
