@@ -125,14 +125,19 @@ def write_shards(out: Path, samples: int, per_shard: int, seed: int = 0) -> list
     return sorted(str(p) for p in out.glob("train-*.tar"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write shards, serve them with :data:`STAGES` (cached), read one epoch, print a summary."""
+def build_parser() -> argparse.ArgumentParser:
+    """The example's command line (the docs test parses the commands the docs give with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, type=Path, help="directory for the shards")
     p.add_argument("--samples", type=int, default=64, help="JPEGs to write (default: 64)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per batch (default: 8)")
     p.add_argument("--workers", type=int, default=2, help="server reader processes (default: 2)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write shards, serve them with :data:`STAGES` (cached), read one epoch, print a summary."""
+    args = build_parser().parse_args(argv)
 
     from dataflow.client import DataLoader
     from dataflow.server import launch

@@ -1,5 +1,5 @@
-"""The README's Deploy section: its key commands make exactly the Secret the manifests mount,
-and the paths and commands it names exist."""
+"""docs/security.md's keys on Kubernetes: its key commands make exactly the Secret the manifests
+mount; docs/deploy.md: the paths and commands it names exist."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from dataflow.__main__ import main as dataflow_cli
 
 
 def _deploy_section() -> str:
-    text = (REPO / "README.md").read_text()
-    start = text.index("\n## Deploy\n")
-    return text[start:text.index("\n## ", start + 1)]
+    return (REPO / "docs" / "deploy.md").read_text()
+
+
+def _secret_section() -> str:
+    text = (REPO / "docs" / "security.md").read_text()
+    return text[text.index("\n## On Kubernetes\n"):]
 
 
 def _secret_keys(name: str) -> set[str]:
@@ -32,13 +35,13 @@ def _secret_keys(name: str) -> set[str]:
 
 def test_keygen_commands_make_every_key_the_manifests_mount(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    commands = [line for line in _deploy_section().splitlines()
+    commands = [line for line in _secret_section().splitlines()
                 if line.startswith("python -m dataflow keygen ")]
     assert len(commands) == 2  # the server's key pair and the trainers'
     monkeypatch.chdir(tmp_path)
     for line in commands:
         assert dataflow_cli(shlex.split(line)[3:]) == 0, line
-    (secret_line,) = [line for line in _deploy_section().splitlines()
+    (secret_line,) = [line for line in _secret_section().splitlines()
                       if "create secret generic dataflow-curve" in line]
     folder = re.search(r"--from-file=(\S+)", secret_line).group(1)
     made = {p.name for p in (tmp_path / folder).iterdir()}

@@ -1,6 +1,7 @@
 """The attacks of a shared network on a server (issue 16), each against real server processes on
-loopback: the server lives, its memory stays within the README's formula for its flags, it
-counts what it refused or cut, and a DataLoader gets an exact epoch during or after the attack.
+loopback: the server lives, its memory stays within the formula for its flags (docs/architecture.md,
+Memory), it counts what it refused or cut, and a DataLoader gets an exact epoch during or after
+the attack.
 
 Attackers come from other loopback addresses (127.0.0.2, ...) than the DataLoader (127.0.0.1),
 as they would from other hosts: the caps per peer address tell them apart.

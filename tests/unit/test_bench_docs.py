@@ -1,5 +1,5 @@
-"""The commands README.md and bench/RESULTS.md give name modules and transforms (functions or
-``Stages``) that exist."""
+"""The commands README.md, docs/*.md and bench/RESULTS.md give name modules and transforms
+(functions or ``Stages``) that exist."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 from dataflow.transform import Stages
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "bench/RESULTS.md")
+DOCS = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")),
+        "bench/RESULTS.md")
 MODULE = re.compile(r"python -m (dataflow(?:\.\w+)*)")
 TRANSFORM = re.compile(r"--transform (dataflow(?:\.\w+)+):(\w+)")
 

@@ -1,4 +1,4 @@
-"""The server's memory bound as a function of its flags (the README's formula)."""
+"""The server's memory bound as a function of its flags (docs/architecture.md, Memory)."""
 
 from __future__ import annotations
 
