@@ -192,7 +192,7 @@ def _fuzz_parser(sub: argparse._SubParsersAction) -> None:
                     "(default: %(default)s)")
     fz.add_argument("--rss-slack-mib", type=float, default=d.rss_slack_mib,
                     help="allowance of each server process over the memory bound of its "
-                    "flags (the README's formula), for Python's heap and the allocator "
+                    "flags (docs/architecture.md's formula), for Python's heap and the allocator "
                     "(default: %(default)s)")
 
 

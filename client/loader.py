@@ -221,8 +221,8 @@ class DataLoader:
         io_threads: ZeroMQ I/O threads of this loader's own ZeroMQ context (closed with the
             loader): they copy the servers' bytes out of the kernel, one TCP connection (a
             server's reader process) per thread at a time, so more than one helps only with
-            several reader connections and idle cores. Default 1 (see README, "Receive
-            path").
+            several reader connections and idle cores. Default 1 (see docs/using.md, "Receive
+            path, requests and same-host shared memory").
 
         shared_memory: ``"auto"`` (the default): with each server that proves it runs on this
             host as this user (it opens a segment this loader made in ``/dev/shm``, mode
@@ -241,7 +241,7 @@ class DataLoader:
             memory slot), sized from the first batch received, for batches of which 4 or
             more fit (larger ones travel alone); an integer from 1 to 64: that many. More
             per request divides the per-batch cost of requests, replies and wake-ups on both
-            sides (the trainer's CPU per batch, see README "Several batches a request"); the
+            sides (the trainer's CPU per batch, see docs/using.md, "Receive path"); the
             loader then holds up to ``prefetch x`` that many batches per server.
         lineage: every batch says where each of its samples came from
             (:mod:`dataflow.client.lineage`): int64 CPU tensors ``lineage.source`` (0),

@@ -74,7 +74,7 @@ class FieldSpec:
         ragged: ``None`` for fixed-size fields, else one of ``RAGGED_KINDS``.
         meta: sorted ``(key, value)`` text pairs saying what the values mean where the dtype
             does not (``unit``/``tz`` of a timestamp, ``levels`` of nested lists, ...; see
-            the README's "Data" section).
+            docs/data.md).
     """
 
     name: str

@@ -26,7 +26,7 @@ Modes (:attr:`Shuffle.mode`, the ``shuffle`` argument), measured on class-sorted
     A smaller window bounds the working set: a batch's samples lie in at most two
     consecutive windows, each spanning about ``shuffle_window / samples per shard + 1``
     shards and ``shuffle_window`` samples' bytes (give a remote dataset's block cache that
-    much, see the README). Mixing then depends on the data's layout: on class-sorted shards
+    much, see docs/using.md). Mixing then depends on the data's layout: on class-sorted shards
     a batch draws from the classes of a window's shards. With 1,000 classes, a window of
     half the data gives 88% of a full shuffle's distinct classes per batch on 1,024 shards of
     about one class each and 96% on 4,096 shards of a quarter class each; a quarter 78% and
@@ -39,7 +39,7 @@ Modes (:attr:`Shuffle.mode`, the ``shuffle`` argument), measured on class-sorted
     when there are more shards than that (227 shards per batch of 256 on 1,024 shards): the
     cost is on the servers, whose readers gather each shard's samples of a batch in one pass
     straight into the batch (:func:`dataflow.readers.read_ranges`); the cost grows with the
-    shards a batch reads (README, "Shuffling").
+    shards a batch reads (docs/using.md, "Shuffling").
 ``"block"``
     The cheaper locality-first shuffle: shards permuted, each cut into blocks of
     ``block_size`` consecutive samples, and blocks permuted within windows of ``window``

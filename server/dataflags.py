@@ -10,7 +10,7 @@ from dataflow.convert.columns import DECIMAL, DICTIONARY, NULLS, ReadOptions, pa
 def add_data_flags(p: argparse.ArgumentParser) -> None:
     """Add the column, null, type and split flags to the server's parser."""
     g = p.add_argument_group(
-        "data", "which fields of Arrow/Parquet shards are served and how (README, \"Data\"); "
+        "data", "which fields of Arrow/Parquet shards are served and how (docs/data.md); "
                 "a field is named as served: a struct column `image` serves `image.bytes` "
                 "and `image.path`, and naming `image` means both")
     g.add_argument("--columns", nargs="+", default=None, metavar="FIELD",

@@ -28,8 +28,9 @@ does; see :mod:`~dataflow.server.ledger` for why 2x), and one peer address at mo
 ``--max-sessions-per-address`` times that; more are refused with an ERROR. The readers' data
 sockets have a high-water mark above the largest such count, so a reader never meets a full
 queue. What the readers hold unsent is bounded in bytes (:mod:`~dataflow.server.unsent`):
-requests wait while it is at ``--max-unsent-bytes`` or their address's share. The README's
-"Memory" paragraph gives the bound of the server's memory as a formula of its flags.
+requests wait while it is at ``--max-unsent-bytes`` or their address's share. The "Memory"
+paragraph of docs/architecture.md gives the bound of the server's memory as a formula of its
+flags.
 
 Thread invariant: every method runs on the one thread that calls :meth:`serve`.
 """

@@ -1,6 +1,6 @@
 """The most memory a server's processes can come to hold, as a function of its flags.
 
-The README's formula (How it works → Server, **Memory**), as numbers: what the frontend and the
+The formula of docs/architecture.md (Server, **Memory**), as numbers: what the frontend and the
 readers may hold beyond their sizes once ready (F0, R0: the index, the imports), whatever peers
 send. Pure: the fuzz (``python -m dataflow.bench fuzz``) and the attack tests hold the peaks
 they measure to it.
@@ -43,7 +43,7 @@ class MemoryBound:
 
 
 def memory_bound(config: ServerConfig) -> MemoryBound:
-    """The README's bound of ``config``'s server (see the module docstring).
+    """docs/architecture.md's bound of ``config``'s server (see the module docstring).
 
     With S sessions, C = ``config.max_connections`` connections per process, H messages queued
     for one peer (its send high-water mark), W readers of Q tasks queued, R bytes a reply:

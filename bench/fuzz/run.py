@@ -12,10 +12,11 @@ after epoch. Then it checks, and any miss is a violation (exit status 1):
 * every message to a reader's data socket got the answer the oracle predicts;
 * STATS ``malformed`` is at least what the oracle predicts for the structure-aware messages,
   and at most that plus the complete messages sent raw;
-* the frontend's peak RSS grew by at most the README's bound for the server's flags
-  (:func:`dataflow.server.memory.memory_bound`), the readers' together by at most theirs, each
-  process with ``--rss-slack-mib`` more for Python's heap and the allocator. The server runs
-  with caps tighter than the defaults (:data:`CAPS`), so that bound is a few hundred MiB.
+* the frontend's peak RSS grew by at most the bound for the server's flags
+  (docs/architecture.md, Memory; :func:`dataflow.server.memory.memory_bound`), the readers'
+  together by at most theirs, each process with ``--rss-slack-mib`` more for Python's heap and
+  the allocator. The server runs with caps tighter than the defaults (:data:`CAPS`), so that
+  bound is a few hundred MiB.
 
 It prints, per target, what was sent (per attack and kind), the DataLoader's epochs, the STATS
 counters (refusals, malformed, cuts, expiries) and the RSS peaks, then PASS or FAIL.
