@@ -71,7 +71,7 @@ COUNTERS = ("malformed", "refused", "dropped_sends", "stale_notices", "requests"
             "address_sessions_refused", "sessions_idle_expired", "sessions_unattached_expired",
             "sessions_unused_expired", "connections_cut", "tasks_requeued", "replies_too_large",
             "skipped_samples", "samples_sent", "shm_sessions", "cache_hits", "cache_misses",
-            "cache_evictions", "cache_disk_hits", "cache_disk_evictions")
+            "cache_evictions", "cache_disk_hits", "cache_disk_evictions", "cache_announced")
 
 
 def _bind(sock: zmq.Socket, endpoint: str, what: str) -> None:

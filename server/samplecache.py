@@ -21,7 +21,7 @@ clock); not thread-safe (one per reader process, used by its one thread).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,13 @@ Sample = tuple[Field, ...]
 """One sample's decoded columns, in the decode stage's field order."""
 Key = tuple[int, int]
 """``(shard number, row)`` of a sample."""
+
+
+def rows_of(ranges: np.ndarray) -> Iterator[Key]:
+    """The ``(shard, row)`` keys of int64 ``(shard, start, stop)`` ``ranges``, in order."""
+    for shard, start, stop in ranges.tolist():
+        for row in range(start, stop):
+            yield shard, row
 
 
 def sample_bytes(sample: Sample) -> int:

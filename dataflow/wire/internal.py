@@ -24,7 +24,7 @@ these messages.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
@@ -79,6 +79,8 @@ class Task:
             None.
         slot: the slot lent (the reader writes the reply's arrays there), or -1.
         parts: the REQUEST's batches (:class:`~dataflow.wire.Request`), or empty: one.
+        ahead: the REQUEST's ``ahead`` (the rows its session reads next, int64 (m, 3)), for
+            the reader's plan-aware cache; empty: none.
     """
 
     token: bytes
@@ -90,6 +92,7 @@ class Task:
     shm: ShmOffer | None = None
     slot: int = -1
     parts: tuple[Part, ...] = ()
+    ahead: np.ndarray = field(default_factory=lambda: np.empty((0, 3), dtype=np.int64))
 
 
 @dataclass(frozen=True)
