@@ -107,6 +107,10 @@ class PlanAware(Recency[K]):
         for key in old.keys() | new.keys():
             self._update(key)
 
+    def forget_session(self, session: Hashable) -> None:
+        """``session`` ended: drop its window (a no-op if it has none)."""
+        self.announce(session, ())
+
     def next_use(self, key: K) -> int | None:
         """``key``'s first position in any window (the least), or None: no window names it."""
         return self._soon.get(key)

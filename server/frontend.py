@@ -135,6 +135,8 @@ class Frontend:
         self._delivery = Delivery(self.router, self._sessions, self._ledger, self.counters)
         self._workers = WorkerHandler(self.backend, pool, self._ledger, self._delivery,
                                       self.counters, index, self._sessions, self._unsent)
+        if config.cache_plan_window:
+            self._delivery.on_drop = self._workers.forget
         self._clients = ClientHandler(config, index, self._sessions, self._ledger,
                                       self._delivery, self.counters, guard=self._guard,
                                       peer_log=self._peer_log, server_info=self._server_info,

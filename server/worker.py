@@ -82,6 +82,7 @@ from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import (
+    Forget,
     Started,
     Task,
     decode_internal,
@@ -215,6 +216,10 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
                     return
                 continue
             task = decode_internal(sock.recv_multipart())
+            if isinstance(task, Forget):
+                if cache is not None and isinstance(cache.policy, PlanAware):
+                    cache.policy.forget_session(task.token)
+                continue
             if not isinstance(task, Task):
                 raise InternalError(f"the frontend sent a {type(task).__name__}")
             if task.attempts:

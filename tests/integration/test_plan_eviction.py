@@ -9,6 +9,8 @@ Shards and the ``Stages`` module are those of :mod:`test_sample_cache`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from srvtools import RawClient, run_ranks, wait_for
@@ -23,8 +25,9 @@ TWO = 2 * sample_bytes((("x", np.zeros((1,), np.int64), None),
 """A reader's cache of two samples (not three)."""
 
 
-def _session(endpoint: str) -> tuple[RawClient, wire.Index]:
-    client = RawClient(endpoint)
+def _session(raw_client: Callable[[str], RawClient],
+             endpoint: str) -> tuple[RawClient, wire.Index]:
+    client = raw_client(endpoint)
     index = client.call(wire.Hello(4, "plan test", batch_size=4))
     assert isinstance(index, wire.Index)
     return client, index
@@ -38,14 +41,14 @@ def _read(client: RawClient, req_id: int, row: int, ahead: list[list[int]]) -> N
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("window", [0, 8])
 def test_the_reader_keeps_what_the_session_announced_instead_of_the_least_recent(
-        servers, tmp_path, window: int) -> None:
+        servers, raw_client, tmp_path, window: int) -> None:
     """A cache of two samples reads A, B, C, then A again, each request announcing A next:
     plan-aware eviction drops B for C and A hits; LRU drops A."""
     flags = ["--transform", "stagemod:STAGES", "--cache-memory", str(TWO)]
     server = servers(_shards(tmp_path), workers=1, cwd=_module(tmp_path / "v1", 3, "1"),
                      extra_args=[*flags, "--cache-plan-window", str(window)] if window
                      else flags)
-    client, index = _session(server.endpoint)
+    client, index = _session(raw_client, server.endpoint)
     assert index.ahead == window
     announce = [[0, 0, 1]] if window else []
     for req_id, row in enumerate((0, 1, 2)):
@@ -57,17 +60,16 @@ def test_the_reader_keeps_what_the_session_announced_instead_of_the_least_recent
     wait_for(lambda: (client.stats()["cache_hits"], client.stats()["cache_misses"],
                       client.stats()["cache_evictions"]) == expect, 30,
              f"(hits, misses, evictions) {expect}")
-    client.close()
 
 
 @pytest.mark.timeout(60)
-def test_a_bad_announcement_is_refused_naming_it_and_the_server_goes_on(servers,
+def test_a_bad_announcement_is_refused_naming_it_and_the_server_goes_on(servers, raw_client,
                                                                         tmp_path) -> None:
     shards = _shards(tmp_path)
     flags = ["--transform", "stagemod:STAGES", "--cache-memory", "1M"]
     server = servers(shards, workers=1, cwd=_module(tmp_path / "v1", 3, "1"),
                      extra_args=[*flags, "--cache-plan-window", "4"])
-    client, _ = _session(server.endpoint)
+    client, _ = _session(raw_client, server.endpoint)
     cases = [([[0, 0, 5]], "exceeds the server's --cache-plan-window 4"),
              ([[0, 0, 1]] * 5, "5 ranges exceeds"),
              ([[7, 0, 1]], "`ahead` range 0: shard 7 not in [0, 3)"),
@@ -83,13 +85,11 @@ def test_a_bad_announcement_is_refused_naming_it_and_the_server_goes_on(servers,
     reply = client.recv()
     assert isinstance(reply, wire.ErrorMsg) and reply.kind is wire.ErrorKind.PROTOCOL
     _read(client, 10, 0, [[0, 1, 3], [2, 0, 2]])  # repeats and several shards are fine
-    client.close()
     uninterested = servers(shards, workers=1, cwd=_module(tmp_path / "v2", 3, "1"),
                            extra_args=flags)
-    client, _ = _session(uninterested.endpoint)
+    client, _ = _session(raw_client, uninterested.endpoint)
     reply = client.call(wire.Request(0, [[0, 0, 1]], ahead=[[0, 1, 2]]))
     assert isinstance(reply, wire.ErrorMsg) and "--cache-plan-window 0" in reply.message
-    client.close()
 
 
 JOBS = ((1, 4, 2), (2, 6, 1), (5, 3, 3))
@@ -145,3 +145,26 @@ def test_jobs_sharing_a_small_plan_aware_cache_see_every_sample_once_with_uncach
     assert stats["cache_bytes"] <= memory
     assert stats["cache_announced"] > 0
     assert raw_client(plain.endpoint).stats()["cache_announced"] == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bye", [True, False])
+def test_a_freed_session_s_window_is_forgotten_by_the_readers(servers, raw_client, tmp_path,
+                                                             bye: bool) -> None:
+    """Session 1 announces A and leaves (BYE); session 2 then reads B, C, B in a cache of two:
+    with session 1's window gone C evicts A (least recent) and B hits; while session 1 stays,
+    A is kept for it and B misses."""
+    server = servers(_shards(tmp_path), workers=1, cwd=_module(tmp_path / "v1", 3, "1"),
+                     extra_args=["--transform", "stagemod:STAGES", "--cache-memory", str(TWO),
+                                 "--cache-plan-window", "8"])
+    first, _ = _session(raw_client, server.endpoint)
+    _read(first, 0, 0, [[0, 0, 1]])
+    second, _ = _session(raw_client, server.endpoint)
+    if bye:
+        first.send(wire.Bye())
+        wait_for(lambda: second.stats()["clients"] == 1, 30, "session 1 freed")
+    for req_id, row in enumerate((1, 2, 1)):
+        _read(second, req_id, row, [])
+    wait_for(lambda: second.stats()["cache_misses"] + second.stats()["cache_hits"] == 4, 30,
+             "four lookups counted")
+    assert second.stats()["cache_hits"] == (1 if bye else 0)

@@ -194,3 +194,17 @@ def test_every_order_of_a_small_stream() -> None:
     for stream in itertools.product(range(3), repeat=6):
         future = [{"s": list(stream[i + 1:])} for i in range(6)]
         assert _run(PlanAware(1, 6), list(stream), 2, future) == _most_hits(stream, 2)
+
+
+def test_a_forgotten_session_s_window_no_longer_counts() -> None:
+    p: PlanAware[str] = PlanAware(4, 8)
+    for key in "ab":
+        p.used(key)
+    p.announce("s", ["a"])
+    p.announce("t", ["a", "b"])
+    assert p.victim() == "b"
+    p.forget_session("t")
+    assert p.next_use("b") is None and p.next_use("a") == 0 and p.victim() == "b"
+    p.forget_session("s")
+    p.forget_session("never announced")
+    assert p.next_use("a") is None and p.victim() == "a"

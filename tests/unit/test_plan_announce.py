@@ -12,7 +12,7 @@ from dataflow.errors import ConfigError, ProtocolError
 from dataflow.server.admission import ahead_problem
 from dataflow.server.config import ServerConfig
 from dataflow.server.samplecache import rows_of
-from dataflow.wire.internal import Task, decode_internal, encode_internal
+from dataflow.wire.internal import Forget, Task, decode_internal, encode_internal
 
 SIZES = np.array([10, 4], dtype=np.int64)
 SHARDS = ["a.arrow", "b.arrow"]
@@ -45,6 +45,7 @@ def test_ahead_travels_after_the_ranges_and_only_when_there_is_one() -> None:
     assert wire.decode(wire.encode(plain)).ahead.shape == (0, 3)
     task = Task(b"tok", 5, msg.ranges, ahead=msg.ahead)
     assert np.array_equal(decode_internal(encode_internal(task)).ahead, msg.ahead)
+    assert decode_internal(encode_internal(Forget(b"tok"))) == Forget(b"tok")
     index = wire.Index(2, 1, "{}", ahead=4096)
     assert wire.decode(wire.encode(index)).ahead == 4096
 
