@@ -12,7 +12,8 @@ same pace are compared fairly).
 An announcement is a hint only: it changes which entry is evicted, never which sample is
 served; none, or a wrong one, leaves the choice to recency. Both policies are pure (no I/O,
 no clock) and bounded: :class:`PlanAware` holds at most ``sessions`` windows of at most
-``window`` rows each (a new session's window replaces the least recently announced one).
+``window`` rows each (a new session's window replaces the least recently announced one; a
+freed session's is dropped, :meth:`PlanAware.forget_session`).
 Not thread-safe (one per cache, used by its reader's one thread).
 """
 
