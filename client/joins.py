@@ -183,7 +183,7 @@ class Joins:
         index, endpoint = join.index, self._endpoint(server)
         assert index is not None
         first = self._scheduler.grant(server, index.credits, now, readers=len(index.data),
-                                      group=index.group)
+                                      group=index.group, ahead=index.ahead)
         self._joins.pop(server)
         self._shm.joined(server, index, endpoint)
         self._sessions[server] = index.session

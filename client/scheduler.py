@@ -75,7 +75,7 @@ from dataflow.client.servers import (
     transition,
 )
 from dataflow.client.shares import Shares
-from dataflow.client.slots import Slot
+from dataflow.client.slots import Slot, announced
 from dataflow.client.stream import Demand
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.wire import Part
@@ -152,9 +152,10 @@ class Scheduler:
     # -- joining --------------------------------------------------------------------------------
 
     def grant(self, server: int, credits: int, now: float, *, readers: int,
-              group: int = 1) -> bool:
+              group: int = 1, ahead: int = 0) -> bool:
         """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``,
-        with ``readers`` reader processes, and taking requests of up to ``group`` batches.
+        with ``readers`` reader processes, taking requests of up to ``group`` batches, each
+        announcing up to ``ahead`` samples read next (:func:`announced`).
 
         Returns:
             Whether it joined for the first time (not again after it was lost).
@@ -171,6 +172,7 @@ class Scheduler:
             raise ProtocolError(f"{s.endpoint}: requests of {group} batches")
         s.credits = credits
         s.group = group
+        s.ahead = ahead
         s.share = s.share or credits
         self._admitted = True
         self._depth = max(self._depth, self._members_depth() * self._group)
@@ -371,8 +373,11 @@ class Scheduler:
                 rows = np.concatenate([r for r, _ in batches])
                 parts = tuple(Part(len(r), t) for r, t in batches)
             held = self._servers[best].outstanding
+            ahead = announced((fetch.batch(i)[0]
+                               for i in range(index + count, fetch.demand.end)),
+                              self._servers[best].ahead)
             slot = Slot(best, self._req_ids, fetch.gen, index, rows, tag, retry, now,
-                        queued=len(held) + 1, parts=parts)
+                        queued=len(held) + 1, parts=parts, ahead=ahead)
             held[self._req_ids] = slot
             out.append(slot)
         return out

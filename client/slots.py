@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dataflow import wire
 from dataflow.errors import ProtocolError
+
+NO_ROWS = np.empty((0, 3), dtype=np.int64)
+NO_ROWS.flags.writeable = False
+
+
+def announced(batches: Iterable[np.ndarray], limit: int) -> np.ndarray:
+    """The first ``limit`` samples of ``batches`` (each int64 ``(shard, start, stop)`` rows,
+    in the order they are read), as one ``(m, 3)`` array: what a REQUEST announces its
+    session reads next (its ``ahead``); its last range is cut to end at the limit."""
+    out: list[np.ndarray] = []
+    left = limit
+    if left > 0:
+        for rows in batches:
+            sizes = rows[:, 2] - rows[:, 1]
+            total = int(sizes.sum())
+            if total < left:
+                out.append(rows)
+                left -= total
+                continue
+            ends = np.cumsum(sizes)
+            k = int(np.searchsorted(ends, left))  # the range holding the last sample kept
+            part = rows[:k + 1].copy()
+            part[k, 2] = part[k, 1] + left - (int(ends[k - 1]) if k else 0)
+            out.append(part)
+            break
+    return np.concatenate(out) if out else NO_ROWS
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,6 +54,8 @@ class Slot:
             server's service time, :mod:`dataflow.client.shares`).
         parts: the batches ``index, index + 1, ...`` the request carries, 2 or more (their
             rows of ``ranges`` and their tags), or empty: batch ``index`` alone.
+        ahead: the rows the session reads after these batches, announced to the server's
+            cache (:func:`announced`), or empty: none.
     """
 
     server: int
@@ -39,6 +68,7 @@ class Slot:
     sent: float
     queued: int = 1
     parts: tuple[wire.Part, ...] = ()
+    ahead: np.ndarray = field(default_factory=lambda: NO_ROWS)
 
     @property
     def indexes(self) -> range:
@@ -53,8 +83,8 @@ class Slot:
     def request(self) -> wire.Request:
         """The REQUEST message."""
         if self.parts:
-            return wire.Request(self.req_id, self.ranges, parts=self.parts)
-        return wire.Request(self.req_id, self.ranges, self.tag)
+            return wire.Request(self.req_id, self.ranges, parts=self.parts, ahead=self.ahead)
+        return wire.Request(self.req_id, self.ranges, self.tag, ahead=self.ahead)
 
     def check_size(self, endpoint: str, msg: wire.BatchMsg) -> None:
         """Check BATCH ``msg`` for this request: it carries as many batches, and each one's

@@ -79,6 +79,45 @@ def admit_hello(msg: Hello, config: ServerConfig, served: Sequence[str], *, rene
     return Grant(credits, max_samples, group)
 
 
+def ahead_problem(ahead: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
+                  window: int) -> str | None:
+    """Why ``ahead`` (a REQUEST's announced rows, int64 (m, 3)) is not a valid announcement of
+    at most ``window`` samples of shards ``shards`` of ``sizes`` samples, or None. Pure.
+    Rows may repeat (a window may reach into the next epoch)."""
+    if not len(ahead):
+        return None
+    if not window:
+        return ("`ahead` announces rows to a server that takes none (its INDEX has no "
+                "`ahead`; --cache-plan-window 0)")
+    if len(ahead) > window:
+        return (f"`ahead` of {len(ahead)} ranges exceeds the server's --cache-plan-window "
+                f"{window} samples")
+    problem = _bounds_problem(ahead, sizes, shards)
+    if problem is not None:
+        return f"`ahead` {problem}"
+    total = int((ahead[:, 2] - ahead[:, 1]).sum())
+    if total > window:
+        return (f"`ahead` of {total} samples exceeds the server's --cache-plan-window "
+                f"{window} samples")
+    return None
+
+
+def _bounds_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str]) -> str | None:
+    """Why a row of ``ranges`` is not a non-empty range of its shard, or None."""
+    shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
+    bad_shard = (shard < 0) | (shard >= len(sizes))
+    if bad_shard.any():
+        i = int(np.flatnonzero(bad_shard)[0])
+        return f"range {i}: shard {int(shard[i])} not in [0, {len(sizes)})"
+    size = sizes[shard]
+    bad = (start < 0) | (stop <= start) | (stop > size)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        return (f"range {i}: [{int(start[i])}, {int(stop[i])}) is empty or outside shard "
+                f"{shards[int(shard[i])]} of {int(size[i])} samples")
+    return None
+
+
 def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
                   max_samples: int) -> str | None:
     """Why ``ranges`` (int64, (n, 3) ``(shard, start, stop)`` rows) is not a valid request of
@@ -92,17 +131,10 @@ def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
     if len(ranges) > max_samples:
         return (f"request of {len(ranges)} ranges exceeds this session's "
                 f"{max_samples} samples a request")
+    problem = _bounds_problem(ranges, sizes, shards)
+    if problem is not None:
+        return problem
     shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
-    bad_shard = (shard < 0) | (shard >= len(sizes))
-    if bad_shard.any():
-        i = int(np.flatnonzero(bad_shard)[0])
-        return f"range {i}: shard {int(shard[i])} not in [0, {len(sizes)})"
-    size = sizes[shard]
-    bad = (start < 0) | (stop <= start) | (stop > size)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        return (f"range {i}: [{int(start[i])}, {int(stop[i])}) is empty or outside shard "
-                f"{shards[int(shard[i])]} of {int(size[i])} samples")
     total = int((stop - start).sum())
     if total > max_samples:
         return (f"request of {total} samples exceeds this session's {max_samples} samples "

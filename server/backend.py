@@ -35,6 +35,7 @@ from dataflow.wire import ErrorKind
 from dataflow.wire.internal import (
     Attached,
     Done,
+    Forget,
     Internal,
     Lost,
     Sent,
@@ -161,6 +162,18 @@ class WorkerHandler:
         self._counters["dropped_sends"] += 1
         self._delivery.fail(msg.token, msg.req_id, ErrorKind.UNDELIVERABLE, msg.why,
                             settles=False)
+
+    def forget(self, token: bytes) -> None:
+        """Tell every reader session ``token`` is freed (FORGET, so it drops the session's
+        announced window); a reader that cannot take it now is skipped (a window is a hint,
+        and one left behind is displaced by newer sessions')."""
+        frames = encode_internal(Forget(token))
+        for worker in self._pool:
+            if worker.ready:
+                try:
+                    self._backend.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    log.debug("reader %s did not take FORGET", worker.identity.hex())
 
     def dispatch(self) -> None:
         """Hand queued requests, fairly over attached sessions, to readers with room, while

@@ -34,7 +34,7 @@ import zmq
 from dataflow import wire
 from dataflow.errors import ProtocolError
 from dataflow.index import DatasetIndex
-from dataflow.server.admission import Refused, admit_hello, range_problem
+from dataflow.server.admission import Refused, admit_hello, ahead_problem, range_problem
 from dataflow.server.config import ServerConfig
 from dataflow.server.delivery import Delivery
 from dataflow.server.framing import SendResult, recv_bounded
@@ -242,7 +242,7 @@ class ClientHandler:
         frames = wire.encode(wire.Index(outcome.credits, workers, self._index_json,
                                         s.token.decode(), tuple(endpoints),
                                         self._config.transform or "", proof,
-                                        outcome.group))
+                                        outcome.group, self._config.cache_plan_window))
         frames[-1] = self._index_body  # the same bytes, shared by every INDEX queued
         if self._delivery.send_frames(identity, frames) is not SendResult.OK:
             self._counters["dropped_sends"] += 1
@@ -258,6 +258,9 @@ class ClientHandler:
         if problem is None:
             problem = slot_problem(msg.slot, s.shm)
         if problem is None:
+            problem = ahead_problem(msg.ahead, self._sizes, self._index.shards,
+                                    self._config.cache_plan_window)
+        if problem is None:
             if self._ledger.at_credits(s.token) or not s.attached:
                 # A reader notifies us just before it hands a reply to ZeroMQ, and before it
                 # answers a data connection's first HEARTBEAT, so the notice is normally here
@@ -265,7 +268,8 @@ class ClientHandler:
                 self._read_notices()
             outcome = self._ledger.admit(Task(s.token, msg.req_id, msg.ranges, msg.tag,
                                               s.columns, shm=s.shm if msg.slot >= 0 else None,
-                                              slot=msg.slot, parts=msg.parts))
+                                              slot=msg.slot, parts=msg.parts,
+                                              ahead=msg.ahead))
             if isinstance(outcome, Refusal):
                 problem = outcome.message
         if problem is not None:
@@ -275,6 +279,8 @@ class ClientHandler:
         self._delivery.latency.start(s.token, msg.req_id)
         s.requested = True
         self._counters["requests"] += 1
+        if len(msg.ahead):
+            self._counters["cache_announced"] += int((msg.ahead[:, 2] - msg.ahead[:, 1]).sum())
 
     def expire(self, now: float) -> None:
         """Free the sessions :meth:`~dataflow.server.sessions.Timeouts.due` says are over

@@ -24,6 +24,7 @@ DEFAULT_MAX_CREDITS = 64
 DEFAULT_CLIENT_TTL = 10.0
 DEFAULT_WORKER_QUEUE = 2
 DEFAULT_MAX_SESSIONS = 256
+MAX_PLAN_WINDOW = 1 << 20
 DEFAULT_SESSION_IDLE_TIMEOUT = 300.0
 DEFAULT_MAX_REQUEST_SAMPLES = 65536
 DEFAULT_MAX_REPLY_BYTES = 1024 * 1024 * 1024
@@ -62,6 +63,7 @@ INT_FIELDS = (
     ("max_inbound_total", 1, MAX_INBOUND_TOTAL), ("max_unsent_bytes", 1, MAX_UNSENT_BYTES),
     ("index_workers", 1, 256), ("max_open_shards", 1, MAX_OPEN_SHARDS),
     ("cache_memory", 0, MAX_CACHE_BYTES), ("cache_disk_bytes", 1, MAX_CACHE_BYTES),
+    ("cache_plan_window", 0, MAX_PLAN_WINDOW),
 )
 """The integer fields of :class:`ServerConfig` and their ranges ``(name, lo, hi)``."""
 
@@ -142,6 +144,10 @@ class ServerConfig:
             every decoded sample, shared by the readers; needs ``cache_memory``); None: none.
         cache_disk_bytes: most bytes of the disk tier's files, the readers together (each an
             equal share).
+        cache_plan_window: most samples a REQUEST may announce in its ``ahead`` (the rows its
+            session reads next): the readers' caches then evict by Belady's rule over the
+            announced windows (:mod:`dataflow.server.eviction`; needs ``cache_memory``);
+            0: least recently used, and clients announce nothing.
     """
 
     data: tuple[str, ...]
@@ -181,6 +187,7 @@ class ServerConfig:
     cache_memory: int = 0
     cache_disk: str | None = None
     cache_disk_bytes: int = DEFAULT_CACHE_DISK_BYTES
+    cache_plan_window: int = 0
 
     def __post_init__(self) -> None:
         if not self.data or not all(isinstance(d, str) and d for d in self.data):
@@ -200,6 +207,10 @@ class ServerConfig:
         if self.cache_disk is not None and not self.reader_cache_memory:
             raise ConfigError("`cache_disk` needs `cache_memory` of at least a byte a reader "
                               f"(the disk tier holds what memory evicts). Found: "
+                              f"{self.cache_memory}")
+        if self.cache_plan_window and not self.reader_cache_memory:
+            raise ConfigError("`cache_plan_window` needs `cache_memory` of at least a byte a "
+                              f"reader (it chooses what the cache evicts). Found: "
                               f"{self.cache_memory}")
         if self.cache_disk is not None and not os.path.isdir(self.cache_disk):
             raise ConfigError(f"`cache_disk` must be an existing directory. Found: "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -46,6 +47,7 @@ class Delivery:
         self._ledger = ledger
         self._counters = counters
         self.latency = Latency(time.monotonic)
+        self.on_drop: Callable[[bytes], None] | None = None
 
     def send(self, identity: bytes, msg: wire.Message) -> SendResult:
         """Send a message without blocking or parking it."""
@@ -110,8 +112,11 @@ class Delivery:
             self._counters["stale_notices"] += 1
 
     def drop(self, s: Session, why: str) -> None:
-        """Free session ``s``: its account, queued requests and parked replies."""
+        """Free session ``s``: its account, queued requests and parked replies (and tell
+        :attr:`on_drop` its token, if set)."""
         self._sessions.close(s)
+        if self.on_drop is not None:
+            self.on_drop(s.token)
         self.latency.forget(s.token)
         queued = self._ledger.close(s.token)
         parked = s.parked.clear()

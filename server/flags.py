@@ -112,7 +112,8 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                         "together (each an equal share), when --transform names a Stages "
                         "(a deterministic decode stage, then a random augment): a sample they "
                         "hold is not read nor decoded again, for any session, epoch, seed, "
-                        "batch size or world size; least recently used evicted first; e.g. "
+                        "batch size or world size; least recently used evicted first (see "
+                        "--cache-plan-window); e.g. "
                         "512M, 8G (default: %(default)s, no cache)")
     p.add_argument("--cache-disk", default=None, metavar="DIR",
                    help="directory where the readers also write every sample they decode, "
@@ -124,6 +125,15 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                    help="most bytes of files under --cache-disk, the readers together (each "
                         "an equal share), least recently used removed first "
                         "(default: %(default)s)")
+    p.add_argument("--cache-plan-window", type=int, default=0, metavar="SAMPLES",
+                   help="plan-aware eviction: each request of a client may announce the next "
+                        "SAMPLES (at most) its session reads, and the readers' caches evict "
+                        "first what no live announcement names, then what is read furthest "
+                        "ahead (Belady's rule over the announced windows), instead of the "
+                        "least recently used; a hint only, never a change to what is served. "
+                        "Each reader keeps the latest window of at most --max-sessions "
+                        "sessions (up to 256 bytes a sample); e.g. 4096 (needs --cache-memory; "
+                        "default: %(default)s: least recently used, nothing announced)")
     p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                    help="logging level (default: %(default)s)")
     p.add_argument("--max-credits", type=int, default=DEFAULT_MAX_CREDITS, metavar="N",
@@ -299,6 +309,7 @@ def parse_args(argv: Sequence[str] | None = None,
             index_workers=ns.index_workers, progress=ns.progress,
             cache_memory=parse_size(ns.cache_memory), cache_disk=ns.cache_disk,
             cache_disk_bytes=parse_size(ns.cache_disk_bytes),
+            cache_plan_window=ns.cache_plan_window,
         )
     except ConfigError as e:
         parser.error(str(e))

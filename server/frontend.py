@@ -72,7 +72,7 @@ COUNTERS = ("malformed", "refused", "dropped_sends", "stale_notices", "requests"
             "address_sessions_refused", "sessions_idle_expired", "sessions_unattached_expired",
             "sessions_unused_expired", "connections_cut", "tasks_requeued", "replies_too_large",
             "skipped_samples", "samples_sent", "shm_sessions", "cache_hits", "cache_misses",
-            "cache_evictions", "cache_disk_hits", "cache_disk_evictions")
+            "cache_evictions", "cache_disk_hits", "cache_disk_evictions", "cache_announced")
 
 
 def _bind(sock: zmq.Socket, endpoint: str, what: str) -> None:
@@ -136,6 +136,8 @@ class Frontend:
         self._delivery = Delivery(self.router, self._sessions, self._ledger, self.counters)
         self._workers = WorkerHandler(self.backend, pool, self._ledger, self._delivery,
                                       self.counters, index, self._sessions, self._unsent)
+        if config.cache_plan_window:
+            self._delivery.on_drop = self._workers.forget
         self._clients = ClientHandler(config, index, self._sessions, self._ledger,
                                       self._delivery, self.counters, guard=self._guard,
                                       peer_log=self._peer_log, server_info=self._server_info,

@@ -117,6 +117,8 @@ METRICS: dict[str, Spec] = {
                                        "and decoded"),
     "cache_evictions": _c("cache_evictions", CACHE_EVICTIONS_HELP, tier="memory"),
     "cache_disk_evictions": _c("cache_evictions", CACHE_EVICTIONS_HELP, tier="disk"),
+    "cache_announced": _c("cache_announced_samples", "samples requests announced their sessions "
+                                                     "read next (--cache-plan-window)"),
     "cache_bytes": _g("cache_bytes", CACHE_BYTES_HELP, tier="memory"),
     "cache_disk_bytes": _g("cache_bytes", CACHE_BYTES_HELP, tier="disk"),
 }

@@ -9,8 +9,10 @@ identity (:attr:`~dataflow.index.DatasetIndex.identities`) and the decode stage'
 (:attr:`~dataflow.transform.Stages.identity`) are the same for every entry of one reader.
 
 Bounded in bytes, never over: an entry's size is :func:`sample_bytes` (its arrays' bytes plus a
-fixed allowance for the objects holding them); the least recently used entries are evicted
-before an insert would pass the bound, and an entry larger than the bound is not cached. With
+fixed allowance for the objects holding them); entries are evicted before an insert would pass
+the bound, as its eviction policy says (:mod:`~dataflow.server.eviction`: least recently used,
+or plan-aware over the windows the sessions announce, when the new entry itself may be the one
+not kept), and an entry larger than the bound is not cached. With
 a disk tier (:class:`~dataflow.server.diskcache.DiskTier`, its own bound, shared with the
 server's other readers) every new entry is also written there, and a sample found there (this
 reader's file or a sibling's) is kept in memory again. Without one it is pure (no I/O, no
@@ -19,8 +21,7 @@ clock); not thread-safe (one per reader process, used by its one thread).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from dataflow.batch import Batch, Ragged
 from dataflow.errors import ConfigError, TransformError
+from dataflow.server.eviction import Recency
 
 if TYPE_CHECKING:
     from dataflow.server.diskcache import DiskTier
@@ -44,6 +46,13 @@ Sample = tuple[Field, ...]
 """One sample's decoded columns, in the decode stage's field order."""
 Key = tuple[int, int]
 """``(shard number, row)`` of a sample."""
+
+
+def rows_of(ranges: np.ndarray) -> Iterator[Key]:
+    """The ``(shard, row)`` keys of int64 ``(shard, start, stop)`` ``ranges``, in order."""
+    for shard, start, stop in ranges.tolist():
+        for row in range(start, stop):
+            yield shard, row
 
 
 def sample_bytes(sample: Sample) -> int:
@@ -131,20 +140,22 @@ class CacheCounts:
 
 
 class SampleCache:
-    """An LRU of decoded samples holding at most ``bound`` bytes, over an optional ``disk`` tier
-    (see the module docstring).
+    """Decoded samples, at most ``bound`` bytes in memory, evicted as ``policy`` says (None:
+    least recently used), over an optional ``disk`` tier (see the module docstring).
 
     Raises:
         ConfigError: ``bound`` is not a positive integer.
     """
 
-    def __init__(self, bound: int, disk: DiskTier | None = None) -> None:
+    def __init__(self, bound: int, disk: DiskTier | None = None,
+                 policy: Recency[Key] | None = None) -> None:
         if not isinstance(bound, int) or bound < 1:
             raise ConfigError(f"`cache_memory` must be a positive number of bytes. Found: "
                               f"{bound!r}")
         self.bound = bound
         self.disk = disk
-        self._entries: OrderedDict[Key, tuple[Sample, int]] = OrderedDict()
+        self.policy: Recency[Key] = policy if policy is not None else Recency()
+        self._entries: dict[Key, tuple[Sample, int]] = {}
         self._bytes = 0
         self._hits = self._misses = self._evictions = 0
 
@@ -156,7 +167,7 @@ class SampleCache:
         entry = self._entries.get(key)
         if entry is not None:
             self._hits += 1
-            self._entries.move_to_end(key)
+            self.policy.used(key)
             return entry[0]
         sample = self.disk.get(key) if self.disk is not None else None
         if sample is None:
@@ -166,9 +177,9 @@ class SampleCache:
         return sample
 
     def put(self, key: Key, sample: Sample) -> bool:
-        """Cache ``sample`` under ``key`` (and write it to the disk tier, if any), evicting the
-        least recently used entries first so the bound holds; an entry larger than the bound
-        is not kept in memory.
+        """Cache ``sample`` under ``key`` (and write it to the disk tier, if any), evicting
+        entries first so the bound holds (the policy may choose ``key`` itself); an entry
+        larger than the bound is not kept in memory.
 
         Returns:
             Whether it is cached (in either tier).
@@ -178,19 +189,25 @@ class SampleCache:
         return kept or written
 
     def _insert(self, key: Key, sample: Sample) -> bool:
-        """Keep ``sample`` in memory, evicting as needed; False: larger than the bound."""
+        """Keep ``sample`` in memory, evicting as needed; False: larger than the bound, or the
+        policy's victim itself."""
         size = sample_bytes(sample)
         old = self._entries.pop(key, None)
         if old is not None:
             self._bytes -= old[1]
+            self.policy.forget(key)
         if size > self.bound:
             return False
-        while self._bytes + size > self.bound:
-            _, (_, freed) = self._entries.popitem(last=False)
-            self._bytes -= freed
-            self._evictions += 1
         self._entries[key] = (sample, size)
         self._bytes += size
+        self.policy.used(key)
+        while self._bytes > self.bound:
+            victim = self.policy.victim()
+            self.policy.forget(victim)
+            self._bytes -= self._entries.pop(victim)[1]
+            if victim == key:
+                return False
+            self._evictions += 1
         return True
 
     def counts(self) -> CacheCounts:

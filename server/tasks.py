@@ -73,6 +73,9 @@ class WorkerSpec:
         cache_disk: the server's directory of the caches' disk tier
             (:mod:`dataflow.server.diskcache`); None: none.
         cache_disk_bytes: bytes of disk-tier files a reader keeps.
+        cache_plan_window: most rows of a task's ``ahead``; > 0: the cache evicts by the
+            windows sessions announce (:class:`~dataflow.server.eviction.PlanAware`), 0: LRU.
+        plan_sessions: most sessions' windows a reader keeps.
     """
 
     backend: str
@@ -96,6 +99,8 @@ class WorkerSpec:
     cache_memory: int = 0
     cache_disk: str | None = None
     cache_disk_bytes: int = 0
+    cache_plan_window: int = 0
+    plan_sessions: int = 1
 
 
 def indexed_shards(index: DatasetIndex) -> tuple[IndexedShard, ...]:

@@ -61,6 +61,7 @@ from dataflow.errors import InternalError, ProtocolError
 from dataflow.security import secure_server
 from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
 from dataflow.server.diskcache import DiskTier
+from dataflow.server.eviction import PlanAware
 from dataflow.server.framing import (
     MAX_ERROR_TEXT,
     recv_bounded,
@@ -74,13 +75,14 @@ from dataflow.server.guard import (
     message_fd,
 )
 from dataflow.server.peerlog import RateLimitedLog, quote
-from dataflow.server.samplecache import SampleCache
+from dataflow.server.samplecache import Key, SampleCache, rows_of
 from dataflow.server.sender import DataSender
 from dataflow.server.shmserve import Segments
 from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import (
+    Forget,
     Started,
     Task,
     decode_internal,
@@ -160,7 +162,9 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     if spec.cache_memory and transform is not None and transform.decode is not None:
         disk = (DiskTier(spec.cache_disk, spec.cache_disk_bytes) if spec.cache_disk
                 else None)
-        cache = SampleCache(spec.cache_memory, disk)
+        policy: PlanAware[Key] | None = (PlanAware(spec.plan_sessions, spec.cache_plan_window)
+                                         if spec.cache_plan_window else None)
+        cache = SampleCache(spec.cache_memory, disk, policy)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -212,11 +216,17 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
                     return
                 continue
             task = decode_internal(sock.recv_multipart())
+            if isinstance(task, Forget):
+                if cache is not None and isinstance(cache.policy, PlanAware):
+                    cache.policy.forget_session(task.token)
+                continue
             if not isinstance(task, Task):
                 raise InternalError(f"the frontend sent a {type(task).__name__}")
             if task.attempts:
                 log.warning("request %d: %d reader(s) exited holding it before; reading ranges "
                             "%s", task.req_id, task.attempts, task.ranges[:8].tolist())
+            if len(task.ahead) and cache is not None and isinstance(cache.policy, PlanAware):
+                cache.policy.announce(task.token, rows_of(task.ahead))
             sender.send(*serve_task(readers, transform, spec, task, segments, cache))
     finally:
         segments.close()

@@ -12,13 +12,15 @@ processes (frontend and readers):
 * **sweep**: ``--jobs`` jobs of different seeds started together on one fresh cached server,
   against one job alone on a fresh cached server, and the same sweep on an uncached server:
   total server CPU of the epoch, each job's samples/s.
-* **eviction**: a cache smaller than the decoded set under the sweep: the hit rate of LRU (what
-  the servers do) measured on a server with one reader and no disk tier, and computed offline
-  for LRU and for Belady's rule over the jobs' announced orders (the most a plan-aware eviction
-  can reach: it is not built in the servers) on the same access stream, the jobs' global
-  orders (:func:`dataflow.shuffle.epoch_order`) interleaved batch by batch.
+* **eviction**: a cache smaller than the decoded set under the sweep: the hit rate of LRU and of
+  plan-aware eviction (``--cache-plan-window``: each request announces the next samples its
+  session reads) measured on servers with one reader and no disk tier, and computed offline
+  for LRU and for Belady's rule over the jobs' whole orders (the most a plan-aware eviction
+  can reach) on the same access stream, the jobs' global orders
+  (:func:`dataflow.shuffle.epoch_order`) interleaved batch by batch.
 
 Usage: python -m dataflow.bench.experiments.cache [--workers 2] [--batch-size 64] [--jobs 4]
+[--parts epochs,sweep,eviction] [--plan-window 2048]
 """
 
 from __future__ import annotations
@@ -193,6 +195,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--small", type=float, default=0.5,
                    help="eviction part: the cache's size, a fraction of the decoded set "
                         "(default: %(default)s)")
+    p.add_argument("--plan-window", type=int, default=2048,
+                   help="eviction part: the plan-aware server's --cache-plan-window "
+                        "(default: %(default)s)")
+    p.add_argument("--parts", default="epochs,sweep,eviction",
+                   help="which parts to run, comma-separated (default: %(default)s)")
     p.add_argument("--out", default="bench-out",
                    help="directory for the JPEG shards, reused (default: %(default)s)")
     args = p.parse_args(argv)
@@ -209,54 +216,77 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(paths)} JPEG tar shards x {args.samples_per_shard} ({SIDE}x{SIDE}, decoded set "
           f"{decoded / 2**20:.0f} MiB), batch {bs}, {w} readers a server, {os.cpu_count()} CPUs\n")
 
+    parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         cached = ["--cache-memory", memory, "--cache-disk", shm]
-        print("Epochs, one job (seed 1):\n")
-        print("| server | epoch | samples/s | server CPU ms / sample | cache hits |")
-        print("| --- | --- | --- | --- | --- |")
-        for name, flags in (("uncached", []), ("cached", cached)):
-            with _server(paths, w, flags) as srv:
-                for epoch in range(3):
-                    cpu, rates, counts = _measured(srv, [1], epoch, bs)
-                    print(f"| {name} | {epoch} | {rates[0]:,.0f} | {cpu / total * 1e3:.2f} | "
-                          f"{_hit_rate(counts)} |")
+        if "epochs" in parts:
+            _epochs(paths, w, cached, bs, total)
+        if "sweep" in parts:
+            _sweep(paths, w, cached, bs, seeds)
+    if "eviction" in parts:
+        _eviction(paths, args, seeds, total)
+    print(f"\nload average (1/5/15 min) {' / '.join(f'{x:.2f}' for x in load0)} at the start, "
+          f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
 
-        print(f"\nSweep, epoch 0, fresh servers; {args.jobs} jobs (seeds {seeds}) together "
-              "vs one alone:\n")
-        print("| server | jobs | server CPU s | vs one job | each job's samples/s | "
-              "vs alone | cache hits |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        for name, flags in (("cached", cached), ("uncached", [])):
-            with _server(paths, w, flags) as srv:
-                cpu1, alone, counts = _measured(srv, [seeds[0]], 0, bs)
-            print(f"| {name} | 1 | {cpu1:.1f} | 1.00x | {alone[0]:,.0f} | 1.00x | "
-                  f"{_hit_rate(counts)} |")
-            with _server(paths, w, flags) as srv:
-                cpu, rates, counts = _measured(srv, seeds, 0, bs)
-            each = ", ".join(f"{r:,.0f}" for r in rates)
-            vs = ", ".join(f"{r / alone[0]:.2f}" for r in rates)
-            print(f"| {name} | {args.jobs} | {cpu:.1f} | {cpu / cpu1:.2f}x | {each} | {vs} | "
-                  f"{_hit_rate(counts)} |")
 
+def _epochs(paths: list[str], w: int, cached: list[str], bs: int, total: int) -> None:
+    print("Epochs, one job (seed 1):\n")
+    print("| server | epoch | samples/s | server CPU ms / sample | cache hits |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, flags in (("uncached", []), ("cached", cached)):
+        with _server(paths, w, flags) as srv:
+            for epoch in range(3):
+                cpu, rates, counts = _measured(srv, [1], epoch, bs)
+                print(f"| {name} | {epoch} | {rates[0]:,.0f} | {cpu / total * 1e3:.2f} | "
+                      f"{_hit_rate(counts)} |")
+
+
+def _sweep(paths: list[str], w: int, cached: list[str], bs: int, seeds: list[int]) -> None:
+    print(f"\nSweep, epoch 0, fresh servers; {len(seeds)} jobs (seeds {seeds}) together "
+          "vs one alone:\n")
+    print("| server | jobs | server CPU s | vs one job | each job's samples/s | "
+          "vs alone | cache hits |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, flags in (("cached", cached), ("uncached", [])):
+        with _server(paths, w, flags) as srv:
+            cpu1, alone, counts = _measured(srv, [seeds[0]], 0, bs)
+        print(f"| {name} | 1 | {cpu1:.1f} | 1.00x | {alone[0]:,.0f} | 1.00x | "
+              f"{_hit_rate(counts)} |")
+        with _server(paths, w, flags) as srv:
+            cpu, rates, counts = _measured(srv, seeds, 0, bs)
+        each = ", ".join(f"{r:,.0f}" for r in rates)
+        vs = ", ".join(f"{r / alone[0]:.2f}" for r in rates)
+        print(f"| {name} | {len(seeds)} | {cpu:.1f} | {cpu / cpu1:.2f}x | {each} | {vs} | "
+              f"{_hit_rate(counts)} |")
+
+
+def _eviction(paths: list[str], args: argparse.Namespace, seeds: list[int], total: int) -> None:
+    bs = args.batch_size
     capacity = int(total * args.small)
     small = str(capacity * (DECODED + 512))
     print(f"\nEviction, a cache of {capacity} samples ({args.small:.0%} of the decoded set), "
-          f"{args.jobs} jobs, epochs 0 and 1:\n")
-    with _server(paths, 1, ["--cache-memory", small]) as srv:
-        _, _, c0 = _measured(srv, seeds, 0, bs)
-        _, _, c1 = _measured(srv, seeds, 1, bs)
-    measured = {k: c0[k] + c1[k] for k in c0}
+          f"{len(seeds)} jobs, epochs 0 and 1, one server of 1 reader, --cache-memory "
+          f"{int(small) / 2**20:.0f} MiB, no disk tier:\n")
+    rows = []
+    for name, flags in (("LRU", []), (f"plan-aware, window {args.plan_window}",
+                                      ["--cache-plan-window", str(args.plan_window)])):
+        with _server(paths, 1, ["--cache-memory", small, *flags]) as srv:
+            cpu0, r0, c0 = _measured(srv, seeds, 0, bs)
+            cpu1, r1, c1 = _measured(srv, seeds, 1, bs)
+        measured = {k: c0[k] + c1[k] for k in c0}
+        rate = sum(r0 + r1) / len(r0 + r1)
+        rows.append(f"| {name} | {_hit_rate(measured)} | measured; server CPU "
+                    f"{(cpu0 + cpu1) / (2 * total * len(seeds)) * 1e3:.2f} ms a sample, "
+                    f"{rate:,.0f} samples/s a job |")
     stream = sweep_stream([args.samples_per_shard] * args.shards, seeds, 2, bs)
     print("| eviction | hit rate | how |")
     print("| --- | --- | --- |")
-    print(f"| LRU | {_hit_rate(measured)} | measured: one server, 1 reader, --cache-memory "
-          f"{int(small) / 2**20:.0f} MiB |")
+    print("\n".join(rows))
     print(f"| LRU | {lru_hits(stream, capacity) / len(stream):.1%} | computed, the stream of "
           "the jobs' orders interleaved batch by batch |")
-    print(f"| Belady over the announced orders | {belady_hits(stream, capacity) / len(stream):.1%}"
-          " | computed, same stream (the bound of plan-aware eviction; not built) |")
-    print(f"\nload average (1/5/15 min) {' / '.join(f'{x:.2f}' for x in load0)} at the start, "
-          f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
+    print(f"| Belady over the jobs' whole orders | "
+          f"{belady_hits(stream, capacity) / len(stream):.1%} | computed, same stream (the "
+          "bound of plan-aware eviction) |")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,8 @@ class IndexBody(BodyCodec):
 
 class RangesBody(BodyCodec):
     """``n`` int64 ``(shard, start, stop)`` rows as one frame, decoded once (a REQUEST's, and
-    the TASK passing it to a reader).
+    the TASK passing it to a reader), then its ``ahead``: ``ahead`` more rows as a second
+    frame when there are any (a header without ``ahead`` announces none).
 
     Args:
         what: the kind, as errors name it.
@@ -103,21 +104,31 @@ class RangesBody(BodyCodec):
 
     attr = "ranges"
     empty = np.empty((0, 3), dtype=np.int64)
-    fields = (FieldSpec("n", integer(1, MAX_RANGES)),)
+    fields = (FieldSpec("n", integer(1, MAX_RANGES)),
+              FieldSpec("ahead", integer(0, MAX_RANGES), optional=True, omit=0))
 
     def __init__(self, what: str) -> None:
         self._what = what
 
     def encode(self, msg: Any) -> tuple[dict[str, Any], list[Any]]:
-        return {"n": len(msg.ranges)}, [msg.ranges.tobytes()]
+        if not len(msg.ahead):
+            return {"n": len(msg.ranges)}, [msg.ranges.tobytes()]
+        return ({"n": len(msg.ranges), "ahead": len(msg.ahead)},
+                [msg.ranges.tobytes(), msg.ahead.tobytes()])
 
     def decode(self, head: Any, described: dict[str, Any], frames: Sequence[Any]) -> Any:
-        check_sizes(self._what, [described["n"] * RANGE_BYTES], frame_sizes(frames))
+        ahead = described.get("ahead", 0)
+        check_sizes(self._what, [described["n"] * RANGE_BYTES,
+                                 *([ahead * RANGE_BYTES] if ahead else [])], frame_sizes(frames))
         parts = getattr(head, "parts", ())
         if parts and sum(p.rows for p in parts) != described["n"]:
             raise ProtocolError(f"{self._what} `parts` name {sum(p.rows for p in parts)} rows "
                                 f"of its {described['n']} ranges")
-        return replace(head, ranges=np.frombuffer(frames[0], dtype="<i8").reshape(-1, 3))
+        ranges = np.frombuffer(frames[0], dtype="<i8").reshape(-1, 3)
+        if not ahead:
+            return replace(head, ranges=ranges)
+        return replace(head, ranges=ranges,
+                       ahead=np.frombuffer(frames[1], dtype="<i8").reshape(-1, 3))
 
 
 REQ_ID = FieldSpec("req_id", integer(0, INT64_MAX))
@@ -223,6 +234,7 @@ SPECS: dict[Kind, MessageSpec] = {
                   omit=""),
         FieldSpec("shm", hex_text(2 * NONCE_BYTES), optional=True, omit=""),
         FieldSpec("group", integer(1, MAX_GROUP), optional=True, omit=1),
+        FieldSpec("ahead", integer(0, INT64_MAX), optional=True, omit=0),
     ), IndexBody()),
     Kind.REQUEST: MessageSpec(Request, (
         REQ_ID, TAG, FieldSpec("slot", integer(-1, MAX_SHM_SLOTS - 1), optional=True, omit=-1),

@@ -15,6 +15,8 @@ neither codec decodes the other's messages.
     DONE      reader -> frontend: ``nbytes`` of the replies to ``token`` left the reader
               (written by ZeroMQ, or dropped)
     ATTACHED  reader -> frontend: a data connection of routing id ``token`` said HEARTBEAT
+    FORGET    frontend -> every reader: session ``token`` is freed (its announced window, if
+              any, is dropped: :mod:`dataflow.server.eviction`)
 
 ``token`` is the client's session token: the routing id of its data connections, and the key
 of its session at the frontend. A ROUTER prepends the peer's routing id, which is not part of
@@ -24,7 +26,7 @@ these messages.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any
 
@@ -59,6 +61,7 @@ class InternalKind(IntEnum):
     LOST = 104
     DONE = 105
     ATTACHED = 106
+    FORGET = 107
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class Task:
             None.
         slot: the slot lent (the reader writes the reply's arrays there), or -1.
         parts: the REQUEST's batches (:class:`~dataflow.wire.Request`), or empty: one.
+        ahead: the REQUEST's ``ahead`` (the rows its session reads next, int64 (m, 3)), for
+            the reader's plan-aware cache; empty: none.
     """
 
     token: bytes
@@ -90,6 +95,7 @@ class Task:
     shm: ShmOffer | None = None
     slot: int = -1
     parts: tuple[Part, ...] = ()
+    ahead: np.ndarray = field(default_factory=lambda: np.empty((0, 3), dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,15 @@ class Attached:
     token: bytes
 
 
-Internal = Task | Started | Sent | Lost | Done | Attached
+@dataclass(frozen=True)
+class Forget:
+    """Session ``token`` is freed: a reader drops what it keeps for it (its announced
+    window)."""
+
+    token: bytes
+
+
+Internal = Task | Started | Sent | Lost | Done | Attached | Forget
 
 
 class SkipsBody(BodyCodec):
@@ -211,6 +225,7 @@ INTERNAL_SPECS: dict[InternalKind, MessageSpec] = {
     )),
     InternalKind.DONE: MessageSpec(Done, (_TOKEN, _NBYTES)),
     InternalKind.ATTACHED: MessageSpec(Attached, (_TOKEN,)),
+    InternalKind.FORGET: MessageSpec(Forget, (_TOKEN,)),
 }
 
 INTERNAL = Codec(INTERNAL_SPECS)

@@ -122,6 +122,9 @@ class Index:
             (not on the wire): none offered, or the server cannot or will not use it.
         group: most batches one REQUEST of this session may carry (at most the HELLO's);
             1 (not on the wire): one.
+        ahead: most samples a REQUEST of this session may announce in its ``ahead`` (the
+            server's ``--cache-plan-window``: its readers' caches evict by the plans sessions
+            announce); 0 (not on the wire): announce none.
     """
 
     credits: int
@@ -132,6 +135,7 @@ class Index:
     transform: str = ""
     shm: str = ""
     group: int = 1
+    ahead: int = 0
 
 
 def as_ranges(ranges: Any) -> np.ndarray:
@@ -196,6 +200,11 @@ class Request:
             ``rows`` add up to the rows of ``ranges``; each is read and transformed as its
             own request would be, and the reply is one BATCH of their samples in order, with
             its ``parts``. ``tag`` is then unused (NO_TAG). Empty (not on the wire): one batch.
+        ahead: the samples the session reads after this request, in order, as
+            ``(shard, start, stop)`` rows (int64, shape (m, 3); one raw frame after
+            ``ranges``): a window of its plan, at most the INDEX's ``ahead`` samples, for the
+            server's cache to keep what is read soonest. A hint only: what is served never
+            depends on it. Empty (not on the wire): none announced.
     """
 
     req_id: int
@@ -203,20 +212,24 @@ class Request:
     tag: BatchTag
     slot: int
     parts: tuple[Part, ...]
+    ahead: np.ndarray
 
     def __init__(self, req_id: int, ranges: RangesLike, tag: BatchTag = NO_TAG,
-                 slot: int = -1, parts: Sequence[tuple[int, BatchTag]] = ()) -> None:
+                 slot: int = -1, parts: Sequence[tuple[int, BatchTag]] = (),
+                 ahead: RangesLike = ()) -> None:
         object.__setattr__(self, "req_id", req_id)
         object.__setattr__(self, "ranges", as_ranges(ranges))
         object.__setattr__(self, "tag", BatchTag(*tag))
         object.__setattr__(self, "slot", slot)
         object.__setattr__(self, "parts", tuple(Part(rows, BatchTag(*tag))
                                                 for rows, tag in parts))
+        object.__setattr__(self, "ahead", as_ranges(ahead))
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Request) and self.req_id == other.req_id
                 and np.array_equal(self.ranges, other.ranges) and self.tag == other.tag
-                and self.slot == other.slot and self.parts == other.parts)
+                and self.slot == other.slot and self.parts == other.parts
+                and np.array_equal(self.ahead, other.ahead))
 
     __hash__ = None  # type: ignore[assignment]
 

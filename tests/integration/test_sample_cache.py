@@ -159,8 +159,9 @@ def test_readers_share_the_disk_tier_so_the_server_decodes_a_sample_about_once(
 
 
 @pytest.mark.timeout(120)
-def test_under_concurrent_jobs_both_tiers_stay_in_their_bounds(servers, raw_client,
-                                                               tmp_path) -> None:
+@pytest.mark.parametrize("plan", [[], ["--cache-plan-window", "24"]], ids=["lru", "plan"])
+def test_under_concurrent_jobs_both_tiers_stay_in_their_bounds(servers, raw_client, tmp_path,
+                                                               plan: list[str]) -> None:
     shards = _shards(tmp_path)
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -168,7 +169,7 @@ def test_under_concurrent_jobs_both_tiers_stay_in_their_bounds(servers, raw_clie
     server = servers(shards, workers=2, cwd=_module(tmp_path / "v1", 7, "1"),
                      extra_args=["--transform", "stagemod:STAGES", "--cache-memory", str(memory),
                                  "--cache-disk", str(disk), "--cache-disk-bytes",
-                                 str(disk_bytes)])
+                                 str(disk_bytes), *plan])
     run_dir = disk / f"dataflow-cache-{server.pid}"
     probe = raw_client(server.endpoint)
     done = threading.Event()
@@ -193,3 +194,4 @@ def test_under_concurrent_jobs_both_tiers_stay_in_their_bounds(servers, raw_clie
     assert all(m <= memory and d <= disk_bytes and f <= disk_bytes for m, d, f in seen), seen
     stats = probe.stats()
     assert stats["cache_evictions"] > 0 and stats["cache_disk_evictions"] > 0
+    assert (stats["cache_announced"] > 0) == bool(plan)

@@ -45,3 +45,13 @@ def test_the_readers_caches_add_their_flag_shared_equally() -> None:
     assert cached.reader_cache_memory == MiB
     assert memory_bound(cached).readers - memory_bound(base).readers == 3 * MiB
     assert memory_bound(cached).frontend == memory_bound(base).frontend
+
+
+def test_announced_windows_add_to_both_processes() -> None:
+    base = ServerConfig(data=("x",), workers=2, worker_queue=3, max_sessions=8, max_credits=4,
+                        cache_memory=MiB)
+    planned = dataclasses.replace(base, cache_plan_window=1000)
+    h = 2 * 4 + 16
+    assert (memory_bound(planned).frontend - memory_bound(base).frontend
+            == 8 * h * 48 * 1000 + 2 * 3 * 24 * 1000)
+    assert memory_bound(planned).readers - memory_bound(base).readers == 2 * 8 * 256 * 1000
