@@ -344,8 +344,11 @@ class BatchDecoder:
         """
         pending = self._pending
         if pending is not None and key is not None and pending[0] is key:
-            self._pending = None
-            prepared = pending[1].result()
+            try:
+                prepared = pending[1].result()
+            finally:  # interrupted while it runs, it stays pending: one decode at a time
+                if pending[1].done():
+                    self._pending = None
             self.ahead_used += 1
         else:
             self._drop_pending()
