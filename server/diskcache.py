@@ -171,6 +171,19 @@ class DiskTier:
             return sample
         return None
 
+    def mapped(self, key: Key) -> Sample | None:
+        """The sample of this reader's file of ``key`` as a mapping of it (not counted as a
+        hit), or None: the tier does not map its files (not a memory filesystem), none is
+        free, or the file cannot be read."""
+        if self.maps is None or key not in self._files:
+            return None
+        try:
+            with open(self._path(key), "rb") as f:
+                data = self.maps.map(f.fileno(), os.fstat(f.fileno()).st_size)
+            return None if data is None else decode_sample(data)
+        except (OSError, ValueError):
+            return None
+
     def _read(self, path: str) -> bytes | memoryview:
         """The bytes of the file ``path``: mapped on a memory filesystem (while fewer than
         ``max_mappings`` are), else read.

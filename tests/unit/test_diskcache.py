@@ -185,3 +185,25 @@ def test_past_its_mappings_the_tier_reads_files() -> None:
         assert again is not None and disk.maps.live == 1
         assert np.array_equal(again[1][1], samples[1][1][1])
         disk.close()
+
+
+@pytest.mark.skipif(not _on_shm(), reason="needs /dev/shm on tmpfs")
+def test_on_a_memory_filesystem_memory_holds_the_mapping_of_the_file_just_written() -> None:
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as root:
+        batch = {"id": np.arange(3, dtype=np.int64),
+                 "img": np.repeat(np.arange(3), 300).astype(np.uint8).reshape(3, 300)}
+        disk = DiskTier(server_directory(root, 13), 1 << 20)
+        cache = SampleCache(2 * sample_bytes(split(batch)[0]), disk)
+        for row, sample in enumerate(split(batch, copy=False)):
+            assert cache.put((0, row), sample)
+        batch["img"][:] = 0  # the decoded batch, reused: the cache holds the files' pages
+        assert disk.maps is not None and disk.maps.live == 2  # row 0 evicted from memory
+        held = [cache.get((0, row)) for row in (1, 2)]
+        assert all(s is not None and not s[1][1].flags.writeable for s in held)
+        assert cache.counts().hits == 2
+        assert assemble(held, "t")["img"][:, 0].tolist() == [1, 2]
+        del held
+        cache.close()
+        assert disk.maps.live == 2  # memory still holds them, their files removed
+        del cache  # nothing views them any more: unmapped
+        assert disk.maps.live == 0
