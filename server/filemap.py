@@ -81,7 +81,8 @@ class FileMaps:
             return None
         pages = (ctypes.c_char * size).from_address(addr)
         self.live += 1
-        weakref.finalize(pages, self._unmap, addr, size)
+        # Not at exit while arrays may still view it: the process's end unmaps it.
+        weakref.finalize(pages, self._unmap, addr, size).atexit = False
         return memoryview(pages).cast("B").toreadonly()
 
     def _unmap(self, addr: int, size: int) -> None:
