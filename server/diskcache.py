@@ -19,7 +19,11 @@ whichever reader serves it (two readers missing it at the same moment both decod
 
 A file is the sample's fields as one JSON header (name, dtype, shape, ragged kind) and the
 arrays' bytes; it is read back with :func:`numpy.frombuffer`, nothing is unpickled. A file that
-cannot be read or does not match its header is a miss (and is removed).
+cannot be read or does not match its header is a miss (and is removed). On a memory filesystem
+(``/dev/shm``) a file is read as a mapping (:mod:`~dataflow.server.filemap`): the sample's
+arrays are the file's own pages, shared by every reader that holds it, neither copied nor
+allocated again; a file is never truncated nor written in place (written under a temporary name
+and renamed, removed by an unlink), which keeps such a mapping whole.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections import OrderedDict
 import numpy as np
 
 from dataflow.errors import ConfigError
+from dataflow.server.filemap import MAX_MAPPINGS, MEMORY_FILESYSTEMS, FileMaps, filesystem_type
 from dataflow.server.samplecache import Key, Sample
 
 SERVER_PREFIX = "dataflow-cache-"
@@ -84,14 +89,14 @@ def encode_sample(sample: Sample) -> list[memoryview]:
               for _, values, _ in sample)]
 
 
-def decode_sample(data: bytes) -> Sample:
-    """The sample of :func:`encode_sample`'s bytes.
+def decode_sample(data: bytes | memoryview) -> Sample:
+    """The sample of :func:`encode_sample`'s bytes (its arrays view ``data``).
 
     Raises:
         ValueError: they are not such bytes (cut short, or not matching their header).
     """
     (size,) = _LEN.unpack_from(data)
-    fields = json.loads(data[_LEN.size:_LEN.size + size])
+    fields = json.loads(bytes(data[_LEN.size:_LEN.size + size]))
     at = _LEN.size + size
     out = []
     for name, dtype, shape, kind in fields:
@@ -112,13 +117,15 @@ class DiskTier:
     Args:
         server_dir: the server's cache directory (:func:`server_directory`).
         bound: most bytes of this reader's files.
+        max_mappings: files read as mappings at once, on a memory filesystem
+            (:class:`~dataflow.server.filemap.FileMaps`); past it they are read with ``read``.
 
     Raises:
         ConfigError: ``bound`` is not positive.
         OSError: the reader's directory cannot be made.
     """
 
-    def __init__(self, server_dir: str, bound: int) -> None:
+    def __init__(self, server_dir: str, bound: int, max_mappings: int = MAX_MAPPINGS) -> None:
         if not isinstance(bound, int) or bound < 1:
             raise ConfigError(f"`cache_disk_bytes` must be a positive number of bytes. Found: "
                               f"{bound!r}")
@@ -137,6 +144,8 @@ class DiskTier:
         self.evictions = 0
         self._peers: list[str] = []
         self._listed = float("-inf")
+        self.maps = (FileMaps(max_mappings)
+                     if filesystem_type(server_dir) in MEMORY_FILESYSTEMS else None)
 
     def _path(self, key: Key, directory: str | None = None) -> str:
         return os.path.join(directory or self.directory, f"{key[0]}-{key[1]}")
@@ -146,8 +155,7 @@ class DiskTier:
         from a sibling's, or None."""
         if key in self._files:
             try:
-                with open(self._path(key), "rb") as f:
-                    sample = decode_sample(f.read())
+                sample = decode_sample(self._read(self._path(key)))
             except (OSError, ValueError):
                 self._drop(key)
                 return None
@@ -156,13 +164,39 @@ class DiskTier:
             return sample
         for peer in self._peer_dirs():
             try:
-                with open(self._path(key, peer), "rb") as f:
-                    sample = decode_sample(f.read())
+                sample = decode_sample(self._read(self._path(key, peer)))
             except (OSError, ValueError):
                 continue
             self.hits += 1
             return sample
         return None
+
+    def mapped(self, key: Key) -> Sample | None:
+        """The sample of this reader's file of ``key`` as a mapping of it (not counted as a
+        hit), or None: the tier does not map its files (not a memory filesystem), none is
+        free, or the file cannot be read."""
+        if self.maps is None or key not in self._files:
+            return None
+        try:
+            with open(self._path(key), "rb") as f:
+                data = self.maps.map(f.fileno(), os.fstat(f.fileno()).st_size)
+            return None if data is None else decode_sample(data)
+        except (OSError, ValueError):
+            return None
+
+    def _read(self, path: str) -> bytes | memoryview:
+        """The bytes of the file ``path``: mapped on a memory filesystem (while fewer than
+        ``max_mappings`` are), else read.
+
+        Raises:
+            OSError: it cannot be opened or read.
+        """
+        with open(path, "rb") as f:
+            if self.maps is not None:
+                mapped = self.maps.map(f.fileno(), os.fstat(f.fileno()).st_size)
+                if mapped is not None:
+                    return mapped
+            return f.read()
 
     def _peer_dirs(self) -> list[str]:
         """The sibling readers' directories, listed again at most every ``PEERS_EVERY_S``."""

@@ -15,8 +15,9 @@ or plan-aware over the windows the sessions announce, when the new entry itself 
 not kept), and an entry larger than the bound is not cached. With
 a disk tier (:class:`~dataflow.server.diskcache.DiskTier`, its own bound, shared with the
 server's other readers) every new entry is also written there, and a sample found there (this
-reader's file or a sibling's) is kept in memory again. Without one it is pure (no I/O, no
-clock); not thread-safe (one per reader process, used by its one thread).
+reader's file or a sibling's) is kept in memory again; on a memory filesystem an entry in memory
+is the mapping of its file, the same pages (:mod:`~dataflow.server.filemap`). Without one it is
+pure (no I/O, no clock); not thread-safe (one per reader process, used by its one thread).
 """
 
 from __future__ import annotations
@@ -60,20 +61,27 @@ def sample_bytes(sample: Sample) -> int:
     return ENTRY_OVERHEAD + sum(FIELD_OVERHEAD + values.nbytes for _, values, _ in sample)
 
 
-def split(batch: Batch) -> list[Sample]:
+def split(batch: Batch, copy: bool = True) -> list[Sample]:
     """``batch`` cut into its samples, each field's values copied (an entry never holds a view
-    that keeps a whole batch alive)."""
+    that keeps a whole batch alive), or views of ``batch`` (``copy=False``: to give
+    :meth:`SampleCache.put`, which keeps copies)."""
     n = len(next(iter(batch.values()))) if batch else 0
     out: list[list[Field]] = [[] for _ in range(n)]
     for name, col in batch.items():
         if isinstance(col, Ragged):
             offsets = col.offsets
             for i in range(n):
-                out[i].append((name, col.values[offsets[i]:offsets[i + 1]].copy(), col.kind))
+                values = col.values[offsets[i]:offsets[i + 1]]
+                out[i].append((name, values.copy() if copy else values, col.kind))
         else:
             for i in range(n):
-                out[i].append((name, col[i:i + 1].copy(), None))
+                out[i].append((name, col[i:i + 1].copy() if copy else col[i:i + 1], None))
     return [tuple(fields) for fields in out]
+
+
+def copied(sample: Sample) -> Sample:
+    """``sample`` with its arrays copied."""
+    return tuple((name, values.copy(), kind) for name, values, kind in sample)
 
 
 def assemble(samples: Sequence[Sample], where: str) -> Batch:
@@ -179,13 +187,16 @@ class SampleCache:
     def put(self, key: Key, sample: Sample) -> bool:
         """Cache ``sample`` under ``key`` (and write it to the disk tier, if any), evicting
         entries first so the bound holds (the policy may choose ``key`` itself); an entry
-        larger than the bound is not kept in memory.
+        larger than the bound is not kept in memory. Memory keeps the mapping of the file just
+        written when the tier maps its files (:meth:`DiskTier.mapped`), else a copy:
+        ``sample`` may view a larger batch.
 
         Returns:
             Whether it is cached (in either tier).
         """
-        kept = self._insert(key, sample)
         written = self.disk is not None and self.disk.put(key, sample)
+        held = self.disk.mapped(key) if written and self.disk is not None else None
+        kept = self._insert(key, held if held is not None else copied(sample))
         return kept or written
 
     def _insert(self, key: Key, sample: Sample) -> bool:

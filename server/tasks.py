@@ -402,7 +402,7 @@ def _decoded(meter: SkipMeter, transform: Transform, ranges: np.ndarray,
         if sum(meter.skips().values()) != skipped:
             raise _Damaged
         batch = decode_batch(transform, raw, ctx)
-        for i, sample in zip(missing, split(batch), strict=True):
+        for i, sample in zip(missing, split(batch, copy=False), strict=True):
             decoded[i] = sample
             cache.put(keys[i], sample)
         if len(missing) == len(keys):

@@ -12,7 +12,9 @@ allocated at creation, and memory is taken as slots are written, no more than th
 need. Whoever writes a slot reserves the bytes first (``posix_fallocate``,
 :meth:`Mapped.reserve`), so a write into a mapped slot never meets a full tmpfs (``SIGBUS``):
 a full ``/dev/shm`` fails the reservation instead, and that batch travels in TCP frames. The
-client reads only bytes a BATCH says were written, so it never touches a hole.
+client reads only bytes a BATCH says were written, so it never touches a hole. Nobody punches
+holes in a segment nor truncates it, so reserved bytes stay allocated while the file exists: a
+mapping reserves a slot's bytes once, and again only for a batch that needs more.
 
 The server never creates a segment: it opens one a client named (:func:`open_segment`), only
 when the file is a regular file owned by the server's own effective uid with no permission for
@@ -234,20 +236,29 @@ class Mapped:
             os.close(self._fd)
             raise SegmentError(f"cannot map {name}: {e}") from e
         self.buf = memoryview(self._mm)
+        self._reserved = [0] * geometry.slots
+
+    def reserved(self, slot: int) -> int:
+        """Bytes at the start of ``slot`` this mapping reserved (allocated) so far."""
+        return self._reserved[slot]
 
     def reserve(self, slot: int, nbytes: int) -> None:
-        """Allocate the first ``nbytes`` bytes of ``slot`` (before writing them).
+        """Allocate the first ``nbytes`` bytes of ``slot`` (before writing them); nothing to
+        do when this mapping reserved as many already (see the module docstring).
 
         Raises:
             SegmentError: they do not fit the slot, or the filesystem is full.
         """
         if not 0 <= slot < self.geometry.slots or not 0 <= nbytes <= self.geometry.slot_bytes:
             raise SegmentError(f"{nbytes} bytes do not fit slot {slot} of {self.name}")
+        if nbytes <= self._reserved[slot]:
+            return
         try:
             os.posix_fallocate(self._fd, self.geometry.offset(slot), max(nbytes, 1))
         except OSError as e:
             raise SegmentError(f"cannot reserve {nbytes} bytes of shared memory for slot "
                                f"{slot} of {self.name}: {e}") from e
+        self._reserved[slot] = nbytes
 
     def write(self, slot: int, offset: int, data: memoryview) -> None:
         """Write ``data`` at ``offset`` of ``slot``.

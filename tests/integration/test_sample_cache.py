@@ -8,6 +8,7 @@ Shards are Arrow IPC files written by pyarrow; the ``Stages`` transform is a mod
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from srvtools import run_ranks
 
 from dataflow.client import DataLoader
+from dataflow.server.filemap import MEMORY_FILESYSTEMS, filesystem_type
 
 SAMPLES = 48
 WIDTH = 2048  # bytes of one decoded sample's ``pixels``
@@ -141,9 +143,24 @@ def test_a_new_decode_version_never_serves_the_old_one_s_entries(servers, raw_cl
 @pytest.mark.timeout(120)
 def test_readers_share_the_disk_tier_so_the_server_decodes_a_sample_about_once(
         servers, raw_client, tmp_path) -> None:
-    shards = _shards(tmp_path)
     disk = tmp_path / "disk"
     disk.mkdir()
+    _decoded_about_once(servers, raw_client, tmp_path, disk)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(filesystem_type("/dev/shm") not in MEMORY_FILESYSTEMS,
+                    reason="needs /dev/shm on tmpfs")
+def test_on_dev_shm_readers_serve_their_siblings_samples_mapped(servers, raw_client,
+                                                               tmp_path) -> None:
+    """The tier's files read as mappings (:mod:`dataflow.server.filemap`) serve the same
+    values."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as disk:
+        _decoded_about_once(servers, raw_client, tmp_path, Path(disk))
+
+
+def _decoded_about_once(servers, raw_client, tmp_path: Path, disk: Path) -> None:
+    shards = _shards(tmp_path)
     # Memory holds 3 samples a reader: without the shared files every epoch decodes again.
     server = servers(shards, workers=2, cwd=_module(tmp_path / "v1", 3, "1"),
                      extra_args=["--transform", "stagemod:STAGES", "--cache-memory",
@@ -156,6 +173,7 @@ def test_readers_share_the_disk_tier_so_the_server_decodes_a_sample_about_once(
     # (a loader reads its next epoch's first batches ahead while the last ones are served).
     assert SAMPLES <= stats["cache_misses"] <= SAMPLES + SAMPLES // 2
     assert stats["cache_disk_hits"] >= 4 * SAMPLES
+    server.close(grace=10)
 
 
 @pytest.mark.timeout(120)

@@ -1,11 +1,13 @@
 """The disk tier of the readers' decoded-sample cache: file round trips, its bound, the files
-of readers that are gone, and the memory tier spilling to it."""
+of readers that are gone, the memory tier spilling to it, and files on a memory filesystem read
+as mappings."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from dataflow.server.diskcache import (
     remove_server_directory,
     server_directory,
 )
+from dataflow.server.filemap import MEMORY_FILESYSTEMS, filesystem_type
 from dataflow.server.samplecache import SampleCache, assemble, sample_bytes, split
 
 
@@ -126,3 +129,81 @@ def test_a_reader_finds_the_files_its_siblings_wrote_whole_only(tmp_path: Path) 
     cache = SampleCache(1 << 20, disk)
     assert cache.get((0, 5)) is not None and cache.counts().disk_hits == 2
     assert cache.get((0, 5)) is not None and cache.counts().hits == 1  # now in memory
+
+
+def _on_shm() -> bool:
+    return os.path.isdir("/dev/shm") and filesystem_type("/dev/shm") in MEMORY_FILESYSTEMS
+
+
+def test_the_filesystem_of_a_path_is_its_longest_mount_point_s() -> None:
+    assert filesystem_type("/proc/self") == "proc"
+    assert filesystem_type("/proc") == "proc"
+    if _on_shm():
+        assert filesystem_type("/dev/shm/no/such/file") == filesystem_type("/dev/shm")
+
+
+@pytest.mark.skipif(not _on_shm(), reason="needs /dev/shm on tmpfs")
+def test_on_a_memory_filesystem_files_are_read_as_mappings_that_outlive_their_files() -> None:
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as root:
+        server = server_directory(root, 11)
+        sibling = Path(server) / f"reader-{os.getppid()}"
+        sibling.mkdir()
+        samples = _samples(3)
+        (sibling / "0-0").write_bytes(_file(samples[0]))
+        disk = DiskTier(server, 1 << 20)
+        assert disk.maps is not None and disk.maps.live == 0
+        assert disk.put((0, 1), samples[1])
+        theirs, mine = disk.get((0, 0)), disk.get((0, 1))
+        assert theirs is not None and mine is not None and disk.maps.live == 2
+        (sibling / "0-0").unlink()  # the writer evicts it; the mapping still holds it whole
+        disk.close()  # this reader's files removed too
+        for got, want in ((theirs, samples[0]), (mine, samples[1])):
+            assert [(n, k) for n, _, k in got] == [(n, k) for n, _, k in want]
+            for (_, a, _), (_, b, _) in zip(got, want, strict=True):
+                assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+                assert not a.flags.writeable
+        assert assemble([theirs, mine], "t")["id"].tolist() == [0, 1]
+        del got, want, a, b, theirs, mine
+        assert disk.maps.live == 0  # unmapped with the last array viewing them
+        remove_server_directory(server)
+
+
+@pytest.mark.skipif(not _on_shm(), reason="needs /dev/shm on tmpfs")
+def test_past_its_mappings_the_tier_reads_files() -> None:
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as root:
+        disk = DiskTier(server_directory(root, 12), 1 << 20, max_mappings=1)
+        samples = _samples(2)
+        for row, sample in enumerate(samples):
+            disk.put((0, row), sample)
+        first, second = disk.get((0, 0)), disk.get((0, 1))
+        assert first is not None and second is not None and disk.maps is not None
+        assert disk.maps.live == 1 and disk.hits == 2
+        assert second[1][1].base is not None and np.array_equal(second[1][1], samples[1][1][1])
+        del first
+        assert disk.maps.live == 0
+        again = disk.get((0, 1))
+        assert again is not None and disk.maps.live == 1
+        assert np.array_equal(again[1][1], samples[1][1][1])
+        disk.close()
+
+
+@pytest.mark.skipif(not _on_shm(), reason="needs /dev/shm on tmpfs")
+def test_on_a_memory_filesystem_memory_holds_the_mapping_of_the_file_just_written() -> None:
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as root:
+        batch = {"id": np.arange(3, dtype=np.int64),
+                 "img": np.repeat(np.arange(3), 300).astype(np.uint8).reshape(3, 300)}
+        disk = DiskTier(server_directory(root, 13), 1 << 20)
+        cache = SampleCache(2 * sample_bytes(split(batch)[0]), disk)
+        for row, sample in enumerate(split(batch, copy=False)):
+            assert cache.put((0, row), sample)
+        batch["img"][:] = 0  # the decoded batch, reused: the cache holds the files' pages
+        assert disk.maps is not None and disk.maps.live == 2  # row 0 evicted from memory
+        held = [cache.get((0, row)) for row in (1, 2)]
+        assert all(s is not None and not s[1][1].flags.writeable for s in held)
+        assert cache.counts().hits == 2
+        assert assemble(held, "t")["img"][:, 0].tolist() == [1, 2]
+        del held
+        cache.close()
+        assert disk.maps.live == 2  # memory still holds them, their files removed
+        del cache  # nothing views them any more: unmapped
+        assert disk.maps.live == 0

@@ -62,6 +62,20 @@ def test_entries_are_copies_that_do_not_keep_the_batch_alive() -> None:
     assert all(values.base is None for _, values, _ in sample)
 
 
+def test_the_cache_keeps_copies_of_samples_that_view_their_batch() -> None:
+    batch = _batch(4)
+    views = split(batch, copy=False)
+    assert all(np.shares_memory(values, batch["img"]) for _, values, _ in views[1][1:2])
+    cache = SampleCache(1 << 20)
+    for row, sample in enumerate(views):
+        assert cache.put((0, row), sample)
+    batch["img"][:] = 0
+    batch["txt"].values[:] = 0
+    held = [cache.get((0, row)) for row in range(4)]
+    assert all(sample is not None for sample in held)
+    assert _equal(assemble(held, "t"), _batch(4))
+
+
 def test_an_entry_counts_its_arrays_bytes_and_fixed_allowances() -> None:
     sample = split(_batch(4))[3]
     assert sample_bytes(sample) == ENTRY_OVERHEAD + 3 * FIELD_OVERHEAD + 8 + 6 + 3

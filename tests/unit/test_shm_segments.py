@@ -28,6 +28,10 @@ def test_segment_is_private_sparse_and_proved_by_its_nonce(tmp_path) -> None:
         assert read_proof(seg.name, GEO, str(tmp_path)) == seg.nonce
         mapped = Mapped(seg.name, GEO, str(tmp_path))
         mapped.reserve(2, 67)
+        blocks = os.stat(seg.path).st_blocks
+        assert mapped.reserved(2) == 67 and blocks > st.st_blocks
+        mapped.reserve(2, 10)  # reserved already: the slot keeps its 67 bytes
+        assert mapped.reserved(2) == 67 and mapped.reserved(1) == 0
         mapped.write(2, 64, memoryview(b"abc"))
         assert bytes(seg.slot(2, 67)[64:]) == b"abc"
         with pytest.raises(SegmentError, match="do not fit slot 2"):
@@ -82,6 +86,7 @@ def test_a_full_dev_shm_refuses_the_reservation_not_the_write() -> None:
         mapped = Mapped(seg.name, seg.geometry, SHM_DIR)
         with pytest.raises(SegmentError, match=f"cannot reserve {slot} bytes"):
             mapped.reserve(0, slot)
+        assert mapped.reserved(0) == 0  # a failed reservation is not counted
         mapped.reserve(0, 4096)
         mapped.write(0, 0, memoryview(b"ok"))
         assert bytes(seg.slot(0, 2)) == b"ok"
