@@ -6,11 +6,11 @@ from __future__ import annotations
 import functools
 import itertools
 import random
-from collections import OrderedDict
 
 import numpy as np
 import pytest
 
+from dataflow.bench.experiments.cache import lru_hits
 from dataflow.errors import ConfigError
 from dataflow.server.eviction import PlanAware, Recency
 from dataflow.server.samplecache import SampleCache, sample_bytes
@@ -57,20 +57,6 @@ def _most_hits(stream: tuple[int, ...], capacity: int) -> int:
     return best(0, frozenset())
 
 
-def _lru_hits(stream: list[int], capacity: int) -> int:
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = 0
-    for key in stream:
-        if key in cache:
-            hits += 1
-            cache.move_to_end(key)
-            continue
-        cache[key] = None
-        if len(cache) > capacity:
-            cache.popitem(last=False)
-    return hits
-
-
 def _streams(n: int, length: int, keys: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(keys) for _ in range(length)] for _ in range(n)]
@@ -105,7 +91,7 @@ def test_interleaved_jobs_announcing_their_own_windows_beat_lru(jobs: int,
                     stream.append(orders[j][at])
                     windows.append({j: orders[j][at + 1:at + 1 + window]})
             ours += _run(PlanAware(jobs, window), stream, capacity, windows)
-            lru += _lru_hits(stream, capacity)
+            lru += lru_hits(np.asarray(stream), capacity)
             if jobs == 2:  # the exhaustive search is small enough
                 best += _most_hits(tuple(stream), capacity)
         assert lru <= ours, (window, lru, ours)
@@ -115,8 +101,8 @@ def test_interleaved_jobs_announcing_their_own_windows_beat_lru(jobs: int,
 @pytest.mark.parametrize("capacity", [1, 2, 4])
 def test_without_announcements_it_is_lru(capacity: int) -> None:
     for stream in _streams(20, 40, 7, seed=capacity):
-        assert _run(PlanAware(4, 8), stream, capacity) == _lru_hits(stream, capacity)
-        assert _run(Recency(), stream, capacity) == _lru_hits(stream, capacity)
+        assert _run(PlanAware(4, 8), stream, capacity) == lru_hits(np.asarray(stream), capacity)
+        assert _run(Recency(), stream, capacity) == lru_hits(np.asarray(stream), capacity)
 
 
 def test_ties_and_keys_no_window_names_go_least_recently_used_first() -> None:
