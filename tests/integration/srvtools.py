@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -286,3 +288,14 @@ class Forwarder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def write_damaged_parquet(path: str) -> None:
+    """A Parquet file of 60 rows ``x == row`` (int64) in row groups of 10 whose row group 2
+    (rows 20-29) fails its page checksum: one value flipped after writing."""
+    pq.write_table(pa.table({"x": np.arange(60, dtype=np.int64)}), path, row_group_size=10,
+                   compression="none", use_dictionary=False, write_page_checksum=True)
+    col = pq.ParquetFile(path).metadata.row_group(2).column(0)
+    with open(path, "r+b") as f:
+        f.seek(col.data_page_offset + col.total_compressed_size - 8)
+        f.write(b"\x63")

@@ -18,12 +18,9 @@ import sys
 import textwrap
 import time
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from netns import server_in, unavailable, veth_pair
-from srvtools import repo_env, server_stat
+from srvtools import repo_env, server_stat, write_damaged_parquet
 
 from dataflow.client import DataLoader
 from dataflow.errors import RequestTimeout, ServerUnavailable
@@ -198,13 +195,7 @@ def test_skipped_samples_are_counted(servers, tmp_path) -> None:
     """``--on-error skip``: a damaged row group (10 rows) is left out; batches are short and
     ``size + skipped`` adds up to each request."""
     path = str(tmp_path / "p.parquet")
-    table = pa.table({"x": np.arange(60, dtype=np.int64)})
-    pq.write_table(table, path, row_group_size=10, compression="none", use_dictionary=False,
-                   write_page_checksum=True)
-    col = pq.ParquetFile(path).metadata.row_group(2).column(0)
-    with open(path, "r+b") as f:
-        f.seek(col.data_page_offset + col.total_compressed_size - 8)
-        f.write(b"\x63")  # a flipped value: the page checksum no longer matches
+    write_damaged_parquet(path)
     server = servers([path], extra_args=["--on-error", "skip"])
     with _loader(server.endpoint, batch_size=8) as dl:
         xs = [x for batch in dl for x in batch["x"].tolist()]

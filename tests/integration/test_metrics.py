@@ -8,29 +8,16 @@ import signal
 import socket
 import threading
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import zmq
 from prometheus_client import CollectorRegistry
-from srvtools import RawClient, scrape, wait_for
+from srvtools import RawClient, scrape, wait_for, write_damaged_parquet
 
 from dataflow import wire
 from dataflow.client import DataLoader
 from dataflow.errors import MetricsError, ServerUnavailable
 from dataflow.exporter import DISTRIBUTION, MAX_CONNECTIONS
 from dataflow.server import launch
-
-
-def _damaged_parquet(path: str) -> None:
-    """60 rows ``x == index`` in row groups of 10; row group 2 fails its page checksum."""
-    pq.write_table(pa.table({"x": np.arange(60, dtype=np.int64)}), path, row_group_size=10,
-                   compression="none", use_dictionary=False, write_page_checksum=True)
-    col = pq.ParquetFile(path).metadata.row_group(2).column(0)
-    with open(path, "r+b") as f:
-        f.seek(col.data_page_offset + col.total_compressed_size - 8)
-        f.write(b"\x63")
 
 
 def _raw_batches(client: RawClient, requests: list[tuple[int, int, int]]) -> int:
@@ -53,7 +40,7 @@ def _raw_batches(client: RawClient, requests: list[tuple[int, int, int]]) -> int
 @pytest.mark.timeout(90)
 def test_an_epoch_is_counted_on_the_server_and_on_the_client(servers, tmp_path) -> None:
     path = str(tmp_path / "p.parquet")
-    _damaged_parquet(path)
+    write_damaged_parquet(path)
     server = servers([path], extra_args=["--on-error", "skip", "--metrics-port", "0"])
     port = server.ready["metrics_port"]
     raw = RawClient(server.endpoint)

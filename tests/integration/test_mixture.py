@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from prometheus_client import CollectorRegistry
-from srvtools import run_ranks
+from srvtools import run_ranks, write_damaged_parquet
 
 from dataflow.client import DataLoader, MixtureLoader, Origin, Source
 from dataflow.demo import DemoSpec, make_demo
@@ -220,25 +220,13 @@ def test_sources_of_other_schemas_concat_their_common_columns_or_come_apart(
     assert [o.row for o in origins[6:]] == [i - 1000 for i in batch["tokens"]["id"].tolist()]
 
 
-def _damaged_parquet(path: Path) -> None:
-    """60 rows ``x == row`` in row groups of 10; row group 2 (rows 20-29) fails its page
-    checksum."""
-    table = pa.table({"x": np.arange(60, dtype=np.int64)})
-    pq.write_table(table, path, row_group_size=10, compression="none", use_dictionary=False,
-                   write_page_checksum=True)
-    col = pq.ParquetFile(path).metadata.row_group(2).column(0)
-    with open(path, "r+b") as f:
-        f.seek(col.data_page_offset + col.total_compressed_size - 8)
-        f.write(b"\x63")
-
-
 @pytest.mark.timeout(90)
 def test_lineage_leaves_out_what_the_server_left_out(servers, tmp_path) -> None:
     """``--on-error skip``: the damaged row group's samples are not in the batches, and the
     lineage of every sample that is names its own row, in batches of one request each and of
     several (without reading ahead, which would count the next epoch's skips too)."""
     path = tmp_path / "p.parquet"
-    _damaged_parquet(path)
+    write_damaged_parquet(str(path))
     server = servers([str(path)], extra_args=["--on-error", "skip"])
     for per_request in (1, 4):
         with DataLoader(server.endpoint, batch_size=8, seed=1, timeout=20, lineage=True,
