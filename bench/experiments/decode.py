@@ -110,7 +110,10 @@ def _dataflow_run(paths: list[str], bs: int, w: int, n: int,
             srv.endpoint, batch_size=bs, rank=0, world_size=1, timeout=120, device=device,
             decode=decode) as dl:
         rate, cpu = throughput(endless(dl), n)
-        return rate, cpu, dl.decode_backend or ""
+        if decode is None:
+            return rate, cpu, ""
+        return rate, cpu, (f"{dl.decode_backend} ({dl.decoded_ahead} of {n + 3} batches "
+                           "decoded ahead)")
 
 
 def _load(avg: tuple[float, float, float]) -> str:
