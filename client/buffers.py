@@ -12,12 +12,8 @@ and whose :meth:`Landing.finish` makes the batch's tensors once
   :func:`frame_views`), which saves the client a memcpy per batch and any buffer bookkeeping
   (a fresh multi-MiB buffer of our own per batch cost a page fault per 4 KiB page, and a pool
   of them Python per batch). Pinned (CUDA available and ``pin_memory``), each batch is received
-  as ZeroMQ messages too and copied into a fresh buffer from torch's caching host allocator,
-  laid out by :class:`dataflow.wire.BatchLayout`, on the sink's own copy thread
-  (:class:`PinnedLanding`): the I/O thread goes on receiving while a batch is copied, and the
-  consumer waits for that copy when the batch is handed over (:func:`hand_over`), as for a
-  device copy. On the I/O thread the copy bounded one rank's receive (a 4 MiB batch's copy
-  took about as long as the rest of its receive).
+  with ``recv_into`` into a fresh buffer from torch's caching host allocator
+  (:class:`BufferLanding`), laid out by :class:`dataflow.wire.BatchLayout`.
 * :class:`CudaSink`: a fixed ring of reusable pinned host slots received into with
   ``recv_into``; after a batch is received into a slot its H2D copy is issued and an event
   recorded; the slot is reused only after that event completed, and the consumer's stream
@@ -25,16 +21,14 @@ and whose :meth:`Landing.finish` makes the batch's tensors once
   :class:`DeviceCopier`: :class:`CudaCopier` (a dedicated CUDA stream) on a GPU; the CPU
   suite runs the ring with a copier of its own.
 
-Thread invariant: a sink and its landings are used by the client's I/O thread only (a pinned
-:class:`HostSink`'s copies run on its copy thread, each on memory no other thread touches until
-the copy's :class:`HostCopy` completed); :func:`hand_over` runs on the consumer's thread.
+Thread invariant: a sink and its landings are used by the client's I/O thread only;
+:func:`hand_over` runs on the consumer's thread.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -121,23 +115,6 @@ class CudaEvent:
         base.record_stream(stream)
 
 
-class HostCopy:
-    """Completes with the copy of a batch's frames into its pinned host buffer, run on a
-    :class:`HostSink`'s copy thread (an error of the copy is raised by every wait)."""
-
-    def __init__(self, future: Future[None]) -> None:
-        self._future = future
-
-    def query(self) -> bool:
-        return self._future.done()
-
-    def synchronize(self) -> None:
-        self._future.result()
-
-    def wait(self, base: torch.Tensor) -> None:
-        self._future.result()
-
-
 class CudaCopier:
     """Pinned host buffers; copies on a dedicated CUDA stream of ``device``."""
 
@@ -215,36 +192,6 @@ class MessageLanding(Landing):
         return Received(frame_views(msg, self.layout, self.frames))
 
 
-class PinnedLanding(MessageLanding):
-    """Frames received as ZeroMQ messages; finishing copies them to their layout slots of one
-    pinned host buffer on ``copier`` (the sink's copy thread) and returns the batch viewing
-    that buffer, with the copy as its event.
-
-    Attributes:
-        host: the buffer, ``layout.nbytes`` bytes.
-    """
-
-    def __init__(self, host: torch.Tensor, layout: wire.BatchLayout,
-                 copier: ThreadPoolExecutor) -> None:
-        super().__init__(layout)
-        self.host = host
-        self._copier = copier
-
-    def finish(self, msg: wire.BatchMsg) -> Received:
-        copy = self._copier.submit(_fill, self.host, self.layout.frames, self.frames)
-        return Received(typed_views(self.host, msg.arrays, self.layout.offsets), HostCopy(copy),
-                        self.host)
-
-
-def _fill(host: torch.Tensor, places: Sequence[tuple[int, int]],
-          frames: Sequence[zmq.Frame]) -> None:
-    """Copy each frame to its ``(start, size)`` place in ``host`` (torch's copy runs without
-    the GIL)."""
-    for (start, n), frame in zip(places, frames, strict=True):
-        if n:
-            host[start : start + n].copy_(torch.frombuffer(frame, dtype=torch.uint8))
-
-
 class BufferLanding(Landing):
     """Frames received with ``recv_into`` at their layout slots of one uint8 host buffer.
 
@@ -304,11 +251,10 @@ def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
 class HostSink:
     """Batches on the CPU: pinned buffers of their own, or ZeroMQ's own message buffers.
 
-    With ``pin`` each batch is copied from its messages into a fresh buffer from torch's
-    caching host allocator on the sink's copy thread (:class:`PinnedLanding`, started with the
-    first batch). Without, the frames stay ZeroMQ messages (:class:`MessageLanding`) and
-    :func:`frame_views` views them: no copy in the client, no buffer of ours; a batch the user
-    keeps holds its messages and nothing else.
+    With ``pin`` each batch is received into a fresh buffer from torch's caching host
+    allocator (:class:`BufferLanding`). Without, the frames stay ZeroMQ messages
+    (:class:`MessageLanding`) and :func:`frame_views` views them: no copy in the client, no
+    buffer of ours; a batch the user keeps holds its messages and nothing else.
 
     Args:
         pin: use pinned memory.
@@ -319,20 +265,14 @@ class HostSink:
     def __init__(self, pin: bool, alloc: Callable[[int], torch.Tensor] = pinned) -> None:
         self.pin = pin
         self._alloc = alloc
-        self._copier: ThreadPoolExecutor | None = None
 
     def land(self, layout: wire.BatchLayout) -> Landing:
         if not self.pin:
             return MessageLanding(layout)
-        if self._copier is None:
-            self._copier = ThreadPoolExecutor(1, thread_name_prefix="dataflow-pin")
-        return PinnedLanding(self._alloc(layout.nbytes), layout, self._copier)
+        return BufferLanding(self._alloc(layout.nbytes), layout)
 
     def close(self) -> None:
-        """Finish the copies submitted and stop the copy thread (idempotent)."""
-        if self._copier is not None:
-            self._copier.shutdown(wait=True)
-            self._copier = None
+        """Nothing to release (idempotent)."""
 
 
 class RingLanding(BufferLanding):

@@ -45,12 +45,11 @@ import zmq
 
 from dataflow import wire
 from dataflow.client.buffers import (
+    BufferLanding,
     CopyEvent,
     CudaSink,
     HostSink,
-    PinnedLanding,
     Received,
-    RingLanding,
     typed_views,
 )
 from dataflow.client.parts import split
@@ -309,15 +308,15 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
         count("shm_batches", max(1, len(msg.parts)))
         return split(Received(typed_views(dev, msg.arrays, layout.offsets), event, dev), msg,
                      bounds)
-    landing = sink.land(layout)  # copied here, not on a pinned sink's copy thread
-    own = (landing.host if isinstance(landing, RingLanding | PinnedLanding)
+    landing = sink.land(layout)
+    own = (landing.host if isinstance(landing, BufferLanding)
            else torch.empty(nbytes, dtype=torch.uint8))
     dst = own.numpy()
     np.copyto(dst[:nbytes], np.frombuffer(ring.segment.slot(slot, nbytes), dtype=np.uint8))
     ring.ledger.release(slot)
     frames, bounds = _check(endpoint, msg, layout, dst)
     count("shm_batches", max(1, len(msg.parts)))
-    if isinstance(landing, RingLanding):  # its finish issues the device copy
+    if isinstance(landing, BufferLanding):
         landing.frames = frames
         return split(landing.finish(msg), msg, bounds)
     return split(Received(typed_views(own, msg.arrays, layout.offsets)), msg, bounds)

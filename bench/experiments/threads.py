@@ -27,9 +27,7 @@ from dataflow.client import DataLoader
 from dataflow.server import launch
 
 TICK = os.sysconf("SC_CLK_TCK")
-# A DataLoader's threads by name (client/iothread.py; client/buffers.py: a pinned sink's copies,
-# started with the first batch, named "dataflow-pin_0" by its executor).
-ROLES = {"dataflow-client-io": "loader I/O thread", "dataflow-pin": "loader pinned copy"}
+IO_THREAD = "dataflow-client-io"  # the name of a DataLoader's I/O thread (client/iothread.py)
 Key = tuple[str, int, str]  # (process role, thread id, thread name)
 
 
@@ -58,8 +56,8 @@ def measure(endpoint: str, server_pids: list[int], batch: int, gib: float,
                     shared_memory="off") as dl:
         epoch_bytes = sum(b["x"].numel() for b in dl)
         epochs = max(1, round(gib * 2**30 / epoch_bytes))
-        names = {t.native_id: ROLES[t.name.split("_")[0]] for t in threading.enumerate()
-                 if t.name.split("_")[0] in ROLES and t.native_id is not None}
+        names = {t.native_id: "loader I/O thread" for t in threading.enumerate()
+                 if t.name == IO_THREAD and t.native_id is not None}
         names[threading.get_native_id()] = "consumer"
 
         def snap() -> dict[Key, float]:

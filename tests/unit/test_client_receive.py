@@ -1,18 +1,16 @@
 """The client's BATCH receiver over real ZeroMQ sockets, for every sink.
 
 Each sink lands real encoded BATCH messages sent over loopback TCP: the zero-copy host sink
-(tensors view ZeroMQ's messages), the pinned host sink (the messages copied into a buffer of
-its own on the sink's copy thread) and the CUDA ring. Without a GPU the pinned allocator is
-plain host memory and the ring's device copy is :class:`LateCopier`, a CPU copy run as late as
-a CUDA copy may finish, so the ring's rules (a slot is received into only after its last copy
-finished, the consumer waits for the copy) are checked on the CPU: breaking one of them lands
-wrong bytes in a batch.
+(tensors view ZeroMQ's messages), the pinned host sink (``recv_into`` a buffer of its own) and
+the CUDA ring. Without a GPU the pinned allocator is plain host memory and the ring's device
+copy is :class:`LateCopier`, a CPU copy run as late as a CUDA copy may finish, so the ring's
+rules (a slot is received into only after its last copy finished, the consumer waits for the
+copy) are checked on the CPU: breaking one of them lands wrong bytes in a batch.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -22,7 +20,6 @@ import zmq
 
 from dataflow import wire
 from dataflow.batch import Ragged
-from dataflow.client import buffers
 from dataflow.client.buffers import CudaSink, HostSink, Received, hand_over, typed_views
 from dataflow.client.receive import receive_batch, receive_header
 from dataflow.errors import ProtocolError
@@ -217,34 +214,6 @@ def test_large_arrays_view_zeromq_messages_and_stay_writable(pair):
     image[0, 0] = -5  # the message outlives the receiver and is this batch's alone
     assert image[0, 0].item() == -5 and image.sum().item() == batch["image"].sum() - 5
     assert image.data_ptr() % 8 == 0
-
-
-def test_a_pinned_batch_is_copied_on_the_copy_thread_and_handed_over_once_copied(
-        pair, monkeypatch):
-    a, b = pair
-    gate, copied_on = threading.Event(), []
-    fill = buffers._fill
-
-    def gated_fill(*args):
-        copied_on.append(threading.current_thread().name)
-        assert gate.wait(10)
-        fill(*args)
-
-    monkeypatch.setattr(buffers, "_fill", gated_fill)
-    sink = HostSink(pin=True, alloc=_host_memory)
-    try:
-        batch = _batch()
-        a.send_multipart(_frames(batch))
-        ready = _ready(b, sink)  # the I/O thread's part is done; the copy waits for the gate
-        assert ready.event is not None and not ready.event.query()
-        assert ready.base is not None and ready.base.data_ptr() == ready.tensors["image"].data_ptr()
-        threading.Timer(0.2, gate.set).start()
-        _assert_batch(hand_over(ready), batch)
-        assert ready.event.query()
-        assert len(copied_on) == 1 and copied_on[0].startswith("dataflow-pin")
-    finally:
-        gate.set()
-        sink.close()
 
 
 def _mangle_offsets(frames: list[bytes]) -> list[bytes]:
