@@ -179,7 +179,7 @@ class WorkerHandler:
         """Hand queued requests, fairly over attached sessions, to readers with room, while
         the readers' unsent bytes allow (see the module docstring)."""
         while not self._unsent.full():
-            worker = self._pool.least_loaded()
+            worker = self._pool.least_loaded(self._unsent.of_reader)
             if worker is None:
                 return
             task = self._ledger.next_request(self._unsent.blocked)

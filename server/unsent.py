@@ -11,7 +11,9 @@ address and in total. The frontend hands no request to a reader while the total 
 ``limit``, nor one of an address at ``address_limit`` (:meth:`Unsent.blocked`): such requests
 wait in their queue. So the readers hold at most ``limit`` bytes of replies written or being
 written, plus the replies of the requests handed to them before the gate closed (at most
-``workers x worker_queue`` replies).
+``workers x worker_queue`` replies). A reader's own count is its ZeroMQ I/O thread's backlog:
+of two readers with room, a request goes to the one with less
+(:func:`~dataflow.server.pool.least_loaded`).
 
 Pure bookkeeping: no sockets, no clock. Thread invariant: used only by the frontend's thread.
 """
@@ -19,8 +21,11 @@ Pure bookkeeping: no sockets, no clock. Thread invariant: used only by the front
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dataflow.errors import InternalError
+
+K = TypeVar("K")
 
 
 @dataclass
@@ -43,9 +48,14 @@ class Unsent:
         self.total = 0
         self._held: dict[tuple[bytes, bytes], _Held] = {}
         self._by_address: dict[str, int] = {}
+        self._by_reader: dict[bytes, int] = {}
 
     def of_address(self, address: str) -> int:
         return self._by_address.get(address, 0)
+
+    def of_reader(self, reader: bytes) -> int:
+        """Bytes ``reader`` holds: replies its ZeroMQ I/O thread has yet to write."""
+        return self._by_reader.get(reader, 0)
 
     def full(self) -> bool:
         """Whether no request may be dispatched at all."""
@@ -59,7 +69,7 @@ class Unsent:
         """``reader`` holds ``nbytes`` more for session ``token`` of peer ``address``."""
         held = self._held.setdefault((reader, token), _Held(address))
         held.nbytes += nbytes
-        self._count(held.address, nbytes)
+        self._count(reader, held.address, nbytes)
 
     def release(self, reader: bytes, token: bytes, nbytes: int) -> None:
         """``reader`` let go of ``nbytes`` it held for session ``token``.
@@ -74,7 +84,7 @@ class Unsent:
                                 f"{token[:8]!r}... while holding "
                                 f"{0 if held is None else held.nbytes}")
         held.nbytes -= nbytes
-        self._count(held.address, -nbytes)
+        self._count(reader, held.address, -nbytes)
         if not held.nbytes:
             del self._held[(reader, token)]
 
@@ -84,14 +94,20 @@ class Unsent:
         freed = 0
         for key in gone:
             held = self._held.pop(key)
-            self._count(held.address, -held.nbytes)
+            self._count(reader, held.address, -held.nbytes)
             freed += held.nbytes
         return freed
 
-    def _count(self, address: str, nbytes: int) -> None:
+    def _count(self, reader: bytes, address: str, nbytes: int) -> None:
         self.total += nbytes
-        left = self._by_address.get(address, 0) + nbytes
-        if left:
-            self._by_address[address] = left
-        else:
-            del self._by_address[address]
+        _add(self._by_address, address, nbytes)
+        _add(self._by_reader, reader, nbytes)
+
+
+def _add(counts: dict[K, int], key: K, nbytes: int) -> None:
+    """Add ``nbytes`` to ``counts[key]``, keeping no zero entries."""
+    left = counts.get(key, 0) + nbytes
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]

@@ -19,6 +19,8 @@ def test_counts_per_address_and_total_and_gates() -> None:
     unsent.release(b"w1", b"s1", 30)
     assert not unsent.blocked("10.0.0.1") and not unsent.full()
     assert unsent.of_address("10.0.0.1") == 10
+    assert (unsent.of_reader(b"w1"), unsent.of_reader(b"w2"), unsent.of_reader(b"w3")) == (
+        60, 10, 0)
 
 
 def test_a_dead_readers_bytes_are_forgotten() -> None:
@@ -28,6 +30,7 @@ def test_a_dead_readers_bytes_are_forgotten() -> None:
     unsent.add(b"w2", b"s1", "a", 7)
     assert unsent.drop_reader(b"w1") == 35
     assert unsent.total == 7 and unsent.of_address("a") == 7 and unsent.of_address("b") == 0
+    assert unsent.of_reader(b"w1") == 0 and unsent.of_reader(b"w2") == 7
 
 
 def test_releasing_more_than_held_is_an_internal_error() -> None:
