@@ -40,7 +40,8 @@ The data socket is client-facing: it has the options and the
 :class:`DataCaps`. When a reply is handed to ZeroMQ its last frame carries a tracker, which
 tells when ZeroMQ let go of the whole reply.
 
-Each worker keeps an LRU of open shard readers, and with ``--cache-memory`` and a ``Stages``
+A worker keeps its freed batch memory for the next batch (:mod:`~dataflow.server.heap`). Each
+worker keeps an LRU of open shard readers, and with ``--cache-memory`` and a ``Stages``
 transform an LRU of decoded samples (its share of the flag:
 :mod:`~dataflow.server.samplecache`). It exits when its parent dies (checked twice a second) or
 on SIGTERM; SIGINT is ignored (the parent decides).
@@ -74,6 +75,7 @@ from dataflow.server.guard import (
     client_socket_options,
     message_fd,
 )
+from dataflow.server.heap import keep_freed_memory
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.samplecache import Key, SampleCache, rows_of
 from dataflow.server.sender import DataSender
@@ -155,6 +157,8 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker has the server's handler
     logging.basicConfig(level=spec.log_level, force=True,
                         format="%(asctime)s %(levelname)s worker[%(process)d] %(message)s")
+    if not keep_freed_memory():
+        log.debug("malloc is not glibc's: freed batch memory goes back to the kernel")
     transform = (load_transform(spec.transform, spec.transform_path) if spec.transform
                  else None)
     readers = ReaderCache(spec)
