@@ -28,7 +28,9 @@ and renamed, removed by an unlink), which keeps such a mapping whole.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import shutil
 import struct
@@ -96,17 +98,30 @@ def decode_sample(data: bytes | memoryview) -> Sample:
         ValueError: they are not such bytes (cut short, or not matching their header).
     """
     (size,) = _LEN.unpack_from(data)
-    fields = json.loads(bytes(data[_LEN.size:_LEN.size + size]))
     at = _LEN.size + size
     out = []
-    for name, dtype, shape, kind in fields:
-        dt = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+    for name, dt, shape, count, kind in _fields(bytes(data[_LEN.size:at])):
         values = np.frombuffer(data, dt, count, at).reshape(shape)
         at += values.nbytes
-        out.append((str(name), values, kind))
+        out.append((name, values, kind))
     if at != len(data):
         raise ValueError(f"{len(data) - at} bytes after the last field")
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _fields(head: bytes) -> tuple[tuple[str, np.dtype, tuple[int, ...], int, str | None], ...]:
+    """The fields a file's JSON header describes: (name, dtype, shape, values, ragged kind).
+    Parsed once per distinct header (the samples of a decode stage with fixed fields share
+    one).
+
+    Raises:
+        ValueError: the header is not such JSON.
+    """
+    out = []
+    for name, dtype, shape, kind in json.loads(head):
+        dims = tuple(int(n) for n in shape)
+        out.append((str(name), np.dtype(dtype), dims, math.prod(dims), kind))
     return tuple(out)
 
 

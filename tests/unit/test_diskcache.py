@@ -47,6 +47,22 @@ def test_a_sample_file_round_trips_every_field_and_refuses_a_cut_one() -> None:
         decode_sample(_file(sample)[:-1])
 
 
+def test_files_of_one_header_decode_each_to_its_own_values() -> None:
+    """Samples whose headers are the same (a header is parsed once) or differ (ragged fields
+    of other lengths) decode to their own values; a damaged header is refused."""
+    samples = _samples(4)
+    longer = split({"id": np.array([9]), "img": np.full((1, 300), 9, np.uint8),
+                    "txt": Ragged(np.arange(7, dtype=np.uint8), np.array([0, 7]), "str")})[0]
+    for sample in [*samples, longer, *samples]:
+        back = decode_sample(_file(sample))
+        for (_, a, _), (_, b, _) in zip(back, sample, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    data = bytearray(_file(samples[0]))
+    data[8] = ord("{")  # the JSON header's first character
+    with pytest.raises(ValueError):
+        decode_sample(bytes(data))
+
+
 def test_the_tier_holds_its_bound_and_removes_the_least_recently_used(tmp_path: Path) -> None:
     server = server_directory(str(tmp_path), 4242)
     one = len(_file(_samples(1)[0]))
