@@ -8,6 +8,8 @@ than a slot holds, is a :class:`~dataflow.errors.ProtocolError` naming the endpo
 read that the client did not lend. The slot comes back when the client has read it
 (:meth:`SlotLedger.release`, at once, or once a device copy from it finished), or when the
 request got any other answer (an ERROR, a BATCH in TCP frames: :meth:`SlotLedger.answered`).
+The slot freed last is lent first: a session writes only as many slots as it has in use at
+once, and a slot's memory is taken the first time it is written (the segment is sparse).
 
 An impossible state (a request lent two slots, a slot released twice) raises ``RuntimeError``.
 
@@ -33,7 +35,7 @@ class SlotLedger:
         if slots < 1 or slot_bytes < 1:
             raise ValueError(f"a ledger needs slots and bytes. Found: {slots}, {slot_bytes}")
         self.slot_bytes = slot_bytes
-        self._free: deque[int] = deque(range(slots))
+        self._free: deque[int] = deque(reversed(range(slots)))  # lent from the right
         self._lent: dict[int, int] = {}  # req_id -> slot
         self._reading: list[tuple[int, Callable[[], bool]]] = []  # (slot, done) read by a copy
         self._slots = slots
@@ -67,7 +69,7 @@ class SlotLedger:
         self._reap()
         if not self._free:
             return -1
-        slot = self._free.popleft()
+        slot = self._free.pop()
         self._lent[req_id] = slot
         return slot
 

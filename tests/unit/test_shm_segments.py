@@ -138,9 +138,23 @@ def test_slots_are_lent_once_and_come_back_when_read_or_answered() -> None:
     ledger.answered(2)  # an ERROR, or a reply in TCP frames
     ledger.answered(99)  # a request without a slot
     assert ledger.free == 2 and ledger.lent == 0
-    assert ledger.lend(5) == 0
-    with pytest.raises(RuntimeError, match="holds slot 0"):
+    assert ledger.lend(5) == 1  # the one freed last
+    with pytest.raises(RuntimeError, match="holds slot 1"):
         ledger.lend(5)
+
+
+def test_the_slot_freed_last_is_lent_first_so_a_session_touches_only_what_it_needs() -> None:
+    """Two requests in flight at a time over many batches use two of the ten slots: the
+    others never take memory (a slot's pages are allocated the first time it is written)."""
+    ledger = SlotLedger(10, 100)
+    used, held = set(), [ledger.lend(0)]
+    for req_id in range(1, 50):
+        held.append(ledger.lend(req_id))
+        used.update(held)
+        slot = held.pop(0)
+        ledger.take(req_id - 1, slot, 10, "ep")
+        ledger.release(slot)
+    assert used == {0, 1}
 
 
 def test_a_slot_read_by_a_copy_comes_back_when_the_copy_finished() -> None:
