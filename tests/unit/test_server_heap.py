@@ -42,6 +42,6 @@ def test_freed_batch_memory_is_used_again_without_new_page_faults() -> None:
     assert kept["kept"] is True
     # By default glibc maps the first batch's block alone and unmaps it when freed: the second
     # batch faults new pages in. Kept, the second and third batches use the first's pages.
-    assert default["faults"][1] > 64
-    assert max(kept["faults"][1:]) <= 8
+    # (More than 8 faults even where transparent huge pages back the block: 12 of 2 MiB.)
+    assert default["faults"][1] > 8 >= max(kept["faults"][1:])
     assert size < MMAP_THRESHOLD_MAX
