@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from dataflow.server.config import ServerConfig
 from dataflow.server.guard import ZMTP_ALLOWANCE
+from dataflow.server.heap import TRIM_BYTES
 from dataflow.server.worker import MAX_DATA_INBOUND_TOTAL
 
 KiB = 1024
@@ -57,7 +58,8 @@ def memory_bound(config: ServerConfig) -> MemoryBound:
       ``ahead``);
     * readers: unsent bytes + W x (Q + 1) x R + W x (33 x 1 MiB + C x H x 1 KiB) + the
       decoded-sample caches (``cache_memory``, shared equally) + W x S x 256 B x P (each
-      reader's announced windows).
+      reader's announced windows) + W x 128 MiB (the freed heap a reader keeps for its next
+      batch, :mod:`~dataflow.server.heap`).
     """
     s, c, h = config.max_sessions, config.max_connections, config.peer_queue
     w, q = config.workers, config.worker_queue
@@ -70,5 +72,6 @@ def memory_bound(config: ServerConfig) -> MemoryBound:
                 + w * q * RANGE_BYTES * (config.max_request_samples + plan))
     readers = (config.max_unsent_bytes + w * (q + 1) * config.max_reply_bytes
                + w * (HELD_PER_BYTE * MAX_DATA_INBOUND_TOTAL + c * h * QUEUED_DATA_BYTES)
-               + w * config.reader_cache_memory + w * s * PLANNED_ROW_BYTES * plan)
+               + w * config.reader_cache_memory + w * s * PLANNED_ROW_BYTES * plan
+               + w * TRIM_BYTES)
     return MemoryBound(frontend, readers)

@@ -20,7 +20,7 @@ def test_the_formula_for_small_flags() -> None:
     c, h = 2 * 8 + 64, 2 * 4 + 16  # connections per process, messages queued for one peer
     frontend = (33 * (8 * MiB + c * 4 * KiB) + c * h * 2 * KiB + 8 * (48 * 1024 + h * 512)
                 + 2 * 2 * 24 * 256)
-    readers = 4 * MiB + 2 * 3 * MiB + 2 * (33 * MiB + c * h * KiB)
+    readers = 4 * MiB + 2 * 3 * MiB + 2 * (33 * MiB + c * h * KiB) + 2 * 128 * MiB
     bound = memory_bound(cfg)
     assert (bound.frontend, bound.readers) == (frontend, readers)
 
