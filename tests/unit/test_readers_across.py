@@ -20,7 +20,7 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import SchemaError, ShardChangedError, ShardReadError
 from dataflow.plan import rank_batches
 from dataflow.readers import ShardReader, TarOptions, open_shard, read_ranges
-from dataflow.readers.across import MAX_ROWS_PER_SHARD, read_across
+from dataflow.readers.across import MAX_ROWS_PER_RUN, read_across
 from dataflow.server.tasks import ReaderCache, WorkerSpec
 from tests.unit.test_readers_multi import _assert_batches_equal
 
@@ -28,10 +28,11 @@ SHARDS, PER_SHARD, BATCH = 24, 20, 32
 GATHERED = ["arrow-file", "arrow-stream", "tar"]
 
 
-def _demo(root, kind: str, shards: int = SHARDS, shape: tuple[int, ...] = (2, 3)) -> list[str]:
+def _demo(root, kind: str, shards: int = SHARDS, shape: tuple[int, ...] = (2, 3),
+          uneven: bool = True) -> list[str]:
     fmt, _, arrow_kind = kind.partition("-")
     spec = DemoSpec(fmt=fmt, shards=shards, samples_per_shard=PER_SHARD, image_shape=shape,
-                    seed=3, arrow_kind=arrow_kind or "file")
+                    seed=3, arrow_kind=arrow_kind or "file", uneven=uneven)
     return [str(p) for p in make_demo(str(root / kind), spec, progress=None).paths]
 
 
@@ -64,7 +65,6 @@ def test_a_shuffled_epoch_gathered_across_shards_equals_reads_by_range(tmp_path,
     try:
         ids = []
         for ranges in _shuffled(readers):
-            assert len(ranges) <= MAX_ROWS_PER_SHARD * len(np.unique(ranges[:, 0]))
             across = read_across(readers.__getitem__, ranges)
             assert (across is not None) == (kind in GATHERED)
             got = read_ranges(readers.__getitem__, ranges)
@@ -80,14 +80,16 @@ def test_a_shuffled_epoch_gathered_across_shards_equals_reads_by_range(tmp_path,
 
 
 def test_runs_of_many_rows_are_read_shard_by_shard(tmp_path) -> None:
-    readers = _open(_demo(tmp_path, "tar", shards=2), str(tmp_path / "c"))
+    readers = _open(_demo(tmp_path, "tar", shards=2, uneven=False), str(tmp_path / "c"))
+    long = MAX_ROWS_PER_RUN + 1
     try:
-        ranges = np.array([[0, 0, 20], [1, 0, 7], [0, 3, 3]], dtype=np.int64)
-        assert read_across(readers.__getitem__, ranges) is None
-        ranges = np.array([[0, 0, 4], [1, 0, 4]], dtype=np.int64)
-        assert read_across(readers.__getitem__, ranges) is not None
-        _assert_batches_equal(read_ranges(readers.__getitem__, ranges),
-                              _by_range(readers, ranges))
+        assert min(map(len, readers)) >= long
+        for ranges, across in (([[0, 0, long], [1, 0, long]], False),
+                               ([[0, 0, 2], [0, 5, 7], [1, 0, long - 1]], True)):
+            ranges = np.array(ranges, dtype=np.int64)
+            assert (read_across(readers.__getitem__, ranges) is not None) == across
+            _assert_batches_equal(read_ranges(readers.__getitem__, ranges),
+                                  _by_range(readers, ranges))
     finally:
         _close(readers)
 
@@ -151,6 +153,7 @@ def test_a_shard_rewritten_under_a_gather_is_refused_or_counted(tmp_path, kind: 
     try:
         batches = _shuffled(strict)
         ranges = next(b for b in batches if 5 in b[:, 0])
+        assert read_across(strict.__getitem__, ranges) is not None
         if shorter:
             with open(paths[5], "r+b") as f:
                 f.truncate(os.path.getsize(paths[5]) // 3)
@@ -175,6 +178,7 @@ def test_a_tar_header_gone_under_a_kept_identity_is_refused_naming_the_sample(tm
     try:
         ranges = next(b for b in _shuffled(readers) if 5 in b[:, 0])
         row = int(ranges[ranges[:, 0] == 5][0, 1])
+        assert read_across(readers.__getitem__, ranges) is not None
         heads = readers[5]._index.headers  # type: ignore[attr-defined]
         st = os.stat(paths[5])
         with open(paths[5], "r+b") as f:
