@@ -30,11 +30,16 @@ class _Chunk(NamedTuple):
 
     Attributes:
         fixed: a fixed-size column's row bytes and the size of a row.
+        scalars: a column of integers or booleans, one a row: taken as Python values, which
+            these dtypes hold exactly (cheaper than a copy of 8 bytes).
         ragged: a ragged column.
+        raw: a ragged column of bytes or text: its values' bytes and its offsets.
     """
 
     fixed: dict[int, tuple[memoryview, int]]
+    scalars: dict[int, np.ndarray]
     ragged: dict[int, Ragged]
+    raw: dict[int, tuple[memoryview, np.ndarray]]
 
 
 class ArrowRows(RowSource):
@@ -64,18 +69,24 @@ class ArrowRows(RowSource):
         if i in reader._bad:
             return None
         view = reader._view(i)
-        cols = _Chunk({}, {})
+        cols = _Chunk({}, {}, {}, {})
         for j, spec in enumerate(self.schema):
             col = view[spec.name]
             if spec.ragged is not None:
                 if not isinstance(col, Ragged):
                     return None
-                cols.ragged[j] = col
+                if col.values.dtype == np.uint8 and col.values.flags.c_contiguous:
+                    cols.raw[j] = (col.values.data, col.offsets)
+                else:
+                    cols.ragged[j] = col
                 continue
             if (isinstance(col, Ragged) or col.dtype != np.dtype(spec.dtype)
                     or col.shape[1:] != spec.shape or col.dtype.hasobject or not len(col)
                     or not col.flags.c_contiguous):
                 return None
+            if _scalar(col):
+                cols.scalars[j] = col
+                continue
             flat = col.reshape(-1).view(np.uint8)
             cols.fixed[j] = (flat.data, flat.nbytes // len(col))
         self._chunks[i] = cols
@@ -93,8 +104,18 @@ class ArrowRows(RowSource):
             picks.append((cols, r - s.bounds[i]))
         n = len(picks)
         out: Batch = {}
+        first = picks[0][0]
         for j, spec in enumerate(self.schema):
-            if spec.ragged is None:
+            if j in first.scalars:
+                if not all(j in cols.scalars for cols, _ in picks):
+                    return None
+                out[spec.name] = np.array([cols.scalars[j].item(local) for cols, local in picks],
+                                          dtype=spec.dtype)
+            elif j in first.raw:
+                if not all(j in cols.raw for cols, _ in picks):
+                    return None
+                out[spec.name] = _joined(picks, j, cast(str, spec.ragged))
+            elif spec.ragged is None:
                 arr = np.empty((n, *spec.shape), dtype=spec.dtype)
                 dst = arr.reshape(n, -1).view(np.uint8).reshape(-1).data
                 at = 0
@@ -106,9 +127,27 @@ class ArrowRows(RowSource):
             else:
                 pieces = []
                 for cols, local in picks:
+                    if j not in cols.ragged:
+                        return None
                     col = cols.ragged[j]
                     pieces.append(col.values[col.offsets.item(local) : col.offsets.item(local + 1)])
                 offsets = np.zeros(n + 1, dtype=np.int64)
                 np.cumsum([len(p) for p in pieces], out=offsets[1:])
                 out[spec.name] = Ragged(np.concatenate(pieces), offsets, spec.ragged)
         return out
+
+
+def _scalar(col: np.ndarray) -> bool:
+    """Whether ``col`` holds one integer or boolean a row (see :class:`_Chunk`)."""
+    return col.ndim == 1 and col.dtype.kind in "iub"
+
+
+def _joined(picks: list[tuple[_Chunk, int]], j: int, kind: str) -> Ragged:
+    """Ragged column ``j`` (bytes or text) of each ``(chunk, row)``, joined."""
+    pieces = []
+    for cols, local in picks:
+        values, offsets = cols.raw[j]
+        pieces.append(values[offsets.item(local) : offsets.item(local + 1)])
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in pieces], out=offsets[1:])
+    return Ragged(np.frombuffer(bytearray().join(pieces), dtype=np.uint8), offsets, kind)

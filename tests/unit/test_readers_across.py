@@ -260,3 +260,39 @@ def test_more_shards_than_a_reader_keeps_open(tmp_path) -> None:
     finally:
         cache.close()
         _close(readers)
+
+
+def _typed_arrow(path: str, shard: int) -> str:
+    """Columns of many types: every gather kind (scalars, fixed rows, typed lists, bytes)."""
+    n = 12
+    ids = np.arange(n) + 100 * shard
+    table = pa.table({
+        "id": ids,
+        "small": pa.array(ids % 7 - 3, type=pa.int8()),
+        "flag": ids % 3 == 0,
+        "x": ids * 0.25,
+        "big": pa.array(ids.astype(np.uint64) + np.uint64(2**63), type=pa.uint64()),
+        "vec": pa.array([[float(i), -float(i)] for i in ids], type=pa.list_(pa.float32(), 2)),
+        "seq": pa.array([list(range(i % 4)) for i in ids], type=pa.list_(pa.int16())),
+        "raw": pa.array([bytes([i % 256]) * (i % 5) for i in ids], type=pa.binary()),
+    })
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table, max_chunksize=5)
+    return path
+
+
+def test_arrow_columns_of_every_kind_across_shards(tmp_path) -> None:
+    paths = [_typed_arrow(str(tmp_path / f"t{s}.arrow"), s) for s in range(6)]
+    readers = _open(paths, str(tmp_path / "c"))
+    try:
+        rng = np.random.default_rng(2)
+        ranges = np.array([(s, r, r + 1) for s, r in zip(rng.integers(0, 6, 30).tolist(),
+                                                         rng.integers(0, 12, 30).tolist(),
+                                                         strict=True)], dtype=np.int64)
+        assert read_across(readers.__getitem__, ranges) is not None
+        got = read_ranges(readers.__getitem__, ranges)
+        _assert_batches_equal(got, _by_range(readers, ranges))
+        assert got["id"].tolist() == (ranges[:, 0] * 100 + ranges[:, 1]).tolist()
+        assert got["big"].dtype == np.uint64 and int(got["big"][0]) == int(got["id"][0]) + 2**63
+    finally:
+        _close(readers)
