@@ -92,29 +92,33 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     runs = int(np.count_nonzero(ranges[1:, 0] != ranges[:-1, 0])) + 1
     if total > MAX_ROWS_PER_RUN * runs:
         return None
-    shards, which = np.unique(np.repeat(ranges[:, 0], lengths), return_inverse=True)
+    shards, first_at, which = np.unique(np.repeat(ranges[:, 0], lengths), return_index=True,
+                                        return_inverse=True)
+    # Readers are got in the order the request names their shards, as the shard-by-shard
+    # read gets them: a shard that cannot be opened is the one it would name.
+    order = np.argsort(first_at)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    shards, which = shards[order], rank[which]
     readers = [get_reader(s) for s in shards.tolist()]
-    sources = []
+    sources: list[RowSource] = []
+    guards: list[FileGuard] = []
     for reader in readers:
         if reader.closed:  # more shards than a cache of open readers holds
             return None
         source = reader._row_source()
-        if source is None:
+        if source is None or (sources and (type(source) is not type(sources[0])
+                                           or source.layout != sources[0].layout)):
             return None
         sources.append(source)
-    first = sources[0]
-    kind, layout = type(first), first.layout
-    if any(type(s) is not kind or s.layout != layout for s in sources):
-        return None
+        if source.guard is not None:
+            guards.append(source.guard)
     lens = np.fromiter((s.length for s in sources), dtype=np.int64, count=len(sources))
     rows = range_rows(starts, stops)
-    if (rows < 0).any() or (rows >= lens[which]).any():
-        return None
-    guards = [s.guard for s in sources if s.guard is not None]
-    if not _unchanged(guards):
+    if (rows < 0).any() or (rows >= lens[which]).any() or not _unchanged(guards):
         return None
     try:
-        batch = first.gather(sources, which.tolist(), rows.tolist())
+        batch = sources[0].gather(sources, which.tolist(), rows.tolist())
     except DataflowError:
         return None
     except Exception as e:

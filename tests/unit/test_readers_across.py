@@ -19,9 +19,10 @@ from dataflow.batch import concat
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import SchemaError, ShardChangedError, ShardReadError
 from dataflow.plan import rank_batches
-from dataflow.readers import ShardReader, TarOptions, open_shard, read_ranges
+from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.across import MAX_ROWS_PER_RUN, read_across
 from dataflow.server.tasks import ReaderCache, WorkerSpec
+from dataflow.storage.cache import identity
 from tests.unit.test_readers_multi import _assert_batches_equal
 
 SHARDS, PER_SHARD, BATCH = 24, 20, 32
@@ -296,3 +297,32 @@ def test_arrow_columns_of_every_kind_across_shards(tmp_path) -> None:
         assert got["big"].dtype == np.uint64 and int(got["big"][0]) == int(got["id"][0]) + 2**63
     finally:
         _close(readers)
+
+
+def test_shards_are_opened_in_request_order(tmp_path) -> None:
+    """Two shards changed since they were indexed: the batch is refused naming the one the
+    request names first, as a read shard by shard names it."""
+    paths = _demo(tmp_path, "tar", shards=12)
+    other = _demo(tmp_path / "other", "tar", shards=2)[1]
+    cache = str(tmp_path / "c")
+    with open_shard(paths[0], cache_dir=cache) as r:
+        schema = r.schema
+    indexed = []
+    for p in paths:
+        with open_shard(p, cache_dir=cache) as r:
+            indexed.append(IndexedShard(identity(p), len(r), schema))
+    _rewrite(other, paths[3])
+    _rewrite(other, paths[9])
+    ranges = np.array([[s, 0, 1] for s in (0, 9, 1, 3, 2, 4)], dtype=np.int64)
+    opened: list[ShardReader] = []
+
+    def get(shard: int) -> ShardReader:
+        opened.append(open_shard(paths[shard], cache_dir=cache, indexed=indexed[shard]))
+        return opened[-1]
+
+    try:
+        with pytest.raises(ShardChangedError, match="changed since the dataset index") as e:
+            read_ranges(get, ranges)
+        assert e.value.shard == paths[9]
+    finally:
+        _close(opened)
