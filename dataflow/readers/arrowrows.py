@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 
-from dataflow.batch import Batch, Ragged
-from dataflow.readers.across import RowSource
+from dataflow.batch import Batch, FieldSpec, Ragged
+from dataflow.readers.across import CHECK_ROWS, RowSource, check_ahead
 
 if TYPE_CHECKING:
     from dataflow.readers.arrow import ArrowBatches
@@ -75,79 +75,89 @@ class ArrowRows(RowSource):
             if spec.ragged is not None:
                 if not isinstance(col, Ragged):
                     return None
-                if col.values.dtype == np.uint8 and col.values.flags.c_contiguous:
+                if spec.ragged == "list":
+                    cols.ragged[j] = col
+                elif col.values.dtype == np.uint8 and col.values.flags.c_contiguous:
                     cols.raw[j] = (col.values.data, col.offsets)
                 else:
-                    cols.ragged[j] = col
+                    return None
                 continue
             if (isinstance(col, Ragged) or col.dtype != np.dtype(spec.dtype)
                     or col.shape[1:] != spec.shape or col.dtype.hasobject or not len(col)
                     or not col.flags.c_contiguous):
                 return None
-            if _scalar(col):
+            if _scalar(spec):
                 cols.scalars[j] = col
-                continue
-            flat = col.reshape(-1).view(np.uint8)
-            cols.fixed[j] = (flat.data, flat.nbytes // len(col))
+            else:
+                flat = col.reshape(-1).view(np.uint8)
+                cols.fixed[j] = (flat.data, flat.nbytes // len(col))
         self._chunks[i] = cols
         return cols
 
     def gather(self, sources: Sequence[RowSource], which: list[int],
                rows: list[int]) -> Batch | None:
-        picks: list[tuple[_Chunk, int]] = []
-        for w, r in zip(which, rows, strict=True):
+        """One pass over the rows, each row's columns taken together, shards checked a few
+        rows ahead (see :meth:`RowSource.gather <dataflow.readers.across.RowSource.gather>`)."""
+        n = len(rows)
+        scalars: list[tuple[int, list[int]]] = []
+        fixed: list[tuple[int, memoryview]] = []
+        raw: list[tuple[int, list[memoryview], list[int]]] = []
+        ragged: list[tuple[int, list[np.ndarray]]] = []
+        arrays: dict[int, np.ndarray] = {}
+        for j, spec in enumerate(self.schema):
+            if spec.ragged == "list":
+                ragged.append((j, []))
+            elif spec.ragged is not None:
+                raw.append((j, [], []))
+            elif _scalar(spec):
+                scalars.append((j, []))
+            else:
+                arr = arrays[j] = np.empty((n, *spec.shape), dtype=spec.dtype)
+                fixed.append((j, arr.reshape(n, -1).view(np.uint8).reshape(-1).data))
+        checked: set[int] = set()
+        for k, (w, r) in enumerate(zip(which, rows, strict=True)):
+            if k % CHECK_ROWS == 0 and not check_ahead(sources, which, k, checked):
+                return None
             s = cast(ArrowRows, sources[w])
             i = bisect.bisect_right(s.bounds, r) - 1
             cols = s.chunk(i)
             if cols is None:
                 return None
-            picks.append((cols, r - s.bounds[i]))
-        n = len(picks)
+            local = r - s.bounds[i]
+            for j, values in scalars:
+                values.append(cols.scalars[j].item(local))
+            for j, dst in fixed:
+                src, size = cols.fixed[j]
+                dst[k * size : (k + 1) * size] = src[local * size : (local + 1) * size]
+            for j, pieces, lengths in raw:
+                data, offsets = cols.raw[j]
+                a, b = offsets.item(local), offsets.item(local + 1)
+                pieces.append(data[a:b])
+                lengths.append(b - a)
+            for j, items in ragged:
+                col = cols.ragged[j]
+                items.append(col.values[col.offsets.item(local) : col.offsets.item(local + 1)])
         out: Batch = {}
-        first = picks[0][0]
         for j, spec in enumerate(self.schema):
-            if j in first.scalars:
-                if not all(j in cols.scalars for cols, _ in picks):
-                    return None
-                out[spec.name] = np.array([cols.scalars[j].item(local) for cols, local in picks],
-                                          dtype=spec.dtype)
-            elif j in first.raw:
-                if not all(j in cols.raw for cols, _ in picks):
-                    return None
-                out[spec.name] = _joined(picks, j, cast(str, spec.ragged))
+            if j in arrays:
+                out[spec.name] = arrays[j]
             elif spec.ragged is None:
-                arr = np.empty((n, *spec.shape), dtype=spec.dtype)
-                dst = arr.reshape(n, -1).view(np.uint8).reshape(-1).data
-                at = 0
-                for cols, local in picks:
-                    src, size = cols.fixed[j]
-                    dst[at : at + size] = src[local * size : (local + 1) * size]
-                    at += size
-                out[spec.name] = arr
-            else:
-                pieces = []
-                for cols, local in picks:
-                    if j not in cols.ragged:
-                        return None
-                    col = cols.ragged[j]
-                    pieces.append(col.values[col.offsets.item(local) : col.offsets.item(local + 1)])
+                values = next(v for i, v in scalars if i == j)
+                out[spec.name] = np.array(values, dtype=spec.dtype)
+            elif spec.ragged == "list":
+                items = next(v for i, v in ragged if i == j)
                 offsets = np.zeros(n + 1, dtype=np.int64)
-                np.cumsum([len(p) for p in pieces], out=offsets[1:])
-                out[spec.name] = Ragged(np.concatenate(pieces), offsets, spec.ragged)
+                np.cumsum([len(p) for p in items], out=offsets[1:])
+                out[spec.name] = Ragged(np.concatenate(items), offsets, spec.ragged)
+            else:
+                pieces, lengths = next((p, z) for i, p, z in raw if i == j)
+                offsets = np.zeros(n + 1, dtype=np.int64)
+                np.cumsum(lengths, out=offsets[1:])
+                out[spec.name] = Ragged(np.frombuffer(bytearray().join(pieces), dtype=np.uint8),
+                                        offsets, spec.ragged)
         return out
 
 
-def _scalar(col: np.ndarray) -> bool:
-    """Whether ``col`` holds one integer or boolean a row (see :class:`_Chunk`)."""
-    return col.ndim == 1 and col.dtype.kind in "iub"
-
-
-def _joined(picks: list[tuple[_Chunk, int]], j: int, kind: str) -> Ragged:
-    """Ragged column ``j`` (bytes or text) of each ``(chunk, row)``, joined."""
-    pieces = []
-    for cols, local in picks:
-        values, offsets = cols.raw[j]
-        pieces.append(values[offsets.item(local) : offsets.item(local + 1)])
-    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in pieces], out=offsets[1:])
-    return Ragged(np.frombuffer(bytearray().join(pieces), dtype=np.uint8), offsets, kind)
+def _scalar(spec: FieldSpec) -> bool:
+    """Whether field ``spec`` holds one integer or boolean a row (see :class:`_Chunk`)."""
+    return not spec.shape and np.dtype(spec.dtype).kind in "iub"

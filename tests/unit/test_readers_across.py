@@ -20,7 +20,7 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import SchemaError, ShardChangedError, ShardReadError
 from dataflow.plan import rank_batches
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
-from dataflow.readers.across import MAX_ROWS_PER_RUN, read_across
+from dataflow.readers.across import CHECK_ROWS, MAX_ROWS_PER_RUN, read_across
 from dataflow.server.tasks import ReaderCache, WorkerSpec
 from dataflow.storage.cache import identity
 from tests.unit.test_readers_multi import _assert_batches_equal
@@ -326,3 +326,24 @@ def test_shards_are_opened_in_request_order(tmp_path) -> None:
         assert e.value.shard == paths[9]
     finally:
         _close(opened)
+
+
+@pytest.mark.parametrize("kind", GATHERED)
+def test_a_shard_first_read_late_in_a_gather_is_checked_before_it_is_read(tmp_path,
+                                                                           kind: str) -> None:
+    """Shard 15 first comes after CHECK_ROWS rows of others and is cut short: the check made
+    a few rows ahead of it finds the change (its map untouched: no SIGBUS)."""
+    paths = _demo(tmp_path, kind, uneven=False)
+    readers = _open(paths, str(tmp_path / "c"))
+    try:
+        rows = [(s, k, k + 1) for k in range(4) for s in range(10)][:CHECK_ROWS + 8]
+        ranges = np.array(rows + [(15, PER_SHARD - 2, PER_SHARD - 1), (0, 9, 10)], dtype=np.int64)
+        assert read_across(readers.__getitem__, ranges) is not None
+        with open(paths[15], "r+b") as f:
+            f.truncate(os.path.getsize(paths[15]) // 3)
+        assert read_across(readers.__getitem__, ranges) is None
+        with pytest.raises(ShardChangedError) as e:
+            read_ranges(readers.__getitem__, ranges)
+        assert e.value.shard == paths[15]
+    finally:
+        _close(readers)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from dataflow.batch import Batch, Ragged
-from dataflow.readers.across import RowSource
+from dataflow.readers.across import CHECK_ROWS, RowSource, check_ahead
 from dataflow.readers.tar.options import KEY_FIELD
 
 if TYPE_CHECKING:
@@ -60,8 +60,10 @@ class TarRows(RowSource):
     def gather(self, sources: Sequence[RowSource], which: list[int],
                rows: list[int]) -> Batch | None:
         """One pass over the rows, each row's fields taken together (its index entries and
-        map pages touched once). Most of the time is cache and TLB misses: each row's entries
-        lie in another shard's arrays and map."""
+        map pages touched once), shards checked a few rows ahead (see
+        :meth:`RowSource.gather <dataflow.readers.across.RowSource.gather>`). Most of the
+        time is cache and TLB misses: each row's entries lie in another shard's arrays and
+        map."""
         n = len(rows)
         ints: list[tuple[int, list[int]]] = []
         fixed: list[tuple[int, int, bool, memoryview, bytes]] = []
@@ -80,7 +82,10 @@ class TarRows(RowSource):
         key_pieces: list[memoryview] = []
         key_lengths: list[int] = []
         check = self.guard is not None
+        checked: set[int] = set()
         for k, (w, r) in enumerate(zip(which, rows, strict=True)):
+            if k % CHECK_ROWS == 0 and not check_ahead(sources, which, k, checked):
+                return None
             s = cast(TarRows, sources[w])
             data = s.map
             if check:
