@@ -158,8 +158,10 @@ class SkipMeter:
 
     def get(self, shard: int) -> ShardReader:
         reader = self._readers.get(shard)
-        seen = self._seen.setdefault(shard, [])
-        if not seen or seen[-1][0] is not reader:
+        seen = self._seen.get(shard)
+        if seen is None:
+            self._seen[shard] = [(reader, reader.skipped)]
+        elif seen[-1][0] is not reader:
             seen.append((reader, reader.skipped))
         return reader
 
@@ -174,10 +176,21 @@ class SkipMeter:
             seen[-1][0].verify()
 
     def skips(self) -> dict[int, int]:
-        """Samples skipped during the task, by shard (shards with none left out)."""
-        out = {shard: sum(r.skipped - before for r, before in seen)
-               - self._uncounted.get(shard, 0) for shard, seen in self._seen.items()}
-        return {shard: n for shard, n in out.items() if n}
+        """Samples skipped during the task, by shard (shards with none left out).
+
+        Called a few times a task over every shard it read (hundreds for a batch of the
+        sample shuffle): one plain loop, no generator per shard."""
+        uncounted = self._uncounted
+        out = {}
+        for shard, seen in self._seen.items():
+            n = 0
+            for reader, before in seen:
+                n += reader.skipped - before
+            if uncounted:
+                n -= uncounted.get(shard, 0)
+            if n:
+                out[shard] = n
+        return out
 
     @contextmanager
     def uncounted(self) -> Iterator[None]:

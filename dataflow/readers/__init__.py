@@ -5,12 +5,14 @@ as columnar batches; :func:`read_ranges` reads the ranges of one request across 
 
 * formats: :mod:`~dataflow.readers.tar` (WebDataset tars), :mod:`~dataflow.readers.parquet`,
   :mod:`~dataflow.readers.arrow` (Arrow IPC files and streams; remote ones
-  :mod:`~dataflow.readers.arrowremote`, record batch metadata :mod:`~dataflow.readers.arrowmeta`);
+  :mod:`~dataflow.readers.arrowremote`, record batch metadata :mod:`~dataflow.readers.arrowmeta`,
+  rows lent to a gather across shards :mod:`~dataflow.readers.arrowrows`);
 * what they share: :mod:`~dataflow.readers.base` (the interface), :mod:`~dataflow.readers.damage`
   (``on_error`` and what damage lost), :mod:`~dataflow.readers.guard` (a local file held open
   and checked), :mod:`~dataflow.readers.gather` (rows out of chunks),
   :mod:`~dataflow.readers.lost` (a shard that serves nothing),
-  :mod:`~dataflow.readers.multi` (many ranges at once).
+  :mod:`~dataflow.readers.multi` (many ranges at once),
+  :mod:`~dataflow.readers.across` (a few rows of each of many shards, in one pass).
 """
 
 from __future__ import annotations

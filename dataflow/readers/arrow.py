@@ -33,6 +33,7 @@ from dataflow.convert.columns import Census, ReadOptions
 from dataflow.convert.tables import DEFAULT, census, check_selection, schema_of_arrow
 from dataflow.errors import DataflowError, ShardReadError
 from dataflow.readers.arrowmeta import record_batch_meta
+from dataflow.readers.arrowrows import ArrowRows
 from dataflow.readers.base import ShardReader, empty_batch
 from dataflow.readers.damage import split_damaged
 from dataflow.readers.gather import overlapping, range_rows, take_rows
@@ -171,6 +172,8 @@ class ArrowBatches(ShardReader):
 class _MappedReader(ArrowBatches):
     """A local Arrow shard, memory-mapped: record batches are views of the map."""
 
+    _rows: ArrowRows | None = None
+
     def __init__(self, url: str, on_error: str = "raise", options: ReadOptions = DEFAULT,
                  *, guard: FileGuard) -> None:
         """Map the shard open as ``guard`` (which the reader closes) and list its record
@@ -194,7 +197,14 @@ class _MappedReader(ArrowBatches):
     def _load(self, source: pa.MemoryMappedFile) -> tuple[pa.Schema, list[pa.RecordBatch]]:
         """The schema and every readable record batch (views of ``source``)."""
 
+    def _row_source(self) -> ArrowRows | None:
+        """The record batches' column views (:mod:`dataflow.readers.arrowrows`)."""
+        if self._rows is None and not self.closed:
+            self._rows = ArrowRows(self)
+        return self._rows
+
     def close(self) -> None:
+        self._rows = None  # it views the map
         super().close()
         self._source.close()
         if self._guard is not None:

@@ -21,6 +21,8 @@ from dataflow.readers.sink import BatchSink
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from dataflow.readers.across import RowSource
+
 log = logging.getLogger(__name__)
 
 _DEFAULT = ReadOptions()
@@ -98,6 +100,12 @@ class ShardReader(ABC):
         format gathers straight there (see :meth:`read_many`); this default returns arrays of
         its own, which :meth:`read_many` copies there."""
         return self._read_many(starts, stops)
+
+    def _row_source(self) -> RowSource | None:
+        """What this reader lends a gather of one request's rows across many shards
+        (:mod:`dataflow.readers.across`), prepared once and kept while it is open; ``None``
+        when it takes no part (this default), and the request is read shard by shard."""
+        return None
 
     def census(self) -> Census:
         """Null counts and dictionary values over the shard (see :class:`Census`); formats

@@ -103,6 +103,12 @@ class FileGuard:
         if (st.st_size, st.st_mtime_ns) != self._stamp:  # what the identity is made of
             raise changed(self.url, self.identity, stat_identity(st))
 
+    def unchanged(self) -> bool:
+        """Whether the file still has its identity: :meth:`check` without the error, for
+        callers that leave a changed file to a path that raises or counts."""
+        st = os.fstat(self.fd)
+        return (st.st_size, st.st_mtime_ns) == self._stamp
+
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
         fd, self.fd = self.fd, -1

@@ -3,8 +3,11 @@
 A sample-level shuffle asks for hundreds of one-sample ranges per batch, from as many shards.
 :func:`read_ranges` hands every run of consecutive ranges of one shard to that shard's
 :meth:`~dataflow.readers.ShardReader.read_many`, which gathers them in one pass, instead of
-reading range by range; when a batch spans several shards, each one writes its rows straight
-into the batch's columns (:mod:`dataflow.readers.sink`), so every row is copied once.
+reading range by range. A batch of a few rows from each of many shards is gathered row by
+row across them in one pass (:mod:`dataflow.readers.across`), paying per shard only the
+checks that it did not change; any other batch spanning several shards is read shard by
+shard, each writing its rows straight into the batch's columns (:mod:`dataflow.readers.sink`),
+so every row is copied once.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 
 from dataflow.batch import Batch, batch_len
 from dataflow.errors import ConfigError, DataflowError, InternalError
+from dataflow.readers.across import read_across
 from dataflow.readers.base import ShardReader
 from dataflow.readers.sink import BatchSink
 
@@ -35,7 +39,9 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     """Read rows ``(shard, start, stop)`` of ``ranges`` into one batch.
 
     The result equals concatenating ``get_reader(shard).read(start, stop)`` over the rows of
-    ``ranges`` in order. Each run of consecutive rows naming the same shard is one
+    ``ranges`` in order. A request of a few rows from each of many shards is gathered across
+    them (:func:`~dataflow.readers.across.read_across`) where its readers take part;
+    otherwise each run of consecutive rows naming the same shard is one
     :meth:`~dataflow.readers.ShardReader.read_many` call, so requests sorted by shard read
     each shard once.
 
@@ -57,6 +63,9 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(ranges)]
     if len(cuts) == 2:
         return _read_run(get_reader, ranges, None)
+    across = read_across(get_reader, ranges)
+    if across is not None:
+        return across
     sink = BatchSink(int(np.maximum(ranges[:, 2] - ranges[:, 1], 0).sum()))
     parts = []
     for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):

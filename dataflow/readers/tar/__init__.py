@@ -3,6 +3,8 @@
 * :mod:`~dataflow.readers.tar.reader`: :class:`TarReader`, a shard's samples gathered by the
   index out of the memory-mapped tar, or fetched by ranged reads from a remote one
   (:mod:`~dataflow.readers.tar.remote`);
+* :mod:`~dataflow.readers.tar.rows`: a local tar's index and map lent to a gather across
+  shards (:mod:`dataflow.readers.across`);
 * :mod:`~dataflow.readers.tar.options`: :class:`TarOptions`, the WebDataset conventions;
 * :mod:`~dataflow.readers.tar.index`: the member index, where every field of every sample
   lies, built by :mod:`~dataflow.readers.tar.build` from one walk over the tar's headers
