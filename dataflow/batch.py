@@ -47,6 +47,15 @@ class Ragged:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> bytes | str | np.ndarray:
+        """Sample ``i`` (negative counts from the end, as for a sequence).
+
+        Raises:
+            IndexError: ``i`` is outside ``[-len, len)``.
+        """
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} of a ragged column of {n}")
+        i %= n
         item = self.values[self.offsets[i] : self.offsets[i + 1]]
         if self.kind == "bytes":
             return item.tobytes()

@@ -151,3 +151,11 @@ def test_server_flags_make_read_options(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         parse_args(["--data", "d", "--fill-value", "label"])
     assert "--fill-value must be FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_a_ragged_column_is_indexed_as_a_sequence() -> None:
+    r = Ragged(np.frombuffer(b"abcdef", dtype=np.uint8), np.array([0, 1, 3, 6]), "str")
+    assert [r[i] for i in range(3)] == ["a", "bc", "def"] == [r[i] for i in range(-3, 0)]
+    for i in (3, -4):
+        with pytest.raises(IndexError, match=f"sample {i} of a ragged column of 3"):
+            r[i]
