@@ -255,6 +255,8 @@ class Forwarder:
                         self._sel.register(a, selectors.EVENT_READ)
                     continue
                 assert isinstance(sock, socket.socket)
+                if sock not in self._peers:  # dropped with its peer earlier in this select
+                    continue
                 try:
                     data = sock.recv(65536)
                     if data:
