@@ -34,6 +34,7 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # the pages mapped at once: a sample is read whole
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
@@ -76,7 +77,7 @@ class FileMaps:
         0, or the kernel refused."""
         if self.live >= self.cap or size <= 0:
             return None
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED | _POPULATE, fd, 0)
         if addr is None or addr == _MAP_FAILED:
             return None
         pages = (ctypes.c_char * size).from_address(addr)

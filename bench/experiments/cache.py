@@ -1,8 +1,10 @@
 """Decode once, serve many: the readers' decoded-sample cache on the JPEG workload (:mod:`.jpeg`).
 
 One run, three parts, every server running ``--transform
-dataflow.bench.experiments.jpeg:STAGES`` (decode 256x256 JPEGs to pixels, a cacheable stage,
-then a random 224 crop seeded per batch), server CPU measured as the CPU time of the server's
+dataflow.bench.experiments.jpeg:STAGES`` (decode JPEGs to 256x256 pixels, a cacheable stage,
+then a random 224 crop seeded per batch; ``--image-size`` sets the JPEGs' size, 256x256 by
+default, larger ones are resized and center-cropped in the decode stage as ImageNet training
+does, see :mod:`.jpeg`), server CPU measured as the CPU time of the server's
 processes (frontend and readers):
 
 * **epochs**: one job (one rank) reading epochs 0, 1, 2 from a server with the cache
@@ -20,7 +22,7 @@ processes (frontend and readers):
   (:func:`dataflow.shuffle.epoch_order`) interleaved batch by batch.
 
 Usage: python -m dataflow.bench.experiments.cache [--workers 2] [--batch-size 64] [--jobs 4]
-[--parts epochs,sweep,eviction] [--plan-window 2048]
+[--image-size 256x256] [--parts epochs,sweep,eviction] [--plan-window 2048]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import heapq
 import os
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -38,7 +41,7 @@ from collections import OrderedDict
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from dataflow.bench.experiments.jpeg import SIDE, write_shards
+from dataflow.bench.experiments.jpeg import SIDE, parse_size, write_shards
 from dataflow.bench.procs import cpu_delta, cpu_snapshot, descendants
 from dataflow.client import DataLoader
 from dataflow.server import ServerHandle, launch
@@ -192,6 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=4, help="jobs of the sweep (default: %(default)s)")
     p.add_argument("--shards", type=int, default=4, help="default: %(default)s")
     p.add_argument("--samples-per-shard", type=int, default=500, help="default: %(default)s")
+    p.add_argument("--image-size", type=parse_size, default=(SIDE, SIDE), metavar="WxH",
+                   help="the JPEGs' width x height, each at least 256; larger ones are "
+                        "resized to 256 on the shorter side and center-cropped by the decode "
+                        "stage (ImageNet's most common size is 500x375) (default: 256x256)")
     p.add_argument("--small", type=float, default=0.5,
                    help="eviction part: the cache's size, a fraction of the decoded set "
                         "(default: %(default)s)")
@@ -203,8 +210,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="bench-out",
                    help="directory for the JPEG shards, reused (default: %(default)s)")
     args = p.parse_args(argv)
-    paths = write_shards(os.path.join(args.out, f"jpeg-{args.shards}x{args.samples_per_shard}"),
-                         args.shards, args.samples_per_shard)
+    width, height = args.image_size
+    paths = write_shards(os.path.join(args.out, f"jpeg-{args.shards}x{args.samples_per_shard}"
+                                                f"-{width}x{height}"),
+                         args.shards, args.samples_per_shard, args.image_size)
     total = args.shards * args.samples_per_shard
     bs, w = args.batch_size, args.workers
     seeds = list(range(1, args.jobs + 1))
@@ -213,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     load0 = os.getloadavg()
     command = " ".join(argv if argv is not None else sys.argv[1:])
     print(f"command: python -m dataflow.bench.experiments.cache {command}".rstrip())
-    print(f"{len(paths)} JPEG tar shards x {args.samples_per_shard} ({SIDE}x{SIDE}, decoded set "
+    print(f"{len(paths)} JPEG tar shards x {args.samples_per_shard} ({width}x{height}, "
+          f"{_jpeg_kib(paths):.0f} KiB a JPEG, decoded to {SIDE}x{SIDE}: decoded set "
           f"{decoded / 2**20:.0f} MiB), batch {bs}, {w} readers a server, {os.cpu_count()} CPUs\n")
 
     parts = set(args.parts.split(","))
@@ -227,6 +237,13 @@ def main(argv: list[str] | None = None) -> None:
         _eviction(paths, args, seeds, total)
     print(f"\nload average (1/5/15 min) {' / '.join(f'{x:.2f}' for x in load0)} at the start, "
           f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
+
+
+def _jpeg_kib(paths: list[str]) -> float:
+    """Mean size of a JPEG in the shards, KiB (the shards' bytes over their images)."""
+    with tarfile.open(paths[0]) as tar:
+        sizes = [m.size for m in tar.getmembers() if m.name.endswith(".jpg")]
+    return sum(sizes) / max(1, len(sizes)) / 1024
 
 
 def _epochs(paths: list[str], w: int, cached: list[str], bs: int, total: int) -> None:

@@ -7,6 +7,12 @@ The server side runs :func:`decode_crop` as its per-batch transform
 :func:`crop_sample` on each sample in its webdataset pipeline, then stacks the batch in the
 worker. Both decode with
 Pillow (the same calls, the same crop), so the comparison is of the loaders, not the decoders.
+
+Images are ``SIDE`` x ``SIDE`` by default (about 25 KB as JPEG, 0.3 ms to decode here); shards of
+another size (``write_shards(size=...)``, e.g. ImageNet's most common 500x375) are decoded as
+ImageNet training pipelines do: resized to ``SIDE`` on the shorter side (bilinear) and
+center-cropped to ``SIDE`` x ``SIDE``, before the random ``CROP`` crop. The decoded pixels are
+``SIDE`` x ``SIDE`` x 3 whatever the size, so the cache's entries are the same.
 This module imports no torch: reader processes import it.
 """
 
@@ -28,18 +34,37 @@ CROP = 224
 QUALITY = 90
 
 
-def _image(rng: np.random.Generator) -> np.ndarray:
-    """A photo-like RGB image: smooth gradients plus grain (about 20 KB as JPEG)."""
-    y, x = np.mgrid[0:SIDE, 0:SIDE].astype(np.float32) / SIDE
+def _image(rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+    """A photo-like RGB image of ``size`` (width, height): smooth gradients plus grain (about
+    25 KB as JPEG at 256x256, 70 KB at 500x375)."""
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32) / max(size)
     phase = rng.uniform(0, 2 * np.pi, 3)
     base = np.stack([np.sin(3 * x + 2 * y + p) for p in phase], axis=-1) * 90 + 128
-    grain = rng.normal(0, 12, (SIDE, SIDE, 3))
+    grain = rng.normal(0, 12, (height, width, 3))
     return np.clip(base + grain, 0, 255).astype(np.uint8)
 
 
-def write_shards(out: str, shards: int, per_shard: int) -> list[str]:
+def parse_size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT`` (e.g. ``500x375``) as ``(width, height)``, each at least ``SIDE``.
+
+    Raises:
+        ValueError: anything else (argparse reports it as the option's error).
+    """
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"an image size is WIDTHxHEIGHT, e.g. 500x375. Found: {text!r}")
+    width, height = int(parts[0]), int(parts[1])
+    if min(width, height) < SIDE:
+        raise ValueError(f"an image size must be at least {SIDE} on each side. Found: {text!r}")
+    return width, height
+
+
+def write_shards(out: str, shards: int, per_shard: int,
+                 size: tuple[int, int] = (SIDE, SIDE)) -> list[str]:
     """Tar shards of ``jpg`` + ``id`` members written by webdataset's TarWriter (PAX headers,
-    as real datasets have); reused when present.
+    as real datasets have), images of ``size`` (width, height); reused when present (``out``
+    must hold one size only).
 
     Returns:
         The shard paths.
@@ -58,7 +83,7 @@ def write_shards(out: str, shards: int, per_shard: int) -> list[str]:
         with webdataset.TarWriter(tmp) as w:
             for i in range(per_shard):
                 buf = io.BytesIO()
-                Image.fromarray(_image(rng)).save(buf, format="JPEG", quality=QUALITY)
+                Image.fromarray(_image(rng, size)).save(buf, format="JPEG", quality=QUALITY)
                 sid = s * per_shard + i
                 w.write({"__key__": f"{sid:09d}", "jpg": buf.getvalue(),
                          "id": str(sid).encode("ascii")})
@@ -66,13 +91,26 @@ def write_shards(out: str, shards: int, per_shard: int) -> list[str]:
     return paths
 
 
-def _crop(data: bytes | str | np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    if not isinstance(data, bytes):
-        raise TypeError(f"a JPEG must be bytes. Found: {type(data).__name__}")
+def _pixels(data: bytes) -> Image.Image:
+    """The JPEG ``data`` decoded to RGB, ``SIDE`` x ``SIDE`` (resized on the shorter side and
+    center-cropped when it is another size)."""
     with Image.open(io.BytesIO(data)) as im:
         rgb = im.convert("RGB")
     w, h = rgb.size
-    x, y = int(rng.integers(0, w - CROP + 1)), int(rng.integers(0, h - CROP + 1))
+    if (w, h) == (SIDE, SIDE):
+        return rgb
+    scale = SIDE / min(w, h)
+    w, h = max(SIDE, round(w * scale)), max(SIDE, round(h * scale))
+    left, top = (w - SIDE) // 2, (h - SIDE) // 2
+    return rgb.resize((w, h), Image.Resampling.BILINEAR).crop(
+        (left, top, left + SIDE, top + SIDE))
+
+
+def _crop(data: bytes | str | np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    if not isinstance(data, bytes):
+        raise TypeError(f"a JPEG must be bytes. Found: {type(data).__name__}")
+    rgb = _pixels(data)
+    x, y = int(rng.integers(0, SIDE - CROP + 1)), int(rng.integers(0, SIDE - CROP + 1))
     return np.asarray(rgb.crop((x, y, x + CROP, y + CROP)))
 
 
@@ -88,16 +126,14 @@ def decode_crop(batch: Batch) -> Batch:
 
 
 def decode(batch: Batch) -> Batch:
-    """Cacheable stage: ``jpg`` bytes -> ``pixels`` uint8 (n, SIDE, SIDE, 3); ``id`` passes
-    through."""
+    """Cacheable stage: ``jpg`` bytes -> ``pixels`` uint8 (n, SIDE, SIDE, 3) (resized and
+    center-cropped when another size, see the module); ``id`` passes through."""
     jpg = batch["jpg"]
     if not isinstance(jpg, Ragged):
         raise TypeError(f"field 'jpg' must be bytes. Found: {type(jpg).__name__}")
     out = np.empty((len(jpg), SIDE, SIDE, 3), dtype=np.uint8)
     for i in range(len(jpg)):
-        with Image.open(io.BytesIO(jpg.values[jpg.offsets[i]:jpg.offsets[i + 1]].tobytes())
-                        ) as im:
-            out[i] = np.asarray(im.convert("RGB"))
+        out[i] = np.asarray(_pixels(jpg.values[jpg.offsets[i]:jpg.offsets[i + 1]].tobytes()))
     return {"pixels": out, "id": batch["id"]}
 
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import threading
 
 import numpy as np
 import pytest
 import webdataset as wds
+from PIL import Image
 
 from dataflow.bench.experiments.jpeg import (
     CROP,
+    SIDE,
+    _crop,
     crop_sample,
+    decode,
     decode_crop,
+    parse_size,
     stack_samples,
     write_shards,
 )
@@ -61,3 +67,33 @@ def test_thread_cpu_names_python_threads():
         stop.set()
         t.join()
     assert "bench-spinner" in seen and "MainThread" in seen
+
+
+@pytest.mark.timeout(60)
+def test_larger_images_are_resized_and_center_cropped_as_imagenet_training_does(tmp_path):
+    paths = write_shards(str(tmp_path), shards=1, per_shard=2, size=(300, 270))
+    with open_shard(paths[0]) as reader:
+        batch = reader.read(0, 2)
+    jpg = batch["jpg"]
+    data = jpg.values[jpg.offsets[0]:jpg.offsets[1]].tobytes()
+    with Image.open(io.BytesIO(data)) as im:
+        assert im.size == (300, 270)
+        rgb = im.convert("RGB")
+    # shorter side 270 -> 256: 284 x 256, then the middle 256 columns
+    expected = np.asarray(rgb.resize((284, 256), Image.Resampling.BILINEAR))[:, 14:270]
+    pixels = decode(batch)["pixels"]
+    assert pixels.shape == (2, SIDE, SIDE, 3)
+    assert np.array_equal(pixels[0], expected)
+    # the random crop of either path is a window of those pixels, drawn from the rng
+    rng, again = np.random.default_rng(3), np.random.default_rng(3)
+    x, y = int(again.integers(0, SIDE - CROP + 1)), int(again.integers(0, SIDE - CROP + 1))
+    assert crop_sample({"jpg": data, "id": b"0"})["image"].shape == (CROP, CROP, 3)
+    assert decode_crop({"jpg": jpg, "id": batch["id"]})["image"].shape == (2, CROP, CROP, 3)
+    assert np.array_equal(_crop(data, rng), expected[y:y + CROP, x:x + CROP])
+
+
+@pytest.mark.parametrize("text", ["500", "500x", "ax375", "255x300", "500x375x3"])
+def test_an_image_size_is_width_x_height_of_at_least_the_decoded_side(text):
+    with pytest.raises(ValueError, match="image size"):
+        parse_size(text)
+    assert parse_size("500X375") == (500, 375)
