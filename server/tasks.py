@@ -328,6 +328,11 @@ def _part_rows(task: Task) -> list[np.ndarray]:
 
 
 def _samples(rows: np.ndarray) -> int:
+    """Samples of int64 ``(shard, start, stop)`` rows (one row, a whole batch of consecutive
+    samples, without numpy's reductions)."""
+    if len(rows) == 1:
+        _, start, stop = rows[0].tolist()
+        return stop - start
     return int((rows[:, 2] - rows[:, 1]).sum())
 
 
