@@ -201,7 +201,6 @@ class WorkerHandler:
     def reap(self) -> None:
         """Replace dead readers; queue the requests they held again (or fail them, see the
         module docstring)."""
-        root = len(self._index.root)
         for worker, code in self._pool.reap(respawn=True):
             self._unsent.drop_reader(worker.identity)
             self.cache_bytes.pop(worker.identity, None)
@@ -211,6 +210,7 @@ class WorkerHandler:
                         self._counters["tasks_requeued"] += 1
                     continue
                 rows = task.ranges[:8].tolist()
+                root = len(self._index.root)
                 self._delivery.fail(
                     task.token, task.req_id, ErrorKind.WORKER_DIED,
                     f"{MAX_ATTEMPTS} reader processes exited while reading ranges {rows} of "
