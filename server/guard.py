@@ -40,6 +40,7 @@ import socket
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -241,7 +242,7 @@ class InboundGuard:
             self._cut(fd, f"{why} ({name})")
 
     def _events(self, now: float) -> None:
-        while self.monitor.get(zmq.EVENTS) & zmq.POLLIN:  # a whole event waits
+        while cast(int, self.monitor.get(zmq.EVENTS)) & zmq.POLLIN:  # a whole event waits
             event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             fd = int(event["value"])
             if event["event"] != zmq.EVENT_ACCEPTED:
