@@ -233,10 +233,11 @@ class _FlatLeaf(NamedTuple):
 class _Conversion(NamedTuple):
     """How :func:`from_arrow` converts tables of one Arrow schema to one served schema:
     ``steps`` in column order, a flat leaf or a nested column (whose leaves are found by
-    walking its data), and the served field names in order."""
+    walking its data), and the served field names, in order and as a set."""
 
     steps: tuple[_FlatLeaf | _Column, ...]
     names: tuple[str, ...]
+    served: frozenset[str]
 
 
 def _conversion(arrow: pa.Schema, schema: Schema | None, opts: ReadOptions) -> _Conversion:
@@ -254,7 +255,7 @@ def _cached_conversion(key: _SchemaKey, schema: Schema | None,
     arrow = key.schema
     specs = schema if schema is not None else with_extras(base_schema(arrow, opts), opts)
     names = tuple(s.name for s in specs)
-    served = set(names)
+    served = frozenset(names)
     steps: list[_FlatLeaf | _Column] = []
     for c in _plan(arrow, opts):
         if c.nested:
@@ -263,7 +264,7 @@ def _cached_conversion(key: _SchemaKey, schema: Schema | None,
         fields = leaf_specs(c.name, c.type, c.meta, opts)
         steps.append(_FlatLeaf(c.column, c.name, fields, tuple(f.name in served for f in fields),
                                opts.fill_of(c.name), c.name in opts.masked))
-    return _Conversion(tuple(steps), names)
+    return _Conversion(tuple(steps), names, served)
 
 
 class _Latest:
@@ -315,7 +316,7 @@ def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema | None = None,
             if arr is None or not opts.wanted(name):
                 continue
             fields = leaf_specs(name, t, meta, opts)
-            _convert(out, name, arr, fields, tuple(f.name in plan.names for f in fields),
+            _convert(out, name, arr, fields, tuple(f.name in plan.served for f in fields),
                      opts.fill_of(name), name in opts.masked, opts)
     return {s: out[s] for s in plan.names if s in out}
 
