@@ -27,6 +27,7 @@ import zmq
 from dataflow.errors import InternalError, ProtocolError, ServerStartError
 from dataflow.index import DatasetIndex
 from dataflow.server.delivery import Delivery
+from dataflow.server.framing import NOBLOCK, send_parts
 from dataflow.server.ledger import Ledger
 from dataflow.server.pool import WorkerPool
 from dataflow.server.sessions import Sessions
@@ -171,7 +172,7 @@ class WorkerHandler:
         for worker in self._pool:
             if worker.ready:
                 try:
-                    self._backend.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK)
+                    send_parts(self._backend, [worker.identity, *frames], NOBLOCK)
                 except zmq.ZMQError:
                     log.debug("reader %s did not take FORGET", worker.identity.hex())
 
@@ -186,8 +187,7 @@ class WorkerHandler:
             if task is None:
                 return
             try:
-                self._backend.send_multipart([worker.identity, *encode_internal(task)],
-                                             flags=zmq.NOBLOCK)
+                send_parts(self._backend, [worker.identity, *encode_internal(task)], NOBLOCK)
             except zmq.ZMQError:
                 # The reader is gone (its connection closed before the pool reaped it): the
                 # task never reached it, so it goes back first in its queue for another
