@@ -27,7 +27,7 @@ import zmq
 from dataflow.errors import InternalError, ProtocolError, ServerStartError
 from dataflow.index import DatasetIndex
 from dataflow.server.delivery import Delivery
-from dataflow.server.framing import NOBLOCK, send_parts
+from dataflow.server.framing import NOBLOCK, recv_parts, send_parts
 from dataflow.server.ledger import Ledger
 from dataflow.server.pool import WorkerPool
 from dataflow.server.sessions import Sessions
@@ -90,7 +90,7 @@ class WorkerHandler:
         self.cache_bytes: dict[bytes, tuple[int, int]] = {}
 
     def _recv(self) -> tuple[bytes, Internal]:
-        frames = self._backend.recv_multipart(zmq.NOBLOCK)
+        frames = recv_parts(self._backend, NOBLOCK)
         try:
             return frames[0], decode_internal(frames[1:])
         except ProtocolError as e:

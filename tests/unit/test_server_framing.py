@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from dataflow.server.framing import NOBLOCK, SendResult, send_parts, try_send
+from dataflow.server.framing import NOBLOCK, SendResult, recv_parts, send_parts, try_send
 
 
 @pytest.fixture
@@ -30,9 +30,11 @@ def test_every_kind_of_buffer_goes_as_one_message_in_order(pair) -> None:
     big = np.arange(100_000, dtype=np.uint8)  # above pyzmq's zero-copy threshold
     send_parts(a, [b"head", memoryview(b"mid"), zmq.Frame(b"frame"), big], copy=False)
     send_parts(a, [b"alone"], NOBLOCK)
-    got = b.recv_multipart()
+    got = recv_parts(b)
     assert got[:3] == [b"head", b"mid", b"frame"] and got[3] == big.tobytes()
-    assert b.recv_multipart() == [b"alone"]
+    assert recv_parts(b, NOBLOCK) == [b"alone"]
+    with pytest.raises(zmq.Again):
+        recv_parts(b, NOBLOCK)
 
 
 def test_a_frame_that_is_no_buffer_sends_nothing(pair) -> None:
