@@ -102,19 +102,33 @@ def ahead_problem(ahead: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
     return None
 
 
+def _shard_problem(i: int, shard: int, shards: int) -> str:
+    return f"range {i}: shard {shard} not in [0, {shards})"
+
+
+def _row_problem(i: int, start: int, stop: int, name: str, size: int) -> str:
+    return (f"range {i}: [{start}, {stop}) is empty or outside shard {name} of {size} "
+            "samples")
+
+
+def _total_problem(total: int, max_samples: int) -> str:
+    return (f"request of {total} samples exceeds this session's {max_samples} samples "
+            "a request (its HELLO `batch_size`, else --max-request-samples)")
+
+
 def _bounds_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str]) -> str | None:
     """Why a row of ``ranges`` is not a non-empty range of its shard, or None."""
     shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
     bad_shard = (shard < 0) | (shard >= len(sizes))
     if bad_shard.any():
         i = int(np.flatnonzero(bad_shard)[0])
-        return f"range {i}: shard {int(shard[i])} not in [0, {len(sizes)})"
+        return _shard_problem(i, int(shard[i]), len(sizes))
     size = sizes[shard]
     bad = (start < 0) | (stop <= start) | (stop > size)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        return (f"range {i}: [{int(start[i])}, {int(stop[i])}) is empty or outside shard "
-                f"{shards[int(shard[i])]} of {int(size[i])} samples")
+        return _row_problem(i, int(start[i]), int(stop[i]), shards[int(shard[i])],
+                            int(size[i]))
     return None
 
 
@@ -131,14 +145,35 @@ def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
     if len(ranges) > max_samples:
         return (f"request of {len(ranges)} ranges exceeds this session's "
                 f"{max_samples} samples a request")
+    if len(ranges) == 1:  # a batch of consecutive samples: checked without numpy's ufuncs
+        return _one_range_problem(ranges[0].tolist(), sizes, shards, max_samples)
+    return _ranges_problem(ranges, sizes, shards, max_samples)
+
+
+def _one_range_problem(row: list[int], sizes: np.ndarray, shards: Sequence[str],
+                       max_samples: int) -> str | None:
+    """:func:`_ranges_problem` of the one range ``row``."""
+    shard, start, stop = row
+    if not 0 <= shard < len(sizes):
+        return _shard_problem(0, shard, len(sizes))
+    size = int(sizes[shard])
+    if start < 0 or stop <= start or stop > size:
+        return _row_problem(0, start, stop, shards[shard], size)
+    if stop - start > max_samples:
+        return _total_problem(stop - start, max_samples)
+    return None
+
+
+def _ranges_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
+                    max_samples: int) -> str | None:
+    """:func:`range_problem` of a request of any number of ranges."""
     problem = _bounds_problem(ranges, sizes, shards)
     if problem is not None:
         return problem
     shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
     total = int((stop - start).sum())
     if total > max_samples:
-        return (f"request of {total} samples exceeds this session's {max_samples} samples "
-                "a request (its HELLO `batch_size`, else --max-request-samples)")
+        return _total_problem(total, max_samples)
     order = np.lexsort((start, shard))
     overlap = (shard[order][1:] == shard[order][:-1]) & (start[order][1:] < stop[order][:-1])
     if overlap.any():

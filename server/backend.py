@@ -27,6 +27,7 @@ import zmq
 from dataflow.errors import InternalError, ProtocolError, ServerStartError
 from dataflow.index import DatasetIndex
 from dataflow.server.delivery import Delivery
+from dataflow.server.framing import NOBLOCK, recv_parts, send_parts
 from dataflow.server.ledger import Ledger
 from dataflow.server.pool import WorkerPool
 from dataflow.server.sessions import Sessions
@@ -89,7 +90,7 @@ class WorkerHandler:
         self.cache_bytes: dict[bytes, tuple[int, int]] = {}
 
     def _recv(self) -> tuple[bytes, Internal]:
-        frames = self._backend.recv_multipart(zmq.NOBLOCK)
+        frames = recv_parts(self._backend, NOBLOCK)
         try:
             return frames[0], decode_internal(frames[1:])
         except ProtocolError as e:
@@ -171,7 +172,7 @@ class WorkerHandler:
         for worker in self._pool:
             if worker.ready:
                 try:
-                    self._backend.send_multipart([worker.identity, *frames], flags=zmq.NOBLOCK)
+                    send_parts(self._backend, [worker.identity, *frames], NOBLOCK)
                 except zmq.ZMQError:
                     log.debug("reader %s did not take FORGET", worker.identity.hex())
 
@@ -186,8 +187,7 @@ class WorkerHandler:
             if task is None:
                 return
             try:
-                self._backend.send_multipart([worker.identity, *encode_internal(task)],
-                                             flags=zmq.NOBLOCK)
+                send_parts(self._backend, [worker.identity, *encode_internal(task)], NOBLOCK)
             except zmq.ZMQError:
                 # The reader is gone (its connection closed before the pool reaped it): the
                 # task never reached it, so it goes back first in its queue for another
@@ -201,7 +201,6 @@ class WorkerHandler:
     def reap(self) -> None:
         """Replace dead readers; queue the requests they held again (or fail them, see the
         module docstring)."""
-        root = len(self._index.root)
         for worker, code in self._pool.reap(respawn=True):
             self._unsent.drop_reader(worker.identity)
             self.cache_bytes.pop(worker.identity, None)
@@ -211,6 +210,7 @@ class WorkerHandler:
                         self._counters["tasks_requeued"] += 1
                     continue
                 rows = task.ranges[:8].tolist()
+                root = len(self._index.root)
                 self._delivery.fail(
                     task.token, task.req_id, ErrorKind.WORKER_DIED,
                     f"{MAX_ATTEMPTS} reader processes exited while reading ranges {rows} of "

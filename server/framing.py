@@ -30,6 +30,47 @@ class SendResult(Enum):
     GONE = "gone"
 
 
+NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+
+
+def send_parts(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0, *,
+               copy: bool = True) -> None:
+    """``sock.send_multipart(frames, flags, copy=copy)`` (``frames``: at least one) at about
+    half its cost: pyzmq's computes ``SNDMORE | flags`` on its flag enum for every frame
+    (~0.8 us each, at every request and batch); here the flags are plain ints. As pyzmq's
+    does, it checks every frame is a buffer before the first is sent, so a bad one never
+    leaves half a message behind.
+
+    Raises:
+        TypeError: a frame is not a buffer (nothing sent).
+        zmq.ZMQError: as ``send`` raises it (``zmq.Again`` for a full queue with ``NOBLOCK``).
+    """
+    for f in frames:
+        if not isinstance(f, zmq.Frame | bytes | memoryview):
+            memoryview(f)  # raises TypeError for anything that is not a buffer
+    more = flags | _SNDMORE
+    for f in frames[:-1]:
+        sock.send(f, more, copy=copy)
+    sock.send(frames[-1], flags, copy=copy)
+
+
+def recv_parts(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
+    """``sock.recv_multipart(flags)`` at about two thirds of its cost: pyzmq's asks
+    ``getsockopt(RCVMORE)`` through its option enum after every frame; a received frame says
+    so itself. For trusted peers (the server's own processes): it keeps every frame.
+
+    Raises:
+        zmq.Again: ``flags`` has ``NOBLOCK`` and no message is waiting.
+    """
+    f = sock.recv(flags, copy=False)
+    frames = [f.bytes]
+    while f.more:  # libzmq delivers a message only once all its frames arrived: no wait
+        f = sock.recv(0, copy=False)
+        frames.append(f.bytes)
+    return frames
+
+
 def try_send(sock: zmq.Socket, peer: bytes, frames: Sequence[Any]) -> SendResult:
     """Send ``frames`` to ``peer`` through the ROUTER ``sock`` without blocking (zero-copy).
 
@@ -37,7 +78,7 @@ def try_send(sock: zmq.Socket, peer: bytes, frames: Sequence[Any]) -> SendResult
         zmq.ZMQError: any error other than a full queue or an unreachable peer.
     """
     try:
-        sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK, copy=False)
+        send_parts(sock, [peer, *frames], NOBLOCK, copy=False)
         return SendResult.OK
     except zmq.Again:
         return SendResult.FULL

@@ -10,7 +10,9 @@ So each server process watches its client connections from outside libzmq: a soc
 reports every accepted connection's file descriptor; the kernel's ``TCP_INFO`` gives the bytes
 received on it; every message the process receives carries its descriptor (``SRCFD``) and
 size. Bytes received but never delivered as whole messages are what libzmq holds for that
-peer (plus ZMTP framing, allowed for). A connection holding more than ``limit`` is cut with
+peer (plus ZMTP framing, allowed for); they are looked at every ``GUARD_MS`` (not at every
+message: a ``TCP_INFO`` per connection is dear at thousands of messages a second). A
+connection holding more than ``limit`` is cut with
 ``shutdown(2)``; libzmq then closes it and frees what it held. While all connections together
 hold more than ``total_limit``, the ones holding the most are cut. Connections beyond
 ``max_connections``, or beyond ``per_address`` from one peer address, are cut as they are
@@ -38,6 +40,7 @@ import socket
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -196,6 +199,7 @@ class InboundGuard:
         self._log = peer_log
         self._conns: dict[int, _Conn] = {}
         self._by_address: dict[str, int] = {}
+        self._next_scan = -math.inf
 
     def __len__(self) -> int:
         return len(self._conns)
@@ -213,10 +217,18 @@ class InboundGuard:
             conn.delivered += nbytes + FRAME_OVERHEAD * frames
 
     def check(self, now: float) -> None:
-        """Track connections opened and closed; cut those over a bound."""
+        """Track connections opened and closed (cutting those beyond the budgets as they are
+        accepted); cut those over a byte bound.
+
+        The bytes of the connections are looked at once per :data:`GUARD_MS` at most (a
+        ``TCP_INFO`` per connection; a busy serving loop calls this far more often), so what
+        libzmq can read before a connection is cut is what it reads in that time: the
+        owner's loop calls this at least that often while there are connections.
+        """
         self._events(now)
-        if not self._tcp:
+        if not self._tcp or now < self._next_scan:
             return
+        self._next_scan = now + GUARD_MS / 1000
         held = {}
         for fd, conn in self._conns.items():
             info = _with_fd(fd, "info")
@@ -230,11 +242,8 @@ class InboundGuard:
             self._cut(fd, f"{why} ({name})")
 
     def _events(self, now: float) -> None:
-        while True:
-            try:
-                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        while cast(int, self.monitor.get(zmq.EVENTS)) & zmq.POLLIN:  # a whole event waits
+            event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             fd = int(event["value"])
             if event["event"] != zmq.EVENT_ACCEPTED:
                 self._forget(fd)

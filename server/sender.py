@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from dataflow.server.framing import try_send_tracked
+from dataflow.server.framing import send_parts, try_send_tracked
 from dataflow.wire.internal import Attached, Done, Lost, Sent, encode_internal
 
 UNREACHABLE_S = 5.0
@@ -130,12 +130,12 @@ class DataSender:
         self._announced[token] = None
         if len(self._announced) > self._max_announced:
             self._announced.popitem(last=False)
-        self._control.send_multipart(encode_internal(Attached(token)))
+        send_parts(self._control, encode_internal(Attached(token)))
 
     def send(self, frames: list, sent: Sent) -> None:
         """Tell the frontend ``sent``, then hand the reply ``frames`` to ZeroMQ (unrouted while
         the client's data connection is missing)."""
-        self._control.send_multipart(encode_internal(sent))
+        send_parts(self._control, encode_internal(sent))
         if sent.token in self.unrouted or not self._hand(sent.token, frames, sent.nbytes):
             self._lost(self.unrouted.add(sent, frames, time.monotonic()))
 
@@ -160,10 +160,10 @@ class DataSender:
             if not handed:
                 del self.unsent[token]
             if released:
-                self._control.send_multipart(encode_internal(Done(token, released)))
+                send_parts(self._control, encode_internal(Done(token, released)))
 
     def _lost(self, dropped: list[tuple[Sent, str]]) -> None:
         for sent, why in dropped:
             log.warning("reply to request %d dropped: %s", sent.req_id, why)
-            self._control.send_multipart(encode_internal(Lost(sent.token, sent.req_id, why)))
-            self._control.send_multipart(encode_internal(Done(sent.token, sent.nbytes)))
+            send_parts(self._control, encode_internal(Lost(sent.token, sent.req_id, why)))
+            send_parts(self._control, encode_internal(Done(sent.token, sent.nbytes)))

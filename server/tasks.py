@@ -29,7 +29,7 @@ from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.tar.options import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
-from dataflow.server.samplecache import CacheCounts, Sample, SampleCache, assemble, split
+from dataflow.server.samplecache import Sample, SampleCache, assemble, split
 from dataflow.server.shmserve import Segments
 from dataflow.server.transform import Transform, apply_transform, decode_batch
 from dataflow.storage.remote import RemoteConfig
@@ -234,7 +234,7 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
     (:meth:`~dataflow.server.shmserve.Segments.place`). The SENT notice carries what the
     task did to ``cache`` (hits, misses, evictions) and the bytes it holds after.
     """
-    before = cache.counts() if cache is not None else CacheCounts()
+    before = cache.counts() if cache is not None else None
     try:
         msg, meter = _batch(readers, transform, spec, task, cache)
         if segments is not None:
@@ -250,7 +250,7 @@ def serve_task(readers: ReaderCache, transform: Transform | None, spec: WorkerSp
     else:
         sent = Sent(task.token, task.req_id, _nbytes(frames), msg.size,
                     skips=tuple(sorted(meter.skips().items())))
-    if cache is None:
+    if cache is None or before is None:  # (before is None exactly when cache is)
         return frames, sent
     after = cache.counts()
     return frames, replace(sent, cache_hits=after.hits - before.hits,
@@ -328,6 +328,11 @@ def _part_rows(task: Task) -> list[np.ndarray]:
 
 
 def _samples(rows: np.ndarray) -> int:
+    """Samples of int64 ``(shard, start, stop)`` rows (one row, a whole batch of consecutive
+    samples, without numpy's reductions)."""
+    if len(rows) == 1:
+        _, start, stop = rows[0].tolist()
+        return stop - start
     return int((rows[:, 2] - rows[:, 1]).sum())
 
 

@@ -66,6 +66,7 @@ from dataflow.server.eviction import PlanAware
 from dataflow.server.framing import (
     MAX_ERROR_TEXT,
     recv_bounded,
+    recv_parts,
     try_send,
 )
 from dataflow.server.guard import (
@@ -219,7 +220,7 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
                     log.info("parent %d is gone; exiting", spec.parent_pid)
                     return
                 continue
-            task = decode_internal(sock.recv_multipart())
+            task = decode_internal(recv_parts(sock))
             if isinstance(task, Forget):
                 if cache is not None and isinstance(cache.policy, PlanAware):
                     cache.policy.forget_session(task.token)

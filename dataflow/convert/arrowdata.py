@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -155,11 +156,18 @@ def leaf_columns(specs: list[FieldSpec], arr: pa.Array, opts: ReadOptions) -> li
 
 
 def _fast(spec: FieldSpec, arr: pa.Array, opts: ReadOptions) -> Column | None:
-    """The common cases without nulls, zero-copy: a list of numbers, or nested fixed-size
-    lists of numbers; ``None`` for anything else."""
+    """The common cases without nulls, zero-copy: a list of numbers, nested fixed-size lists
+    of numbers, or fixed-size binary values (bytes of the field's shape); ``None`` for
+    anything else."""
     if arr.null_count:
         return None
     t = arr.type
+    if (spec.ragged is None and pa.types.is_fixed_size_binary(t)
+            and math.prod(spec.shape) == t.byte_width):
+        w = t.byte_width
+        data = np.frombuffer(arr.buffers()[1], np.uint8)[arr.offset * w:
+                                                         (arr.offset + len(arr)) * w]
+        return data.reshape((len(arr), *spec.shape))
     if spec.ragged == "list" and (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
             primitive(t.value_type) is not None):
         wide = np.int64 if pa.types.is_large_list(t) else np.int32

@@ -76,9 +76,33 @@ class _Column(NamedTuple):
     nested: bool
 
 
-@functools.lru_cache(maxsize=256)
+class _SchemaKey:
+    """An Arrow schema as a cache key: equal to another only with the same metadata, its
+    fields' included (``pa.Schema``'s own ``==`` and hash leave fields' metadata out, which
+    holds a field's served shape and kind)."""
+
+    __slots__ = ("_hash", "schema")
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._hash = hash(schema)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SchemaKey) and self.schema.equals(other.schema,
+                                                                    check_metadata=True)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def _plan(schema: pa.Schema, opts: ReadOptions) -> tuple[_Column, ...]:
     """The columns of ``schema`` holding a selected leaf, less pandas index columns."""
+    return _cached_plan(_SchemaKey(schema), opts)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(key: _SchemaKey, opts: ReadOptions) -> tuple[_Column, ...]:
+    schema = key.schema
     index_names = pandas_index_columns(schema.metadata)
     explicit = set(opts.columns or ())
     out = []
@@ -193,33 +217,129 @@ def census(table: pa.Table | pa.RecordBatch, opts: ReadOptions = DEFAULT) -> Cen
     return out
 
 
+class _FlatLeaf(NamedTuple):
+    """A served column that is one leaf (not a struct), with what converting it needs, found
+    once per schema: its fields (:func:`leaf_specs`), which of them are served, its fill value
+    and whether it is masked."""
+
+    column: int
+    name: str
+    fields: list[FieldSpec]
+    served: tuple[bool, ...]
+    fill: str | None
+    masked: bool
+
+
+class _Conversion(NamedTuple):
+    """How :func:`from_arrow` converts tables of one Arrow schema to one served schema:
+    ``steps`` in column order, a flat leaf or a nested column (whose leaves are found by
+    walking its data), and the served field names, in order and as a set."""
+
+    steps: tuple[_FlatLeaf | _Column, ...]
+    names: tuple[str, ...]
+    served: frozenset[str]
+
+
+def _conversion(arrow: pa.Schema, schema: Schema | None, opts: ReadOptions) -> _Conversion:
+    """The :class:`_Conversion` of ``arrow`` to ``schema`` (None: derived) under ``opts``.
+
+    Raises:
+        SchemaError: ``schema`` is None and a type cannot be served.
+    """
+    return _cached_conversion(_SchemaKey(arrow), schema, opts)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_conversion(key: _SchemaKey, schema: Schema | None,
+                       opts: ReadOptions) -> _Conversion:
+    arrow = key.schema
+    specs = schema if schema is not None else with_extras(base_schema(arrow, opts), opts)
+    names = tuple(s.name for s in specs)
+    served = frozenset(names)
+    steps: list[_FlatLeaf | _Column] = []
+    for c in _plan(arrow, opts):
+        if c.nested:
+            steps.append(c)
+            continue
+        fields = leaf_specs(c.name, c.type, c.meta, opts)
+        steps.append(_FlatLeaf(c.column, c.name, fields, tuple(f.name in served for f in fields),
+                               opts.fill_of(c.name), c.name in opts.masked))
+    return _Conversion(tuple(steps), names, served)
+
+
+class _Latest:
+    """The latest conversion looked up, found again without hashing the schemas (a reader
+    converts batch after batch of one schema; hashing a wide Arrow schema costs tens of µs).
+    One tuple, replaced whole: safe to share between threads."""
+
+    def __init__(self) -> None:
+        self._last: tuple[pa.Schema, Schema | None, ReadOptions, _Conversion] | None = None
+
+    def get(self, arrow: pa.Schema, schema: Schema | None, opts: ReadOptions) -> _Conversion:
+        """:func:`_conversion` of the arguments."""
+        last = self._last
+        if (last is not None and (last[1] is schema or last[1] == schema)
+                and (last[2] is opts or last[2] == opts)
+                and last[0].equals(arrow, check_metadata=True)):
+            return last[3]
+        plan = _conversion(arrow, schema, opts)
+        self._last = (arrow, schema, opts, plan)
+        return plan
+
+
+_LATEST = _Latest()
+
+
 def from_arrow(table: pa.Table | pa.RecordBatch, schema: Schema | None = None,
                opts: ReadOptions = DEFAULT) -> Batch:
     """Convert an Arrow table or record batch to a :class:`Batch` without per-sample loops.
 
     ``schema`` (default: derived from ``table``) must be what :func:`schema_of_arrow` gives
-    for ``table``'s schema under ``opts``, less hive fields (the reader adds those).
+    for ``table``'s schema under ``opts``, less hive fields (the reader adds those). What
+    depends only on the schemas is worked out once per (Arrow schema, ``schema``, ``opts``)
+    (:func:`_conversion`); each call converts the data.
 
     Raises:
         SchemaError: a field holds nulls that ``opts`` neither masks nor fills.
     """
-    specs = {s.name: s for s in (schema if schema is not None
-                                 else with_extras(base_schema(table.schema, opts), opts))}
+    plan = _LATEST.get(table.schema, schema, opts)
     out: Batch = {}
-    for name, t, meta, arr in _data_leaves(table, opts):
-        fill = opts.fill_of(name)
-        if arr.null_count:
-            arr = normalize_array(name, arr, opts)
-            if name in opts.masked:
-                out[name + VALID_SUFFIX] = np.asarray(arr.is_valid(), dtype=bool)
-            elif fill is None:
-                raise SchemaError(f"field {name!r}: {arr.null_count} null value(s), not "
-                                  "counted when the index was built (shard rewritten?)")
-            arr = fill_nulls(name, arr, fill)
-        elif name in opts.masked:
-            out[name + VALID_SUFFIX] = np.ones(len(arr), dtype=bool)
-        fields = leaf_specs(name, t, meta, opts)
-        for spec, col in zip(fields, leaf_columns(fields, arr, opts), strict=True):
-            if spec.name in specs:
-                out[spec.name] = col
-    return {s: out[s] for s in specs if s in out}
+    for step in plan.steps:
+        col = table.column(step.column)
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if isinstance(step, _FlatLeaf):
+            _convert(out, step.name, col, step.fields, step.served, step.fill, step.masked,
+                     opts)
+            continue
+        for name, t, meta, arr in _walk(step.name, step.type, step.meta, col):
+            if arr is None or not opts.wanted(name):
+                continue
+            fields = leaf_specs(name, t, meta, opts)
+            _convert(out, name, arr, fields, tuple(f.name in plan.served for f in fields),
+                     opts.fill_of(name), name in opts.masked, opts)
+    return {s: out[s] for s in plan.names if s in out}
+
+
+def _convert(out: Batch, name: str, arr: pa.Array, fields: list[FieldSpec],
+             served: tuple[bool, ...], fill: str | None, masked: bool,
+             opts: ReadOptions) -> None:
+    """Put the ``served`` ones of leaf ``name``'s ``fields`` (and its mask when ``masked``)
+    into ``out``.
+
+    Raises:
+        SchemaError: it holds nulls that ``opts`` neither masks nor fills.
+    """
+    if arr.null_count:
+        arr = normalize_array(name, arr, opts)
+        if masked:
+            out[name + VALID_SUFFIX] = np.asarray(arr.is_valid(), dtype=bool)
+        elif fill is None:
+            raise SchemaError(f"field {name!r}: {arr.null_count} null value(s), not "
+                              "counted when the index was built (shard rewritten?)")
+        arr = fill_nulls(name, arr, fill)
+    elif masked:
+        out[name + VALID_SUFFIX] = np.ones(len(arr), dtype=bool)
+    for spec, keep, col in zip(fields, served, leaf_columns(fields, arr, opts), strict=True):
+        if keep:
+            out[spec.name] = col

@@ -166,6 +166,16 @@ class ShardReader(ABC):
         if starts.shape != stops.shape:
             raise ShardReadError(self.url, f"{len(starts)} range starts but {len(stops)} stops")
         n = len(self)
+        if len(starts) == 1:  # a batch of consecutive rows: checked without numpy's reductions
+            start, stop = int(starts[0]), int(stops[0])
+            if not 0 <= start <= stop <= n:
+                raise ShardReadError(self.url, f"range [{start}, {stop}) outside [0, {n}]")
+            if start == stop:
+                return empty_batch(self.schema)
+            if sink is None:
+                return self._guarded(lambda: self._read(start, stop), stop - start)
+            return sink.put(self._guarded(lambda: self._read_into(starts, stops, sink),
+                                          stop - start))
         lengths = stops - starts
         if len(starts) and (starts.min() < 0 or lengths.min() < 0 or stops.max() > n):
             i = int(np.flatnonzero((starts < 0) | (lengths < 0) | (stops > n))[0])

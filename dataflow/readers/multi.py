@@ -59,6 +59,8 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     if ranges.ndim != 2 or ranges.shape[1] != 3 or len(ranges) == 0:
         raise ConfigError(f"ranges must be a non-empty (n, 3) array. Found: shape "
                           f"{ranges.shape}")
+    if len(ranges) == 1:
+        return _read_run(get_reader, ranges, None)
     shards = ranges[:, 0]
     cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(ranges)]
     if len(cuts) == 2:

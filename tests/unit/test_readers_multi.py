@@ -126,8 +126,15 @@ def test_read_many_bounds_and_close(tmp_path) -> None:
         r.read_many(np.array([5]), np.array([4]))
     with pytest.raises(ShardReadError, match="2 range starts but 1 stops"):
         r.read_many(np.array([0, 1]), np.array([1]))
+    for start, stop in ((-1, 2), (n - 1, n + 1)):
+        with pytest.raises(ShardReadError, match=rf"range \[{start}, {stop}\) outside"):
+            r.read_many(np.array([start]), np.array([stop]))
     empty = r.read_many(np.array([3, 0]), np.array([3, 0]))
     assert empty["image"].shape == (0, 2, 3) and len(empty["text"]) == 0
+    one = r.read_many(np.array([3]), np.array([3]))
+    assert one["image"].shape == (0, 2, 3) and len(one["text"]) == 0
+    np.testing.assert_array_equal(r.read_many(np.array([n - 2]), np.array([n]))["image"],
+                                  r.read(n - 2, n)["image"])
     r.close()
     with pytest.raises(ShardReadError, match="read after close"):
         r.read_many(np.array([0]), np.array([1]))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import logging
+import time
 
-from dataflow.server.guard import normal_address, over_limits
+import pytest
+import zmq
+
+from dataflow.server.guard import GUARD_MS, InboundGuard, normal_address, over_limits
+from dataflow.server.peerlog import RateLimitedLog
 
 
 def test_each_connection_over_its_limit_is_cut() -> None:
@@ -34,3 +39,35 @@ def test_connections_cut_for_their_own_limit_count_no_more_toward_the_total() ->
 ])
 def test_peer_addresses_are_keyed_by_ip_or_local_user(raw, key) -> None:
     assert normal_address(raw) == key
+
+
+@pytest.mark.timeout(30)
+def test_bytes_are_looked_at_once_per_guard_interval_and_a_connection_over_is_cut() -> None:
+    """A peer whose message libzmq holds unread is cut at the first look at the bytes, which
+    comes at most every GUARD_MS whatever the calls (a clock passed in)."""
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    client = ctx.socket(zmq.DEALER)
+    counters = {"connections_cut": 0}
+    guard = InboundGuard(router, 64 * 1024, 8, tcp=True, counters=counters,
+                         peer_log=RateLimitedLog(logging.getLogger("test_guard")))
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        t0 = 1000.0
+        guard.check(t0)  # looks at the bytes (none yet): the next look is GUARD_MS later
+        client.connect(f"tcp://127.0.0.1:{port}")
+        client.send(b"\0" * (256 * 1024))  # never received by the application
+        deadline = time.monotonic() + 20
+        while not len(guard) and time.monotonic() < deadline:
+            guard.monitor.poll(1000)
+            guard.check(t0)
+        assert len(guard) == 1, "the connection was not reported accepted"
+        assert router.poll(20_000), "the message did not arrive"
+        guard.check(t0 + GUARD_MS / 1000 / 2)
+        assert counters["connections_cut"] == 0 and len(guard) == 1
+        guard.check(t0 + GUARD_MS / 1000)
+        assert counters["connections_cut"] == 1 and len(guard) == 0
+    finally:
+        guard.close()
+        client.close(linger=0)
+        router.close(linger=0)

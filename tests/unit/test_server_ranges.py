@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dataflow.plan import rank_batches
-from dataflow.server.admission import range_problem
+from dataflow.server.admission import _ranges_problem, range_problem
 from dataflow.shuffle import Shuffle
 
 SIZES = np.array([10, 0, 7], dtype=np.int64)
@@ -42,6 +42,17 @@ def test_valid_requests_pass(rows) -> None:
 def test_invalid_requests_are_refused_naming_the_ranges(rows, match) -> None:
     problem = _problem(rows, max_samples=12)
     assert problem is not None and re.search(match, problem), problem
+
+
+@pytest.mark.parametrize("max_samples", [1, 3, 12])
+def test_one_range_gets_the_answer_of_the_general_check(max_samples) -> None:
+    """A request of one range is checked without numpy: the same decision and message."""
+    for shard in range(-1, 4):
+        for start in range(-1, 12):
+            for stop in range(-1, 13):
+                row = np.array([[shard, start, stop]], dtype=np.int64)
+                assert range_problem(row, SIZES, NAMES, max_samples) == _ranges_problem(
+                    row, SIZES, NAMES, max_samples), row
 
 
 def test_overlap_is_found_wherever_it_hides() -> None:

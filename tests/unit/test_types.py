@@ -81,6 +81,40 @@ def test_hf_array2d_metadata_gives_a_fixed_shape_and_checks_it() -> None:
         _convert(bad)
 
 
+def test_fixed_size_binary_is_bytes_of_the_field_shape_sliced_masked_or_nested() -> None:
+    values = [bytes(range(i, i + 6)) for i in range(5)]
+    field = pa.field("img", pa.binary(6), metadata={b"dataflow.shape": b"[2, 3]"})
+    table = pa.Table.from_arrays([pa.array(values, type=pa.binary(6))],
+                                 schema=pa.schema([field]))
+    assert base_schema(table.schema) == (FieldSpec("img", "uint8", (2, 3)),)
+    part = _convert(table.slice(2, 2))["img"]
+    assert part.shape == (2, 2, 3) and part.dtype == np.uint8
+    assert [row.tobytes() for row in part] == values[2:4]
+    plain = pa.table({"b": pa.array([b"ab", None, b"cd"], type=pa.binary(2))}).slice(1)
+    batch = _convert(plain, ReadOptions(masked=("b",)))
+    assert batch["b"].tolist() == [[0, 0], [99, 100]]
+    assert batch["b.valid"].tolist() == [False, True]
+    nested = pa.table({"s": pa.array([{"k": b"xyz"}, {"k": b"uvw"}],
+                                     type=pa.struct([("k", pa.binary(3))]))})
+    assert _convert(nested.slice(1))["s.k"].tolist() == [list(b"uvw")]
+
+
+def test_tables_of_other_schemas_in_turn_each_convert_by_their_own() -> None:
+    ints = pa.table({"x": pa.array([1, 2], type=pa.int32())})
+    texts = pa.table({"x": pa.array(["a", "bc"])})
+    shaped = pa.Table.from_arrays(
+        [pa.array([b"abcd"], type=pa.binary(4))],
+        schema=pa.schema([pa.field("x", pa.binary(4), metadata={b"dataflow.shape": b"[2, 2]"})]))
+    flat = pa.table({"x": pa.array([b"abcd"], type=pa.binary(4))})
+    for _ in range(2):
+        assert _convert(ints)["x"].dtype == np.int32
+        assert [_convert(texts)["x"][i] for i in range(2)] == ["a", "bc"]
+        assert _convert(shaped)["x"].shape == (1, 2, 2)
+        assert _convert(flat)["x"].shape == (1, 4)
+        assert list(_convert(ints, ReadOptions(masked=("x",)))) == ["x", "x.valid"]
+        assert list(_convert(ints)) == ["x"]
+
+
 def test_temporal_types_are_ints_with_unit_and_tz_in_metadata() -> None:
     ts = pa.array([datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)],
                   type=pa.timestamp("ms", tz="UTC"))
