@@ -222,6 +222,11 @@ class Scheduler:
         """The most batches a request carries now."""
         return self._group
 
+    @property
+    def sizing(self) -> bool:
+        """Whether :meth:`sized` still waits for a batch's size (only the first one counts)."""
+        return self._group_bytes is not None
+
     def sized(self, nbytes: int) -> bool:
         """A batch of ``nbytes`` bytes was received: the first one sizes requests (with
         ``group_bytes``: ``group_bytes // nbytes`` batches, at most ``group``, when that is
