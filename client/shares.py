@@ -160,6 +160,14 @@ class Shares:
             credit.
         """
         fastest = self._fastest(usable, MIN_SAMPLES)
+        if len(pool) == 1:  # one server may take it (one per rank is common): its turn
+            only = pool[0]
+            if only not in ready:
+                return None
+            p = self._paces[only]
+            weight = self._weight(p, fastest)
+            start = max(p.finish, self._clock - p.credits / weight)
+            return self._turn(only, start, start + 1.0 / weight)
         weights = {i: self._weight(self._paces[i], fastest) for i in pool}
         starts = {i: max(self._paces[i].finish,
                          self._clock - self._paces[i].credits / weights[i]) for i in pool}
@@ -172,8 +180,11 @@ class Shares:
         best = next((i for i in order if i in ready and (
             i == order[0] or (held[i] < self._paces[i].readers
                               and weights[i] == self._paces[i].readers))), None)
-        if best is not None:
-            self._paces[best].finish = finishes[best]
-            self._clock = max(self._clock, starts[best])
-            self._last = best
-        return best
+        return None if best is None else self._turn(best, starts[best], finishes[best])
+
+    def _turn(self, server: int, start: float, finish: float) -> int:
+        """``server`` takes the request, its turn from ``start`` to ``finish``."""
+        self._paces[server].finish = finish
+        self._clock = max(self._clock, start)
+        self._last = server
+        return server
