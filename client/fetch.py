@@ -83,7 +83,7 @@ class Fetch:
         room = taken + depth - index
         if room >= group:  # a whole run fits, however short its pass makes it
             return True
-        return room >= min(group, self.demand.run_end(index) - index)
+        return group > 1 and room >= min(group, self.demand.run_end(index) - index)
 
     def peek(self, taken: int, depth: int, group: int = 1) -> int | None:
         """The batch to request next, or None: the lowest open batch to request again, else
