@@ -263,3 +263,20 @@ def test_the_median_is_statistics_median_of_any_count_and_order() -> None:
     for n in range(1, 2 * SERVICE_MEMORY + 2):
         values = [rng.choice((rng.uniform(-5, 5), 0.25, -1.0)) for _ in range(n)]
         assert median(values) == statistics.median(values), values
+
+
+def test_a_pick_from_one_server_takes_its_turn_as_a_pick_from_more_would() -> None:
+    """Server 0 alone may take a request (the others hold it, or have no credit): its turn
+    is counted as when it is picked over the others, and every later pick agrees."""
+    rng = random.Random(5)
+    alone, among = _shares(readers=(1, 2, 1)), _shares(readers=(1, 2, 1))
+    for _ in range(10):  # server 0 runs ahead of the others' turns
+        assert _pick(alone, ready=(0,), pool=(0,)) == _pick(among, ready=(0,)) == 0
+    assert _pick(alone, ready=(), pool=(0,)) is None
+    for _ in range(300):
+        ready = tuple(i for i in range(3) if rng.random() < 0.7)
+        assert _pick(alone, ready=ready) == _pick(among, ready=ready)
+        if rng.random() < 0.2:
+            only = rng.randrange(3)
+            assert (_pick(alone, ready=(only,), pool=(only,))
+                    == _pick(among, ready=(only,)) == only)
