@@ -233,10 +233,11 @@ def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
     for spec, count in zip(msg.arrays, layout.counts, strict=True):
         if count == 1 and spec.nbytes >= wire.ZERO_COPY_MIN_BYTES:
             dtype = TORCH_DTYPES[spec.dtype]
-            flat = torch.frombuffer(frames[i], dtype=torch.uint8)
-            if flat.data_ptr() % dtype.itemsize:
-                flat = flat.clone()
-            typed = flat.view(dtype)
+            typed = torch.frombuffer(frames[i], dtype=torch.uint8)
+            if dtype is not torch.uint8:
+                if typed.data_ptr() % dtype.itemsize:
+                    typed = typed.clone()
+                typed = typed.view(dtype)
         elif count == 1:
             typed = torch.from_numpy(np.frombuffer(frames[i].buffer, dtype=spec.dtype).copy())
         else:

@@ -80,8 +80,10 @@ class Fetch:
         index = self.next_request
         if index >= self.demand.end:
             return False
-        whole = min(group, self.demand.run_end(index) - index)
-        return taken + depth - index >= whole
+        room = taken + depth - index
+        if room >= group:  # a whole run fits, however short its pass makes it
+            return True
+        return group > 1 and room >= min(group, self.demand.run_end(index) - index)
 
     def peek(self, taken: int, depth: int, group: int = 1) -> int | None:
         """The batch to request next, or None: the lowest open batch to request again, else
@@ -101,6 +103,8 @@ class Fetch:
         """How many batches from ``index`` (:meth:`peek`'s, not one to request again) one
         request takes: at most ``group``, within its pass (:meth:`Demand.run_end`) and within
         ``depth``; at least 1."""
+        if group == 1:
+            return 1
         return max(1, min(group, self.demand.run_end(index) - index,
                           taken + depth - index))
 
@@ -134,7 +138,8 @@ class Fetch:
         index = self.next_request
         if self.retry or index >= self.demand.end or self._run_due(taken, depth, group):
             return None
-        return index + min(group, self.demand.run_end(index) - index) - depth
+        whole = 1 if group == 1 else min(group, self.demand.run_end(index) - index)
+        return index + whole - depth
 
     def waiting(self, taken: int, depth: int) -> bool:
         """Whether a server is needed now: batches of the pass the consumer reads open, or

@@ -139,7 +139,8 @@ class Inbox:
             self._handoff.count("skipped", msg.skipped)
         if slot.retry:
             self._handoff.count("recovered")
-        if self._scheduler.sized(wire.BatchLayout.of(msg).nbytes // len(batches)):
+        if (self._scheduler.sizing
+                and self._scheduler.sized(wire.BatchLayout.of(msg).nbytes // len(batches))):
             self._grow()
         for index, ready, left in zip(slot.indexes, batches, lefts, strict=True):
             if index in reply.indexes:

@@ -62,6 +62,14 @@ def alone_at(holders: Sequence[Slot]) -> set[int]:
     return {slot.server for slot in holders if not slot.parts}
 
 
+def first_sent(servers: Sequence[ServerRecord]) -> float:
+    """When the oldest request a usable server holds was sent (infinite: none): no batch is
+    late until ``limit`` after it. A server's requests are held in the order they were sent,
+    so this looks at one request per server, where :func:`find_late` looks at all of them."""
+    return min((next(iter(s.outstanding.values())).sent for s in servers
+                if s.state is State.UP and s.outstanding), default=math.inf)
+
+
 def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
               limit: float) -> list[Late]:
     """Apply the request timeout ``limit`` (seconds; infinite: never) at ``now``.
@@ -71,7 +79,7 @@ def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
         ``fetch`` to be asked of another server), or failed (closed: a reply for it is
         discarded; the caller puts its error in its place).
     """
-    if math.isinf(limit):
+    if math.isinf(limit) or now - first_sent(servers) <= limit:
         return []
     out = []
     up = {i for i, s in enumerate(servers) if s.state is State.UP}
@@ -94,9 +102,13 @@ def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
 
 
 def late_in(fetch: Fetch, servers: Sequence[ServerRecord], now: float, limit: float) -> float:
-    """Seconds until :func:`find_late` may find a batch late."""
+    """Seconds until :func:`find_late` may find a batch late: exact once the oldest request
+    is older than ``limit``; before, the seconds until it is (never later than exact)."""
     if math.isinf(limit):
         return math.inf
+    early = first_sent(servers) + limit - now
+    if early > 0:
+        return early
     soonest = math.inf
     for index, holders in _held(fetch, servers).items():
         due = max(slot.sent for slot in holders) + limit

@@ -8,7 +8,7 @@ A pass (:class:`~dataflow.client.cursor.Pass`: an epoch from a start position) i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
@@ -34,9 +34,13 @@ class PassPlan:
     seed: int = 0
     first: int = 0
     stride: int = 1
+    count: int = field(init=False, repr=False, compare=False)  # its batches (immutable)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "count", len(self.batches))
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return self.count
 
     def rows(self, i: int) -> np.ndarray:
         """Batch ``i``'s ``(shard, start, stop)`` rows: int64 of shape ``(ranges, 3)``."""
@@ -49,7 +53,7 @@ class PassPlan:
     def run_end(self, i: int) -> int:
         """A request may carry batches up to the pass's end (within an epoch each sample is
         read once, but for the padded tail)."""
-        return len(self)
+        return self.count
 
 
 def plan_pass(cfg: LoaderConfig, sizes: Sequence[int], span: Pass) -> PassPlan:

@@ -75,7 +75,7 @@ from dataflow.client.servers import (
     transition,
 )
 from dataflow.client.shares import Shares
-from dataflow.client.slots import Slot, announced
+from dataflow.client.slots import NO_ROWS, Slot, announced
 from dataflow.client.stream import Demand
 from dataflow.errors import InternalError, ProtocolError, ServerUnavailable
 from dataflow.wire import Part
@@ -221,6 +221,11 @@ class Scheduler:
     def group(self) -> int:
         """The most batches a request carries now."""
         return self._group
+
+    @property
+    def sizing(self) -> bool:
+        """Whether :meth:`sized` still waits for a batch's size (only the first one counts)."""
+        return self._group_bytes is not None
 
     def sized(self, nbytes: int) -> bool:
         """A batch of ``nbytes`` bytes was received: the first one sizes requests (with
@@ -373,9 +378,9 @@ class Scheduler:
                 rows = np.concatenate([r for r, _ in batches])
                 parts = tuple(Part(len(r), t) for r, t in batches)
             held = self._servers[best].outstanding
-            ahead = announced((fetch.batch(i)[0]
-                               for i in range(index + count, fetch.demand.end)),
-                              self._servers[best].ahead)
+            limit = self._servers[best].ahead
+            ahead = NO_ROWS if limit <= 0 else announced(
+                (fetch.batch(i)[0] for i in range(index + count, fetch.demand.end)), limit)
             slot = Slot(best, self._req_ids, fetch.gen, index, rows, tag, retry, now,
                         queued=len(held) + 1, parts=parts, ahead=ahead)
             held[self._req_ids] = slot
@@ -525,7 +530,7 @@ class Scheduler:
             + "; ".join(f"{s.endpoint}: {s.describe()}" for s in members))
 
     def _check_stall(self, now: float) -> None:
-        if not self._waiting() or any(s.state is State.UP for s in self._servers):
+        if any(s.state is State.UP for s in self._servers) or not self._waiting():
             self._stalled_since = None
             return
         if self._stalled_since is None:

@@ -61,7 +61,8 @@ class ServerRecord:
     share: int = 0  # credits granted at the first join: this server's part of the window
     group: int = 1  # most batches one request may carry (its INDEX's)
     ahead: int = 0  # most samples one request may announce (its INDEX's)
-    outstanding: dict[int, Slot] = field(default_factory=dict)
+    outstanding: dict[int, Slot] = field(default_factory=dict)  # by req_id, in the order
+    # sent (the first is the oldest)
     forgotten: set[int] = field(default_factory=set)  # requests whose replies are discarded
     down_links: set[Hashable] = field(default_factory=set)
     heard: float = 0.0  # last message from the server

@@ -37,9 +37,8 @@ sockets; the time is passed in, so the rules are unit-tested with a fake clock (
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 SERVICE_MEMORY = 16  # the latest samples whose median is the service-time estimate
@@ -48,6 +47,14 @@ EQUAL_WITHIN = 2.0  # service times within this factor of the fastest count as e
 STALL = 16.0  # a server silent for this many service times while holding requests: stalled
 MIN_WAIT_S = 1e-6  # the shortest sample (a clock that did not move)
 _TIE = 1e-9  # finishes this close (relative) are equal
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of ``values`` (at least one), as ``statistics.median`` has it (the mean of
+    the middle two of an even count), without its checks and conversions: a reply's cost."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @dataclass
@@ -75,7 +82,7 @@ class Pace:
         requests (itself counted)."""
         rounds = math.ceil(max(held, 1) / self.readers)
         self.samples.append(math.log(max(waited, MIN_WAIT_S) / rounds))
-        self.log_service = statistics.median(self.samples)
+        self.log_service = median(self.samples)
 
 
 class Shares:
@@ -153,6 +160,14 @@ class Shares:
             credit.
         """
         fastest = self._fastest(usable, MIN_SAMPLES)
+        if len(pool) == 1:  # one server may take it (one per rank is common): its turn
+            only = pool[0]
+            if only not in ready:
+                return None
+            p = self._paces[only]
+            weight = self._weight(p, fastest)
+            start = max(p.finish, self._clock - p.credits / weight)
+            return self._turn(only, start, start + 1.0 / weight)
         weights = {i: self._weight(self._paces[i], fastest) for i in pool}
         starts = {i: max(self._paces[i].finish,
                          self._clock - self._paces[i].credits / weights[i]) for i in pool}
@@ -165,8 +180,11 @@ class Shares:
         best = next((i for i in order if i in ready and (
             i == order[0] or (held[i] < self._paces[i].readers
                               and weights[i] == self._paces[i].readers))), None)
-        if best is not None:
-            self._paces[best].finish = finishes[best]
-            self._clock = max(self._clock, starts[best])
-            self._last = best
-        return best
+        return None if best is None else self._turn(best, starts[best], finishes[best])
+
+    def _turn(self, server: int, start: float, finish: float) -> int:
+        """``server`` takes the request, its turn from ``start`` to ``finish``."""
+        self._paces[server].finish = finish
+        self._clock = max(self._clock, start)
+        self._last = server
+        return server

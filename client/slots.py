@@ -56,6 +56,8 @@ class Slot:
             rows of ``ranges`` and their tags), or empty: batch ``index`` alone.
         ahead: the rows the session reads after these batches, announced to the server's
             cache (:func:`announced`), or empty: none.
+        indexes: the stream indexes of the batches the request carries.
+        samples: samples the batches hold (the sum of their ranges' ``stop - start``).
     """
 
     server: int
@@ -70,15 +72,13 @@ class Slot:
     parts: tuple[wire.Part, ...] = ()
     ahead: np.ndarray = field(default_factory=lambda: NO_ROWS)
 
-    @property
-    def indexes(self) -> range:
-        """The stream indexes of the batches the request carries."""
-        return range(self.index, self.index + max(1, len(self.parts)))
+    indexes: range = field(init=False, repr=False)
+    samples: int = field(init=False, repr=False)
 
-    @property
-    def samples(self) -> int:
-        """Samples the batches hold (the sum of their ranges' ``stop - start``)."""
-        return int((self.ranges[:, 2] - self.ranges[:, 1]).sum())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "indexes",
+                           range(self.index, self.index + max(1, len(self.parts))))
+        object.__setattr__(self, "samples", int((self.ranges[:, 2] - self.ranges[:, 1]).sum()))
 
     def request(self) -> wire.Request:
         """The REQUEST message."""

@@ -28,8 +28,9 @@ The generation is the stream's only counter.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
@@ -70,21 +71,48 @@ P = TypeVar("P", bound=Planned, covariant=True)
 class Demand(Generic[P]):
     """The batches the consumer wants read: generation ``gen``'s ``passes``, back to back,
     numbered from ``first``. ``passes[0]`` is the pass the consumer reads (its batches are
-    needed); a pass after it is read ahead."""
+    needed); a pass after it is read ahead.
+
+    Attributes:
+        ends: one past the last batch of each pass, numbered as the demand numbers them
+            (a planned pass never changes its length, so they are counted once: the I/O
+            thread asks for them several times per batch).
+    """
 
     gen: int = 0
     passes: tuple[P, ...] = ()
     first: int = 0
+    ends: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ends = []
+        end = self.first
+        for p in self.passes:
+            end += len(p)
+            ends.append(end)
+        object.__setattr__(self, "ends", tuple(ends))
 
     @property
     def needed(self) -> int:
         """One past the last batch of the pass the consumer reads."""
-        return self.first + (len(self.passes[0]) if self.passes else 0)
+        return self.ends[0] if self.ends else self.first
 
     @property
     def end(self) -> int:
         """One past the last batch wanted."""
-        return self.first + sum(len(p) for p in self.passes)
+        return self.ends[-1] if self.ends else self.first
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        """The pass holding batch ``index`` and where that pass starts.
+
+        Raises:
+            InternalError: ``index`` is not a batch of this demand.
+        """
+        k = bisect_right(self.ends, index)
+        if index < self.first or k == len(self.ends):
+            raise InternalError(f"batch {index} is outside generation {self.gen}'s batches "
+                                f"[{self.first}, {self.end})")
+        return k, self.ends[k - 1] if k else self.first
 
     def run_end(self: Demand[Readable], index: int) -> int:
         """One past the last batch that one request starting at batch ``index`` may carry:
@@ -93,13 +121,8 @@ class Demand(Generic[P]):
         Raises:
             InternalError: ``index`` is not a batch of this demand.
         """
-        start = self.first
-        for p in self.passes:
-            if start <= index < start + len(p):
-                return start + p.run_end(index - start)
-            start += len(p)
-        raise InternalError(f"batch {index} is outside generation {self.gen}'s batches "
-                            f"[{self.first}, {self.end})")
+        k, start = self._locate(index)
+        return start + self.passes[k].run_end(index - start)
 
     def batch(self: Demand[Readable], index: int) -> tuple[np.ndarray, BatchTag]:
         """Batch ``index``'s ``(shard, start, stop)`` rows and its tag.
@@ -107,13 +130,9 @@ class Demand(Generic[P]):
         Raises:
             InternalError: ``index`` is not a batch of this demand.
         """
-        start = self.first
-        for p in self.passes:
-            if start <= index < start + len(p):
-                return p.rows(index - start), p.tag(index - start)
-            start += len(p)
-        raise InternalError(f"batch {index} is outside generation {self.gen}'s batches "
-                            f"[{self.first}, {self.end})")
+        k, start = self._locate(index)
+        p = self.passes[k]
+        return p.rows(index - start), p.tag(index - start)
 
 
 Q = TypeVar("Q", bound=Planned)

@@ -250,7 +250,7 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("shm", shm_ref, dump=lambda r: [r.slot, r.nbytes], optional=True),
         FieldSpec("parts", batch_parts, dump=list, optional=True, omit=()),
         FieldSpec("left_out", sample_runs, dump=list, optional=True, omit=()),
-    ), ArraysBody(), check_batch),
+    ), ArraysBody(), check_batch, varies="req_id"),
     Kind.ERROR: MessageSpec(ErrorMsg, (
         FieldSpec("req_id", integer(-1, INT64_MAX)),
         FieldSpec("kind", choice({k.value: k for k in ErrorKind}), key="error",

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from dataflow.errors import ProtocolError
 from dataflow.wire.fields import check_sizes
-from dataflow.wire.messages import OFFSETS_SUFFIX, BatchMsg
+from dataflow.wire.messages import OFFSETS_SUFFIX, ArraySpec, BatchMsg
 
 ALIGN = 64
 # A client with CPU tensors views an array that travelled in one frame in place and copies one
@@ -28,6 +29,7 @@ ALIGN = 64
 # "Receive path"), below glibc's largest mmap threshold (32 MiB), from which messages were
 # ~3x slower as each one's memory went back to the OS.
 MAX_FRAME_BYTES = 24 * 1024 * 1024
+LAYOUTS = 64  # layouts remembered (:meth:`BatchLayout.of`)
 
 
 def chunk_sizes(nbytes: int) -> list[int]:
@@ -60,24 +62,10 @@ class BatchLayout:
 
     @classmethod
     def of(cls, msg: BatchMsg) -> BatchLayout:
-        """The layout of ``msg``'s arrays (a header-only message is enough)."""
-        offsets: list[int] = []
-        frames: list[tuple[int, int]] = []
-        sizes: list[int] = []
-        counts: list[int] = []
-        pos = 0
-        for spec in msg.arrays:
-            offsets.append(pos)
-            start = pos
-            nbytes = spec.nbytes
-            chunks = chunk_sizes(nbytes)
-            counts.append(len(chunks))
-            sizes += chunks
-            for n in chunks:
-                frames.append((start, n))
-                start += n
-            pos += -(-nbytes // ALIGN) * ALIGN
-        return cls(pos, tuple(offsets), tuple(frames), tuple(sizes), tuple(counts))
+        """The layout of ``msg``'s arrays (a header-only message is enough); computed once
+        per distinct ``arrays`` of the latest :data:`LAYOUTS` (the batches of a stream of
+        fixed-size samples share theirs: the client asks once per batch or more)."""
+        return _layout(tuple(msg.arrays))
 
     def check_frames(self, msg: BatchMsg, sizes: Sequence[int],
                      frames: Sequence[Any]) -> dict[str, tuple[int, ...]]:
@@ -133,6 +121,28 @@ class BatchLayout:
                                 f"{self.nbytes} bytes. Found: {buf.dtype} {buf.shape}")
         return {s.name: buf[off : off + s.nbytes].view(s.dtype).reshape(s.shape)
                 for s, off in zip(msg.arrays, self.offsets, strict=True)}
+
+
+@lru_cache(maxsize=LAYOUTS)
+def _layout(arrays: tuple[ArraySpec, ...]) -> BatchLayout:
+    """:meth:`BatchLayout.of` a BATCH whose ``arrays`` these are (immutable: shared)."""
+    offsets: list[int] = []
+    frames: list[tuple[int, int]] = []
+    sizes: list[int] = []
+    counts: list[int] = []
+    pos = 0
+    for spec in arrays:
+        offsets.append(pos)
+        start = pos
+        nbytes = spec.nbytes
+        chunks = chunk_sizes(nbytes)
+        counts.append(len(chunks))
+        sizes += chunks
+        for n in chunks:
+            frames.append((start, n))
+            start += n
+        pos += -(-nbytes // ALIGN) * ALIGN
+    return BatchLayout(pos, tuple(offsets), tuple(frames), tuple(sizes), tuple(counts))
 
 
 def _part_bounds(msg: BatchMsg, name: str, offsets: np.ndarray,

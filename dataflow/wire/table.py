@@ -15,12 +15,15 @@ and a server's internal messages (:data:`~dataflow.wire.internal.INTERNAL_SPECS`
 anything malformed, truncated, oversized or of another version, also on what this module did
 not foresee: a receiver never dies of a message. :meth:`Codec.parse_header` validates the header
 alone, and its :meth:`Header.message` the rest: a receiver can decide from the header before it
-reads the buffer frames, without parsing the header twice.
+reads the buffer frames, without parsing the header twice. A kind's ``varies`` field (BATCH's
+``req_id``) lets a header that differs from one decoded shortly before only in that field's
+value be decoded from that one.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -46,12 +49,17 @@ class MessageSpec:
         fields: its header fields, in header order.
         body: codec of its buffer frames, or None for a header-only kind.
         check: rule between fields, run on the header-only message (raises ProtocolError).
+        varies: an integer header field (of ``fields``) that no other field's validity and
+            no ``check`` depend on, such as a request id, or "" (none): a header equal to
+            one decoded shortly before but for that field's digits is decoded from that one
+            (:meth:`Codec.parse_header`), its value alone validated anew.
     """
 
     cls: type
     fields: tuple[FieldSpec, ...] = ()
     body: BodyCodec | None = None
     check: Callable[[Any], None] | None = None
+    varies: str = ""
 
     @property
     def described(self) -> tuple[FieldSpec, ...]:
@@ -80,15 +88,20 @@ class _Entry(NamedTuple):
     described: tuple[tuple[str, str, Callable[[Any], Any]], ...]  # the body's
     dumps: tuple[tuple[str, str, Callable[[Any], Any], bool, Any], ...]  # key, attr, dump,
     # optional, omit
+    varies: tuple[str, str, Callable[[Any], Any]] | None  # spec.varies: (key, attr, check)
 
 
 def _entry(kind: IntEnum, spec: MessageSpec) -> _Entry:
     every = (*spec.fields, *spec.described)
+    varies = [(f.name, f.attr, f.check) for f in spec.fields if f.name == spec.varies]
+    if spec.varies and not varies:
+        raise ValueError(f"{kind.name}: `varies` names no field: {spec.varies!r}")
     return _Entry(kind, spec, frozenset(("magic", "version", "kind", *(f.name for f in every))),
                   tuple(f.name for f in every if not f.optional),
                   tuple((f.name, f.attr, f.check) for f in spec.fields),
                   tuple((f.name, f.attr, f.check) for f in spec.described),
-                  tuple((f.name, f.attr, f.dump, f.optional, f.omit) for f in spec.fields))
+                  tuple((f.name, f.attr, f.dump, f.optional, f.omit) for f in spec.fields),
+                  varies[0] if varies else None)
 
 
 class Header(NamedTuple):
@@ -122,6 +135,10 @@ class Header(NamedTuple):
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
+# Headers remembered per codec for their `varies` field (all forgotten when full), and the
+# largest remembered: at most 64 x 2 x 4 KiB.
+SEEN = 64
+SEEN_MAX_BYTES = 4096
 
 
 class Codec:
@@ -138,9 +155,22 @@ class Codec:
     def __init__(self, specs: Mapping[Any, MessageSpec]) -> None:
         self._kind_of: dict[type, IntEnum] = {spec.cls: kind for kind, spec in specs.items()}
         self._entries = {int(kind): _entry(kind, spec) for kind, spec in specs.items()}
+        varies = sorted({re.escape(spec.varies) for spec in specs.values() if spec.varies})
+        # The first `varies` field of a header and its value, a JSON integer in canonical
+        # form. Inside a JSON string a quote is escaped, so `"key":` matches a key only.
+        self._varies = (re.compile(f'"({"|".join(varies)})":(0|[1-9][0-9]{{0,18}})[,}}]'
+                                   .encode()) if varies else None)
+        # (before, after) the value -> the header decoded, its `varies` (key, attr, check);
+        # shared by the threads decoding with this codec (a dict's get, set and clear are
+        # atomic)
+        self._seen: dict[tuple[bytes, bytes],
+                         tuple[Header, tuple[str, str, Callable[[Any], Any]]]] = {}
 
     def kind_of(self, msg: Any) -> IntEnum:
         """The kind of a message object."""
+        kind = self._kind_of.get(type(msg))
+        if kind is not None:
+            return kind
         for cls in type(msg).__mro__:
             if cls in self._kind_of:
                 return self._kind_of[cls]
@@ -174,6 +204,11 @@ class Codec:
 
     def parse_header(self, header: Any) -> Header:
         """Decode and validate a header frame alone.
+
+        A header of a kind with ``varies`` that equals one of the latest :data:`SEEN` decoded
+        (of at most :data:`SEEN_MAX_BYTES`) but for that field's value is that one's message
+        with this value, validated: the same result as decoding it, without the JSON and the
+        other fields' checks again (a stream's BATCH headers differ in their ``req_id``).
 
         Raises:
             ProtocolError: the header is malformed, oversized or of another version.
@@ -211,8 +246,37 @@ class Codec:
         n = memoryview(header).nbytes
         if n > MAX_HEADER_BYTES:
             raise ProtocolError(f"header is {n} bytes; the limit is {MAX_HEADER_BYTES}")
+        raw = bytes(memoryview(header))
+        found = (self._varies.search(raw)
+                 if self._varies is not None and n <= SEEN_MAX_BYTES else None)
+        if found is not None:
+            place = (raw[:found.start(2)], raw[found.end(2):])
+            seen = self._seen.get(place)
+            if seen is not None:
+                again = _again(*seen, int(found.group(2)))
+                if again is not None:
+                    return again
+        parsed = self._decode_json(raw)
+        if found is not None:
+            self._remember(raw, found, place, parsed)
+        return parsed
+
+    def _remember(self, raw: bytes, found: re.Match[bytes], place: tuple[bytes, bytes],
+                  parsed: Header) -> None:
+        """Remember ``parsed`` (from ``raw``) for headers that differ from ``raw`` only in the
+        digits ``found``: when those are its kind's `varies` field, its only one."""
+        varies = self._entries[int(parsed.kind)].varies
+        if (varies is None or found.group(1).decode() != varies[0]
+                or raw.count(b'"%s":' % found.group(1)) != 1
+                or getattr(parsed.msg, varies[1]) != int(found.group(2))):
+            return
+        if len(self._seen) >= SEEN:
+            self._seen.clear()
+        self._seen[place] = (parsed, varies)
+
+    def _decode_json(self, raw: bytes) -> Header:
         try:
-            h = json.loads(bytes(memoryview(header)).decode("utf-8"))
+            h = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             raise ProtocolError(f"header is not UTF-8 JSON: {e}") from e
         if not isinstance(h, dict):
@@ -244,6 +308,22 @@ class Codec:
         if spec.check is not None:
             spec.check(msg)
         return Header(kind, spec, msg, described)
+
+
+def _again(seen: Header, varies: tuple[str, str, Callable[[Any], Any]],
+           value: int) -> Header | None:
+    """The header ``seen`` with its kind's `varies` field (``(key, attr, check)``) ``value``,
+    validated; None when ``value`` is invalid (the caller then decodes the header, which
+    raises)."""
+    _, attr, check = varies
+    try:
+        checked = check(value)
+    except FieldError:
+        return None
+    msg = object.__new__(type(seen.msg))  # a copy (messages are dataclasses without slots)
+    msg.__dict__.update(seen.msg.__dict__)
+    msg.__dict__[attr] = checked
+    return Header(seen.kind, seen.spec, msg, dict(seen.described))
 
 
 def _checked(kind: IntEnum, fields: tuple[tuple[str, str, Callable[[Any], Any]], ...],

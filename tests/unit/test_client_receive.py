@@ -20,7 +20,14 @@ import zmq
 
 from dataflow import wire
 from dataflow.batch import Ragged
-from dataflow.client.buffers import CudaSink, HostSink, Received, hand_over, typed_views
+from dataflow.client.buffers import (
+    TORCH_DTYPES,
+    CudaSink,
+    HostSink,
+    Received,
+    hand_over,
+    typed_views,
+)
 from dataflow.client.receive import receive_batch, receive_header
 from dataflow.errors import ProtocolError
 
@@ -214,6 +221,18 @@ def test_large_arrays_view_zeromq_messages_and_stay_writable(pair):
     image[0, 0] = -5  # the message outlives the receiver and is this batch's alone
     assert image[0, 0].item() == -5 and image.sum().item() == batch["image"].sum() - 5
     assert image.data_ptr() % 8 == 0
+
+
+def test_large_arrays_of_every_dtype_keep_it_and_their_values(pair, sink):
+    a, b = pair
+    rng = np.random.default_rng(1)
+    batch = {name: rng.integers(0, 2 if name == "bool" else 100, (2, 40_000)).astype(name)
+             for name in sorted(wire.DTYPES)}
+    a.send_multipart(_frames(batch))
+    got = _receive(b, sink)
+    for name, arr in batch.items():
+        assert got[name].dtype == TORCH_DTYPES[name], name
+        assert got[name].cpu().numpy().tobytes() == arr.tobytes(), name
 
 
 def _mangle_offsets(frames: list[bytes]) -> list[bytes]:

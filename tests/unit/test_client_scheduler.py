@@ -637,6 +637,26 @@ def test_a_late_batch_waiting_for_credit_fails_after_the_timeout() -> None:
     assert [(x.index, x.failed) for x in s.late(10.02)] == [(0, True), (1, True)]
 
 
+def test_no_batch_is_looked_for_late_before_the_oldest_request_is_request_timeout_old() -> None:
+    """The deadline is then that moment (here a request of an abandoned generation, whose
+    batch is never late); from it on, the exact one."""
+    s = Scheduler(["tcp://s0:1"], timeout=100.0, heartbeat_s=50.0, silent_s=90.0, grace=5.0,
+                  request_timeout=5.0)
+    s.link(0, CONTROL, up=True, now=0.0)
+    s.hellos_due(0.0)
+    s.grant(0, 4, now=0.0, readers=4)
+    _start(s, 1, _batches(8))
+    old = s.assignments(taken=0, now=0.0)
+    _start(s, 2, _batches(8))
+    for a in old[1:]:
+        assert s.on_reply(0, a.req_id, now=2.0) is None  # of the abandoned generation
+    assert [a.index for a in s.assignments(taken=0, now=3.0)] == [0, 1, 2]
+    assert s.late(4.0) == [] and s.next_deadline(4.0) == pytest.approx(1.0)  # old[0]: 5 s
+    assert s.late(5.5) == [] and s.next_deadline(5.5) == pytest.approx(2.5)  # the new: 5 s
+    assert s.late(7.99) == []
+    assert [x.index for x in s.late(8.01)] == [0, 1, 2]
+
+
 def test_no_request_timeout_means_no_late_batch() -> None:
     s = _late_sched(request_timeout=float("inf"))
     _start(s, 1, _batches(4))

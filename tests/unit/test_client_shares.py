@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import statistics
 from dataclasses import dataclass, field
 
 import pytest
@@ -13,7 +14,14 @@ import pytest
 from dataflow.client.cursor import Pass
 from dataflow.client.passes import PassPlan
 from dataflow.client.scheduler import CONTROL, Scheduler
-from dataflow.client.shares import EQUAL_WITHIN, MIN_SAMPLES, SERVICE_MEMORY, STALL, Shares
+from dataflow.client.shares import (
+    EQUAL_WITHIN,
+    MIN_SAMPLES,
+    SERVICE_MEMORY,
+    STALL,
+    Shares,
+    median,
+)
 from dataflow.client.stream import Demand
 from dataflow.plan import Batches, Range
 
@@ -248,3 +256,27 @@ def test_a_server_that_stops_answering_gets_no_new_request() -> None:
 def test_the_shares_are_deterministic() -> None:
     cluster = Cluster((1, 2, 4), (0.01, 0.02, 0.01), step=0.003, jitter=1.5, seed=3)
     assert cluster.run(300) == cluster.run(300)
+
+
+def test_the_median_is_statistics_median_of_any_count_and_order() -> None:
+    rng = random.Random(3)
+    for n in range(1, 2 * SERVICE_MEMORY + 2):
+        values = [rng.choice((rng.uniform(-5, 5), 0.25, -1.0)) for _ in range(n)]
+        assert median(values) == statistics.median(values), values
+
+
+def test_a_pick_from_one_server_takes_its_turn_as_a_pick_from_more_would() -> None:
+    """Server 0 alone may take a request (the others hold it, or have no credit): its turn
+    is counted as when it is picked over the others, and every later pick agrees."""
+    rng = random.Random(5)
+    alone, among = _shares(readers=(1, 2, 1)), _shares(readers=(1, 2, 1))
+    for _ in range(10):  # server 0 runs ahead of the others' turns
+        assert _pick(alone, ready=(0,), pool=(0,)) == _pick(among, ready=(0,)) == 0
+    assert _pick(alone, ready=(), pool=(0,)) is None
+    for _ in range(300):
+        ready = tuple(i for i in range(3) if rng.random() < 0.7)
+        assert _pick(alone, ready=ready) == _pick(among, ready=ready)
+        if rng.random() < 0.2:
+            only = rng.randrange(3)
+            assert (_pick(alone, ready=(only,), pool=(only,))
+                    == _pick(among, ready=(only,)) == only)

@@ -257,3 +257,28 @@ def test_random_loops_read_what_a_cold_loader_reads(seed: int, read_ahead: bool)
         assert now.gen >= before.gen
         if now.gen == before.gen:
             assert now.first >= before.first and now.end >= before.end
+
+
+@pytest.mark.parametrize("first", (0, 7))
+def test_a_demand_finds_each_batch_in_its_pass_skipping_empty_ones_and_refuses_others(
+        first: int) -> None:
+    full = _plan(Pass(0, 0))  # 10 batches
+    empty = PassPlan(Pass(1, TOTAL), Batches.of([]), first=TOTAL // BATCH)
+    short = _plan(Pass(2, TOTAL - 2 * BATCH))  # 2 batches
+    demand = Demand(3, (full, empty, short), first)
+    assert demand.ends == (first + 10, first + 10, first + 12)
+    assert (demand.needed, demand.end) == (first + 10, first + 12)
+    passes = [(full, i) for i in range(10)] + [(short, i) for i in range(2)]
+    for index, (p, i) in enumerate(passes, start=first):
+        rows, tag = demand.batch(index)
+        assert rows.tolist() == p.rows(i).tolist() and tag == p.tag(i)
+        assert demand.run_end(index) == (first + 10 if p is full else first + 12)
+    for outside in (first - 1, first + 12):
+        with pytest.raises(InternalError, match=f"batch {outside} is outside generation 3"):
+            demand.batch(outside)
+        with pytest.raises(InternalError, match="outside"):
+            demand.run_end(outside)
+    nothing = Demand()
+    assert (nothing.needed, nothing.end, nothing.ends) == (0, 0, ())
+    with pytest.raises(InternalError, match="outside"):
+        nothing.batch(0)
