@@ -110,6 +110,9 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
         log.info("dataset: %d shard(s), %d sample(s), fingerprint %s; index in %.2f s "
                  "(index cache %s)", len(index.shards), index.total, index.fingerprint,
                  loaded.seconds, cache)
+        advice = config.open_shards_advice(len(index.shards))
+        if advice is not None:
+            log.warning("%s", advice)
         if not all(is_local(s) for s in index.shards):
             log.info("remote reads while indexing: %s", session(config.remote).stats())
         data_sndhwm = config.peer_queue

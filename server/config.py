@@ -331,6 +331,20 @@ class ServerConfig:
         reader keeps open, and its own."""
         return self.max_connections + self.max_open_shards + 256
 
+    def open_shards_advice(self, shards: int) -> str | None:
+        """What to tell the operator of a dataset of ``shards`` shards, more than each reader
+        keeps open, or None: a batch of the default (sample-level) shuffle reads from
+        hundreds of shards, so each reader reopens some for every batch."""
+        if shards <= self.max_open_shards:
+            return None
+        return (f"the dataset has {shards} shards and each reader keeps --max-open-shards "
+                f"{self.max_open_shards} open: a batch of the default shuffle reads from "
+                "hundreds of shards, so readers reopen shards for every batch (measured on "
+                "4,096 shards: 0.06-0.07x the samples/s of shuffle='none' with 1,024 open, "
+                f"0.58-0.65x with all open); raise --max-open-shards to {shards} if the "
+                "open-file limit and memory allow (a descriptor a shard, and for a tar its "
+                "member index, ~100 bytes a sample, in each reader)")
+
     @property
     def level(self) -> int:
         return getattr(logging, self.log_level)

@@ -3,7 +3,7 @@
 Run: ``python -m dataflow.bench.experiments.shuffle [--parts mix,scale,read,cost]
 [--plan-samples 10000000] [--read-shards 8] [--read-samples-per-shard 2000] [--repeats 3]
 [--read-layouts 8x1000,64x200,1024x50] [--read-batches 30] [--cost-layouts 8x1000,64x200]
-[--cost-epochs 4] [--workers 2]``. Four parts, each a table:
+[--cost-epochs 4] [--workers 2] [--max-open-shards N]``. Four parts, each a table:
 
 ``mix``: quality on small class-sorted data (100 classes x 400 samples in 20 shards of 5
 classes each, batch 256, epochs 0 and 1, full batches only), for:
@@ -54,8 +54,9 @@ divides the difference between the default and ``"none"`` by the shards a batch 
 default touches.
 
 ``cost``: samples/s through the real loader at step 0 (a loop that only takes batches):
-one local server (``--workers`` reader processes) on a demo dataset of each of
-``--cost-layouts`` (``SHARDSxSAMPLES``, 3x64x64 uint8 images) in tar and Arrow, read by one
+one local server (``--workers`` reader processes, ``--max-open-shards`` as given) on a demo
+dataset of each of ``--cost-layouts`` (``SHARDSxSAMPLES``, 3x64x64 uint8 images) in tar and
+Arrow, read by one
 DataLoader (batch 256, ``shared_memory`` as by default) with the default shuffle and with
 ``shuffle="none"``, ``--cost-epochs`` epochs per run after one untimed batch,
 ``--repeats`` runs of each interleaved (none, sample, none, ...); the table gives the
@@ -287,8 +288,9 @@ def loader_rate(endpoint: str, pids: list[int], shuffle: str, epochs: int) -> tu
 
 
 def cost_rows(tmp: str, layouts: list[tuple[int, int]], workers: int, epochs: int,
-              repeats: int) -> list[list[str]]:
-    """The ``cost`` table's rows (see the module)."""
+              repeats: int, open_shards: int | None = None) -> list[list[str]]:
+    """The ``cost`` table's rows (see the module); ``open_shards``: the server's
+    ``--max-open-shards`` (None: its default)."""
     rows = []
     for fmt in ("tar", "arrow"):
         for shards, per_shard in layouts:
@@ -297,7 +299,9 @@ def cost_rows(tmp: str, layouts: list[tuple[int, int]], workers: int, epochs: in
                                 batch_size=BATCH)
             touched = np.mean([len(np.unique(plan.rows(i)[:, 0])) for i in range(len(plan))])
             got: dict[str, list[tuple[float, float]]] = {"none": [], "sample": []}
-            with launch([str(p) for p in demo.paths], workers=workers, timeout=300) as server:
+            extra = [] if open_shards is None else ["--max-open-shards", str(open_shards)]
+            with launch([str(p) for p in demo.paths], workers=workers, timeout=300,
+                        extra_args=extra) as server:
                 pids = list(server.ready["worker_pids"])
                 for _ in range(repeats):
                     for mode in got:
@@ -411,6 +415,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cost-layouts", default="8x1000,64x200",
                         help="comma-separated SHARDSxSAMPLES (default: %(default)s)")
     parser.add_argument("--cost-epochs", type=int, default=4)
+    parser.add_argument("--max-open-shards", type=int, default=None, metavar="N",
+                        help="cost part: the server's --max-open-shards (default: the "
+                             "server's default)")
     parser.add_argument("--read-layouts", default="8x1000,64x200,1024x50",
                         help="comma-separated SHARDSxSAMPLES (default: %(default)s)")
     parser.add_argument("--read-batches", type=int, default=30,
@@ -456,7 +463,8 @@ def main(argv: list[str] | None = None) -> None:
             _table(["format", "shards x samples", "shards / batch", "none samples/s",
                     "default samples/s", "default / none [range]",
                     "reader CPU us / sample, none", "reader CPU us / sample, default"],
-                   cost_rows(tmp, layouts, args.workers, args.cost_epochs, args.repeats))
+                   cost_rows(tmp, layouts, args.workers, args.cost_epochs, args.repeats,
+                             args.max_open_shards))
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 

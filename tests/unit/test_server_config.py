@@ -151,6 +151,10 @@ def test_max_open_shards_bounds_each_reader_s_open_shards_and_asks_for_descripto
     with pytest.raises(ConfigError, match=r"`max_open_shards` must be an integer in \[1, 65536\]"):
         ServerConfig(("x",), max_open_shards=0)
     assert "--max-open-shards" in build_parser().format_help()
+    assert config.open_shards_advice(8) is None
+    advice = config.open_shards_advice(9)
+    assert advice is not None and "9 shards" in advice and "--max-open-shards 8" in advice
+    assert "raise --max-open-shards to 9" in advice
 
 
 def test_cache_memory_is_a_size_shared_by_the_readers_and_off_by_default() -> None:
