@@ -26,6 +26,7 @@ from dataflow.server.diskcache import remove_server_directory, server_directory
 from dataflow.server.flags import parse_args
 from dataflow.server.frontend import STOPPING_LINGER_MS, Frontend
 from dataflow.server.metrics import ServerMetrics
+from dataflow.server.openshards import member_index_bytes, open_shards
 from dataflow.server.pool import WorkerPool
 from dataflow.server.ports import check_ports
 from dataflow.server.tasks import WorkerSpec, indexed_shards
@@ -59,6 +60,12 @@ class _StopFlag:
     def _handle(self, signum: int, frame: object) -> None:
         log.info("received signal %d; shutting down", signum)
         self.set = True
+
+
+def hard_descriptors() -> int | None:
+    """This process's open-file hard limit (``ulimit -Hn``); None: unlimited."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
 
 
 def reserve_descriptors(needed: int) -> None:
@@ -110,9 +117,15 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
         log.info("dataset: %d shard(s), %d sample(s), fingerprint %s; index in %.2f s "
                  "(index cache %s)", len(index.shards), index.total, index.fingerprint,
                  loaded.seconds, cache)
-        advice = config.open_shards_advice(len(index.shards))
-        if advice is not None:
-            log.warning("%s", advice)
+        opened = open_shards(config.max_open_shards, len(index.shards),
+                             config.max_connections, hard_descriptors())
+        reserve_descriptors(opened.descriptors)
+        log.info("each reader keeps up to %d of the %d shard(s) open (--max-open-shards %s); "
+                 "tar member indexes of that many take up to ~%.0f MiB a reader, keys aside",
+                 opened.count, len(index.shards), config.max_open_shards or "auto",
+                 member_index_bytes(index.sizes, len(index.schema), opened.count) / 2**20)
+        if opened.advice is not None:
+            log.warning("%s", opened.advice)
         if not all(is_local(s) for s in index.shards):
             log.info("remote reads while indexing: %s", session(config.remote).stats())
         data_sndhwm = config.peer_queue
@@ -123,7 +136,7 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
                                      config.level, config.max_reply_bytes, index.root,
                                      config.max_connections, config.curve, index.read,
                                      config.transform_path, config.tar, config.remote,
-                                     indexed_shards(index), config.max_open_shards,
+                                     indexed_shards(index), opened.count,
                                      config.reader_cache_memory, cache_disk,
                                      config.reader_cache_disk_bytes,
                                      config.cache_plan_window, config.max_sessions),

@@ -15,6 +15,7 @@ from dataflow.readers.tar.options import DEFAULT_OPTIONS, TarOptions
 from dataflow.security import ServerCurve
 from dataflow.server.cpus import usable_cpus
 from dataflow.server.ledger import CREDIT_SLACK
+from dataflow.server.openshards import OWN_DESCRIPTORS, SHARD_DESCRIPTORS
 from dataflow.storage.remote import RemoteConfig
 from dataflow.wire import MAX_BATCH_SIZE
 
@@ -34,10 +35,6 @@ DEFAULT_MAX_SESSIONS_PER_ADDRESS = 32
 DEFAULT_SESSION_START_TIMEOUT = 30.0
 DEFAULT_MAX_WINDOW_SAMPLES = 1 << 18
 DEFAULT_MAX_UNSENT_BYTES = 2 * 1024**3
-# A batch of the default shuffle reads from nearly as many shards as it has samples when the
-# dataset has more shards than that; a reader reopens every shard its cache let go (0.3-0.9 ms
-# each: bench/RESULTS.md, "Shuffle quality and cost at scale").
-DEFAULT_MAX_OPEN_SHARDS = 1024
 MAX_OPEN_SHARDS = 65536
 MIN_TCP_TIMEOUT_S = 10.0
 MAX_SESSIONS = 65536
@@ -61,7 +58,7 @@ INT_FIELDS = (
     ("max_request_samples", 1, MAX_BATCH_SIZE), ("max_window_samples", 1, MAX_BATCH_SIZE),
     ("max_reply_bytes", 1, MAX_REPLY_BYTES), ("max_inbound_bytes", 1, MAX_REPLY_BYTES),
     ("max_inbound_total", 1, MAX_INBOUND_TOTAL), ("max_unsent_bytes", 1, MAX_UNSENT_BYTES),
-    ("index_workers", 1, 256), ("max_open_shards", 1, MAX_OPEN_SHARDS),
+    ("index_workers", 1, 256),
     ("cache_memory", 0, MAX_CACHE_BYTES), ("cache_disk_bytes", 1, MAX_CACHE_BYTES),
     ("cache_plan_window", 0, MAX_PLAN_WINDOW),
 )
@@ -87,7 +84,9 @@ class ServerConfig:
             ``sys.path`` (:mod:`dataflow.server.transform`); None: ``sys.path`` only.
         cache_dir: local cache directory for remote shards and tar indexes.
         max_open_shards: shards each reader process keeps open (the least recently used
-            closed first): a file descriptor each, and a tar's member index in memory.
+            closed first): two file descriptors and a map each, and a tar's member index in
+            memory; None (``auto``): every shard, as far as the open-file limit allows
+            (:mod:`dataflow.server.openshards`).
         log_level: logging level name.
         max_credits: most credits granted to one client; a client may keep up to twice its
             credits outstanding (see :mod:`dataflow.server.ledger`).
@@ -156,7 +155,7 @@ class ServerConfig:
     transform: str | None = None
     transform_path: str | None = None
     cache_dir: str | None = None
-    max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS
+    max_open_shards: int | None = None
     log_level: str = "INFO"
     max_credits: int = DEFAULT_MAX_CREDITS
     client_ttl: float = DEFAULT_CLIENT_TTL
@@ -196,6 +195,9 @@ class ServerConfig:
             raise ConfigError(f"`bind` must be a tcp:// or ipc:// endpoint. Found: {self.bind!r}")
         for name, lo, hi in INT_FIELDS:
             object.__setattr__(self, name, check_int(name, getattr(self, name), lo, hi))
+        if self.max_open_shards is not None:
+            object.__setattr__(self, "max_open_shards", check_int(
+                "max_open_shards", self.max_open_shards, 1, MAX_OPEN_SHARDS))
         if self.transform is not None:
             module, _, func = self.transform.partition(":")
             if not module or not func:
@@ -327,23 +329,12 @@ class ServerConfig:
 
     @property
     def descriptors(self) -> int:
-        """File descriptors a server process may need: its client connections, the shards a
-        reader keeps open, and its own."""
-        return self.max_connections + self.max_open_shards + 256
-
-    def open_shards_advice(self, shards: int) -> str | None:
-        """What to tell the operator of a dataset of ``shards`` shards, more than each reader
-        keeps open, or None: a batch of the default (sample-level) shuffle reads from
-        hundreds of shards, so each reader reopens some for every batch."""
-        if shards <= self.max_open_shards:
-            return None
-        return (f"the dataset has {shards} shards and each reader keeps --max-open-shards "
-                f"{self.max_open_shards} open: a batch of the default shuffle reads from "
-                "hundreds of shards, so readers reopen shards for every batch (measured on "
-                "4,096 shards: 0.06-0.07x the samples/s of shuffle='none' with 1,024 open, "
-                f"0.58-0.65x with all open); raise --max-open-shards to {shards} if the "
-                "open-file limit and memory allow (a descriptor a shard, and for a tar its "
-                "member index, ~100 bytes a sample, in each reader)")
+        """File descriptors a server process needs before the dataset is indexed: its client
+        connections, its own, and the shards a reader keeps open when their number is given
+        (``auto``: :func:`~dataflow.server.openshards.open_shards` once the shards are
+        known)."""
+        return (self.max_connections + OWN_DESCRIPTORS
+                + SHARD_DESCRIPTORS * (self.max_open_shards or 0))
 
     @property
     def level(self) -> int:

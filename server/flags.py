@@ -16,7 +16,6 @@ from dataflow.server.config import (
     DEFAULT_MAX_CREDITS,
     DEFAULT_MAX_INBOUND_BYTES,
     DEFAULT_MAX_INBOUND_TOTAL,
-    DEFAULT_MAX_OPEN_SHARDS,
     DEFAULT_MAX_REPLY_BYTES,
     DEFAULT_MAX_REQUEST_SAMPLES,
     DEFAULT_MAX_SESSIONS,
@@ -34,6 +33,7 @@ from dataflow.server.config import (
     default_workers,
 )
 from dataflow.server.dataflags import add_data_flags, read_options
+from dataflow.server.openshards import AUTO_CAP
 from dataflow.storage.remote import (
     ENV_STORAGE_OPTIONS,
     RemoteConfig,
@@ -44,6 +44,16 @@ from dataflow.storage.remote import (
 SERVE_HELP = ("Serve batches of a sharded dataset to dataflow DataLoader clients over ZeroMQ. "
               "Prints one JSON line {\"event\": \"ready\", \"endpoint\": ...} on stdout when "
               "ready; logs go to stderr. SIGTERM/SIGINT stop it cleanly.")
+
+
+def _open_shards(text: str) -> int | None:
+    """``--max-open-shards``: a number, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
 
 
 def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "dataflow-server",
@@ -77,14 +87,14 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                    help="reader processes (default: one per CPU this process may use: its "
                         "affinity (taskset, --cpuset-cpus) capped by its cgroup's CPU quota "
                         f"(--cpus, a CPU limit), at most 32; here {default_workers()})")
-    p.add_argument("--max-open-shards", type=int, default=DEFAULT_MAX_OPEN_SHARDS,
-                   metavar="N",
+    p.add_argument("--max-open-shards", type=_open_shards, default=None, metavar="N|auto",
                    help="shards each reader process keeps open, the least recently used closed "
-                        "first: one file descriptor each (the open-file limit is raised to "
-                        "match), and for a tar its member index in memory (~100 bytes a "
+                        "first: two file descriptors and a map each (the open-file limit is "
+                        "raised to match), and for a tar its member index in memory (~100 bytes a "
                         "sample); a shuffled batch reads from as many shards as it has samples, "
                         "so a dataset of more shards than this reopens some for every batch "
-                        "(default: %(default)s)")
+                        f"(default: auto, every shard, at most {AUTO_CAP} and what the "
+                        "open-file hard limit allows)")
     p.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
                    help="function f(batch, ctx) -> batch (or f(batch)) run on every batch in "
                         "the reader processes (e.g. decoding, augmentation); ctx carries the "

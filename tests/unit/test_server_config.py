@@ -143,18 +143,19 @@ def test_fixed_ports_are_claimed_in_bind_order() -> None:
     assert claims(parse_args(["--data", "x", "--bind", "ipc:///tmp/s"])) == []
 
 
-def test_max_open_shards_bounds_each_reader_s_open_shards_and_asks_for_descriptors() -> None:
-    assert parse_args(["--data", "x"]).max_open_shards == 1024
+def test_max_open_shards_is_auto_by_default_or_a_number_that_asks_for_descriptors() -> None:
+    assert parse_args(["--data", "x"]).max_open_shards is None
+    assert parse_args(["--data", "x", "--max-open-shards", "auto"]).max_open_shards is None
+    base = parse_args(["--data", "x"]).descriptors
+    assert base == parse_args(["--data", "x"]).max_connections + 256
     config = parse_args(["--data", "x", "--max-open-shards", "8"])
     assert config.max_open_shards == 8
-    assert config.descriptors == config.max_connections + 8 + 256
+    assert config.descriptors == base + 2 * 8  # a shard's guard and its map hold one each
     with pytest.raises(ConfigError, match=r"`max_open_shards` must be an integer in \[1, 65536\]"):
         ServerConfig(("x",), max_open_shards=0)
-    assert "--max-open-shards" in build_parser().format_help()
-    assert config.open_shards_advice(8) is None
-    advice = config.open_shards_advice(9)
-    assert advice is not None and "9 shards" in advice and "--max-open-shards 8" in advice
-    assert "raise --max-open-shards to 9" in advice
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "x", "--max-open-shards", "all"])
+    assert "--max-open-shards N|auto" in build_parser().format_help()
 
 
 def test_cache_memory_is_a_size_shared_by_the_readers_and_off_by_default() -> None:
