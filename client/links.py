@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from dataflow.client.descriptors import reserve
 from dataflow.security import HANDSHAKE_FAILURES, ClientCurve, handshake_failure, secure_client
 
 ZMTP_HEARTBEAT_MS = 1000
@@ -42,7 +43,13 @@ class Links:
 
     def open(self, server: int, link: Hashable, routing_id: bytes, endpoint: str) -> zmq.Socket:
         """A DEALER with ZMTP heartbeats and a monitor, connected to ``endpoint``; a data
-        socket when ``link`` is a reader number."""
+        socket when ``link`` is a reader number.
+
+        Raises:
+            ConfigError: the open-file hard limit leaves no room for the connection
+                (:func:`~dataflow.client.descriptors.reserve` raises the soft limit else).
+        """
+        reserve(1)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTING_ID, routing_id)

@@ -20,8 +20,8 @@ from dataflow.server.openshards import (
 )
 
 
-@pytest.mark.parametrize(("setting", "shards", "connections", "hard"), itertools.product(
-    (None, 1, 8, 1024), (1, 7, 8, 4096, 100_000), (0, 80, 1000), (None, 2000, 20_000)))
+@pytest.mark.parametrize(("setting", "shards", "connections", "hard"), list(itertools.product(
+    (None, 1, 8, 1024), (1, 7, 8, 4096, 100_000), (0, 80, 1000), (None, 2000, 20_000))))
 def test_open_shards_over_a_grid(setting: int | None, shards: int, connections: int,
                                  hard: int | None) -> None:
     own = connections + OWN_DESCRIPTORS
