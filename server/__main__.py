@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import zmq
 
@@ -118,7 +119,8 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
                  "(index cache %s)", len(index.shards), index.total, index.fingerprint,
                  loaded.seconds, cache)
         opened = open_shards(config.max_open_shards, len(index.shards),
-                             config.max_connections, hard_descriptors())
+                             replace(config, max_open_shards=None).descriptors,
+                             hard_descriptors())
         reserve_descriptors(opened.descriptors)
         log.info("each reader keeps up to %d of the %d shard(s) open (--max-open-shards %s); "
                  "tar member indexes of that many take up to ~%.0f MiB a reader, keys aside",

@@ -15,7 +15,11 @@ from dataflow.readers.tar.options import DEFAULT_OPTIONS, TarOptions
 from dataflow.security import ServerCurve
 from dataflow.server.cpus import usable_cpus
 from dataflow.server.ledger import CREDIT_SLACK
-from dataflow.server.openshards import OWN_DESCRIPTORS, SHARD_DESCRIPTORS
+from dataflow.server.openshards import (
+    OWN_DESCRIPTORS,
+    SEGMENT_DESCRIPTORS,
+    SHARD_DESCRIPTORS,
+)
 from dataflow.storage.remote import RemoteConfig
 from dataflow.wire import MAX_BATCH_SIZE
 
@@ -330,11 +334,11 @@ class ServerConfig:
     @property
     def descriptors(self) -> int:
         """File descriptors a server process needs before the dataset is indexed: its client
-        connections, its own, and the shards a reader keeps open when their number is given
-        (``auto``: :func:`~dataflow.server.openshards.open_shards` once the shards are
-        known)."""
-        return (self.max_connections + OWN_DESCRIPTORS
-                + SHARD_DESCRIPTORS * (self.max_open_shards or 0))
+        connections, each session's shared-memory segment, its own, and the shards a reader
+        keeps open when their number is given (``auto``:
+        :func:`~dataflow.server.openshards.open_shards` once the shards are known)."""
+        return (self.max_connections + SEGMENT_DESCRIPTORS * self.max_sessions
+                + OWN_DESCRIPTORS + SHARD_DESCRIPTORS * (self.max_open_shards or 0))
 
     @property
     def level(self) -> int:

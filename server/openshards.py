@@ -27,8 +27,11 @@ AUTO_CAP = 16384
 process 65,530 by default (``vm.max_map_count``), which the reader's libraries, heap and
 shared-memory slots share."""
 OWN_DESCRIPTORS = 256
-"""Descriptors a server process needs besides its client connections and open shards (also
-those of shards closed while a reply not yet sent still views their maps)."""
+"""Descriptors a server process needs besides its client connections, sessions' segments and
+open shards (also those of shards closed while a reply not yet sent still views their
+maps)."""
+SEGMENT_DESCRIPTORS = 2
+"""Descriptors a reader holds for a session's shared-memory segment (its own and its map's)."""
 SHARD_DESCRIPTORS = 2
 """Descriptors an open shard holds: its guard's (:class:`~dataflow.readers.guard.FileGuard`)
 and its memory map's own (Python's ``mmap`` and Arrow's each keep a descriptor of the file they
@@ -47,8 +50,8 @@ class OpenShards:
 
     Attributes:
         count: shards each reader keeps open.
-        descriptors: the open-file limit each server process needs for them and its
-            connections.
+        descriptors: the open-file limit each server process needs for them and the rest
+            (``others``).
         advice: what to tell the operator when a batch of the default shuffle will reopen
             shards (fewer open than the dataset has), else None.
     """
@@ -58,7 +61,7 @@ class OpenShards:
     advice: str | None
 
 
-def open_shards(setting: int | None, shards: int, connections: int,
+def open_shards(setting: int | None, shards: int, others: int,
                 hard_limit: int | None) -> OpenShards:
     """Each reader's open shards for ``--max-open-shards`` ``setting`` (None: ``auto``).
 
@@ -66,14 +69,15 @@ def open_shards(setting: int | None, shards: int, connections: int,
         setting: the flag's number, or None for ``auto``: every shard, at most
             :data:`AUTO_CAP` and what the open-file hard limit leaves.
         shards: the dataset's shards.
-        connections: client connections a server process may keep open.
+        others: descriptors a server process needs besides its shards
+            (:attr:`~dataflow.server.config.ServerConfig.descriptors` with no shard given).
         hard_limit: the open-file hard limit (``ulimit -Hn``); None: unlimited.
 
     Raises:
         ServerStartError: the hard limit does not allow ``setting`` shards (or, for
-            ``auto``, one) besides the connections.
+            ``auto``, one) besides ``others``.
     """
-    own = connections + OWN_DESCRIPTORS
+    own = others
     if setting is not None:
         count = setting
     else:

@@ -147,7 +147,8 @@ def test_max_open_shards_is_auto_by_default_or_a_number_that_asks_for_descriptor
     assert parse_args(["--data", "x"]).max_open_shards is None
     assert parse_args(["--data", "x", "--max-open-shards", "auto"]).max_open_shards is None
     base = parse_args(["--data", "x"]).descriptors
-    assert base == parse_args(["--data", "x"]).max_connections + 256
+    plain = parse_args(["--data", "x"])  # connections, a segment a session, its own
+    assert base == plain.max_connections + 2 * plain.max_sessions + 256
     config = parse_args(["--data", "x", "--max-open-shards", "8"])
     assert config.max_open_shards == 8
     assert config.descriptors == base + 2 * 8  # a shard's guard and its map hold one each

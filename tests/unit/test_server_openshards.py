@@ -13,25 +13,24 @@ from dataflow.readers import open_shard
 from dataflow.readers.tar import TarOptions
 from dataflow.server.openshards import (
     AUTO_CAP,
-    OWN_DESCRIPTORS,
     SHARD_DESCRIPTORS,
     member_index_bytes,
     open_shards,
 )
 
 
-@pytest.mark.parametrize(("setting", "shards", "connections", "hard"), list(itertools.product(
-    (None, 1, 8, 1024), (1, 7, 8, 4096, 100_000), (0, 80, 1000), (None, 2000, 20_000))))
-def test_open_shards_over_a_grid(setting: int | None, shards: int, connections: int,
+@pytest.mark.parametrize(("setting", "shards", "others", "hard"), list(itertools.product(
+    (None, 1, 8, 1024), (1, 7, 8, 4096, 100_000), (256, 336, 1256), (None, 2000, 20_000))))
+def test_open_shards_over_a_grid(setting: int | None, shards: int, others: int,
                                  hard: int | None) -> None:
-    own = connections + OWN_DESCRIPTORS
+    own = others
     room = (hard - own) // SHARD_DESCRIPTORS if hard else AUTO_CAP
     want = setting if setting is not None else min(shards, AUTO_CAP, room)
     if hard is not None and own + SHARD_DESCRIPTORS * want > hard or want < 1:
         with pytest.raises(ServerStartError, match=r"ulimit -Hn\) is \d+"):
-            open_shards(setting, shards, connections, hard)
+            open_shards(setting, shards, others, hard)
         return
-    got = open_shards(setting, shards, connections, hard)
+    got = open_shards(setting, shards, others, hard)
     assert got.count == want and got.descriptors == own + SHARD_DESCRIPTORS * want
     assert hard is None or got.descriptors <= hard
     # Advice exactly when a batch of the default shuffle would reopen shards, naming the count
@@ -45,7 +44,7 @@ def test_auto_keeps_every_shard_open_within_the_hard_limit_and_says_which_bound_
     assert open_shards(None, 4096, 1000, None).count == 4096
     assert open_shards(None, 4096, 1000, 20_000).count == 4096
     capped = open_shards(None, 4096, 1000, 3000)
-    assert capped.count == (3000 - 1000 - OWN_DESCRIPTORS) // SHARD_DESCRIPTORS
+    assert capped.count == (3000 - 1000) // SHARD_DESCRIPTORS
     assert capped.advice is not None and "hard limit (ulimit -Hn) 3000" in capped.advice
     huge = open_shards(None, 10 * AUTO_CAP, 1000, None)
     assert huge.count == AUTO_CAP and huge.advice is not None and str(AUTO_CAP) in huge.advice
