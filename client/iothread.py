@@ -43,7 +43,7 @@ from dataflow.client.discovery import Lookup, Watcher
 from dataflow.client.handoff import Handoff
 from dataflow.client.inbox import Inbox
 from dataflow.client.joins import Joins
-from dataflow.client.links import Links
+from dataflow.client.links import Links, context
 from dataflow.client.membership import Membership
 from dataflow.client.scheduler import CONTROL, Scheduler, State
 from dataflow.client.shmring import ShmRings, cuda_register
@@ -104,7 +104,7 @@ class IOThread(threading.Thread):
                                     group_bytes=group[1])
         self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
-        self._ctx: zmq.Context = zmq.Context(io_threads=io_threads)
+        self._ctx: zmq.Context = context(io_threads)
         self._links = Links(self._ctx, self._poller, curve,
                             self._scheduler.endpoint)
         self._data = self._links.data
