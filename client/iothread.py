@@ -43,7 +43,7 @@ from dataflow.client.discovery import Lookup, Watcher
 from dataflow.client.handoff import Handoff
 from dataflow.client.inbox import Inbox
 from dataflow.client.joins import Joins
-from dataflow.client.links import Links, context
+from dataflow.client.links import MONITOR_MS, Links, context
 from dataflow.client.membership import Membership
 from dataflow.client.scheduler import CONTROL, Scheduler, State
 from dataflow.client.shmring import ShmRings, cuda_register
@@ -54,7 +54,6 @@ log = logging.getLogger("dataflow.client")
 
 HEARTBEAT_S = 1.0
 SILENT_S = 3.0
-MAX_POLL_MS = 250
 BYE_LINGER_MS = 100
 
 
@@ -104,6 +103,7 @@ class IOThread(threading.Thread):
                                     group_bytes=group[1])
         self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
+        self._watch_at = 0.0  # when the monitors are read next (Links.changes)
         self._ctx: zmq.Context = context(io_threads)
         self._links = Links(self._ctx, self._poller, curve,
                             self._scheduler.endpoint)
@@ -163,10 +163,14 @@ class IOThread(threading.Thread):
             self._close()
 
     def _poll(self, seconds: float) -> tuple[dict, bool]:
-        """Poll once (monitor events, and what the consumer wants read, are handled here);
-        returns the events and whether to stop."""
-        events = dict(self._poller.poll(int(min(seconds * 1000, MAX_POLL_MS)) + 1))
-        for server, link, up in self._links.changes(events):
+        """Poll once, at most MONITOR_MS (connections' changes, :meth:`Links.changes`, and what
+        the consumer wants read are handled here); returns the events and whether to stop."""
+        events = dict(self._poller.poll(int(min(seconds * 1000, MONITOR_MS)) + 1))
+        now = time.monotonic()
+        watch = now >= self._watch_at
+        if watch:
+            self._watch_at = now + MONITOR_MS / 1000
+        for server, link, up in self._links.changes(events, watch):
             if not up:
                 log.info("%s: %s connection down", self._scheduler.endpoint(server),
                          "control" if link == CONTROL else f"reader {link}")

@@ -3,7 +3,11 @@
 Per server, one control DEALER and one data DEALER per reader process. Every socket sends ZMTP
 heartbeats (a vanished host is noticed in ``ZMTP_TIMEOUT_MS``) and has a monitor whose
 connect / disconnect events :meth:`Links.changes` reports as ``(server, link, up)``, for the
-scheduler's liveness rules (:mod:`dataflow.client.servers`).
+scheduler's liveness rules (:mod:`dataflow.client.servers`). A monitor is polled with the
+sockets while its connection is not up (an event is then awaited: the join goes on at once);
+once up, apart from them, every :data:`MONITOR_MS`: a poll costs ~1.3 us a socket polled
+(pyzmq builds its poll set every call), and the I/O thread polls its sockets about once a
+batch.
 
 Thread invariant: used by the client's I/O thread only.
 """
@@ -21,6 +25,9 @@ from dataflow.security import HANDSHAKE_FAILURES, ClientCurve, handshake_failure
 ZMTP_HEARTBEAT_MS = 1000
 ZMTP_TIMEOUT_MS = 3000
 MONITOR_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILURES
+MONITOR_MS = 50
+"""How often the I/O thread reads the events of the monitors of connections that are up (see
+the module)."""
 
 
 def context(io_threads: int) -> zmq.Context:
@@ -50,6 +57,8 @@ class Links:
         self._poller = poller
         self._curve = curve
         self._monitors: dict[zmq.Socket, tuple[int, Hashable, zmq.Socket]] = {}
+        self._watch = zmq.Poller()  # the monitors of connections that are up
+        self._pending: set[zmq.Socket] = set()  # the others', polled with the sockets
         self.data: dict[zmq.Socket, tuple[int, int]] = {}
 
     def open(self, server: int, link: Hashable, routing_id: bytes, endpoint: str) -> zmq.Socket:
@@ -72,6 +81,7 @@ class Links:
         monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         self._monitors[monitor] = (server, link, sock)
         self._poller.register(monitor, zmq.POLLIN)
+        self._pending.add(monitor)
         sock.connect(endpoint)
         self._poller.register(sock, zmq.POLLIN)
         if isinstance(link, int):
@@ -82,7 +92,11 @@ class Links:
         """Close ``sock`` and its monitor."""
         for monitor, (_, _, watched) in list(self._monitors.items()):
             if watched is sock:
-                self._poller.unregister(monitor)
+                if monitor in self._pending:
+                    self._pending.discard(monitor)
+                    self._poller.unregister(monitor)
+                else:
+                    self._watch.unregister(monitor)
                 del self._monitors[monitor]
                 sock.disable_monitor()
                 monitor.close(linger=0)
@@ -95,15 +109,20 @@ class Links:
         for sock in [s for s, (srv, _) in self.data.items() if srv == server]:
             self.close(sock, 0)
 
-    def changes(self, events: Mapping) -> Iterator[tuple[int, Hashable, bool]]:
-        """``(server, link, up)`` for each connection a polled monitor saw come up or go
-        down.
+    def changes(self, events: Mapping, watch: bool) -> Iterator[tuple[int, Hashable, bool]]:
+        """``(server, link, up)`` for each connection a monitor saw come up or go down: the
+        monitors of connections not up that the poll of ``events`` found ready, and when
+        ``watch``, those of connections that are up (a poll that does not wait).
 
         Raises:
             ServerUnavailable: a server refused this client's CURVE handshake (naming it).
         """
-        for monitor in [m for m in self._monitors if events.get(m)]:
+        due = [m for m in self._pending if events.get(m)]
+        if watch:
+            due += [m for m, _ in self._watch.poll(0)]
+        for monitor in due:
             server, link, _ = self._monitors[monitor]
+            up = None
             while True:
                 try:
                     note = recv_monitor_message(monitor, zmq.NOBLOCK)
@@ -114,6 +133,22 @@ class Links:
                 if refused is not None:
                     raise refused
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    up = True
                     yield server, link, True
                 elif event == zmq.EVENT_DISCONNECTED:
+                    up = False
                     yield server, link, False
+            if up is not None and up == (monitor in self._pending):
+                self._move(monitor, up)
+
+    def _move(self, monitor: zmq.Socket, up: bool) -> None:
+        """Poll ``monitor`` apart from the sockets when its connection is ``up``, else with
+        them."""
+        if up:
+            self._pending.discard(monitor)
+            self._poller.unregister(monitor)
+            self._watch.register(monitor, zmq.POLLIN)
+        else:
+            self._watch.unregister(monitor)
+            self._poller.register(monitor, zmq.POLLIN)
+            self._pending.add(monitor)
