@@ -34,7 +34,8 @@ from dataflow.client.discovery import (
 from dataflow.client.lineage import Names, Origin, attach, check_free, sample_rows
 from dataflow.client.lineage import fields as lineage_fields
 from dataflow.client.metrics import LoaderMetrics
-from dataflow.client.passes import PassIterator, plan_pass
+from dataflow.client.passes import PassIterator, PassPlan, plan_pass
+from dataflow.client.planner import Planner
 from dataflow.client.state import make_state, read_state
 from dataflow.client.stream import Stream
 from dataflow.errors import ConfigError, LoaderClosedError
@@ -336,6 +337,7 @@ class DataLoader:
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._metrics: LoaderMetrics | None = None
         self._decoder: BatchDecoder | None = None
+        self._planner: Planner[PassPlan] | None = None
         try:
             if metrics is not None:
                 self._metrics = LoaderMetrics(metrics, cfg.rank, self._io.handoff.stats)
@@ -352,9 +354,10 @@ class DataLoader:
             self.close()
             raise
         self._names = Names([(cfg.servers.spec, shards)])
-        self._stream = Stream(EpochCursor(self.index.total),
-                              functools.partial(plan_pass, cfg, self.index.sizes),
-                              self._io.handoff.want, read_ahead=cfg.read_ahead)
+        planner = self._planner = Planner(functools.partial(plan_pass, cfg, self.index.sizes))
+        weakref.finalize(self, planner.close)
+        self._stream = Stream(EpochCursor(self.index.total), planner, self._io.handoff.want,
+                              read_ahead=cfg.read_ahead, prepare=planner.prepare)
         self._live: weakref.ref[PassIterator] | None = None  # the latest iterator
         self.epoch_size = self._size(0)
         self.sampler = EpochSetter(self)
@@ -406,6 +409,8 @@ class DataLoader:
             self._metrics.close()
         if self._decoder is not None:
             self._decoder.close()
+        if self._planner is not None:
+            self._planner.close()
 
     def __enter__(self) -> DataLoader:
         return self

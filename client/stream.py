@@ -147,16 +147,21 @@ class Stream(Generic[Q]):
         publish: tells the I/O thread what the consumer wants read now (each new
             :attr:`demand`, in order).
         read_ahead: append the next pass while one ends.
+        prepare: told the pass that follows each pass sought, whose plan is asked for when
+            that pass ends (with ``read_ahead``): the loader's
+            :class:`~dataflow.client.planner.Planner` works it out meanwhile.
 
     Thread invariant: used by the consumer's thread only.
     """
 
     def __init__(self, cursor: EpochCursor, plan: Callable[[Pass], Q],
-                 publish: Callable[[Demand[Q]], None], *, read_ahead: bool) -> None:
+                 publish: Callable[[Demand[Q]], None], *, read_ahead: bool,
+                 prepare: Callable[[Pass], None] | None = None) -> None:
         self._cursor = cursor
         self._plan = plan
         self._publish = publish
         self._read_ahead = read_ahead
+        self._prepare = prepare if read_ahead else None
         self.demand: Demand[Q] = Demand()
         self._taken = 0  # batches of the demand's generation the consumer took
         self._current: object | None = None  # the current iterator's token
@@ -269,6 +274,7 @@ class Stream(Generic[Q]):
         at_next = len(d.passes) > 1 and self._taken == d.needed
         if at_next and d.passes[1].span == span:
             self._want(Demand(d.gen, d.passes[1:], d.needed))
+            self._ahead(span)
         elif at_next:
             self._pending = span
         else:
@@ -279,6 +285,12 @@ class Stream(Generic[Q]):
         self._pending = None
         self._taken = 0
         self._want(Demand(self.demand.gen + 1, (planned,)))
+        self._ahead(span)
+
+    def _ahead(self, span: Pass) -> None:
+        """``span`` is read now: the pass after it is planned meanwhile."""
+        if self._prepare is not None:
+            self._prepare(after(span))
 
     def _want(self, demand: Demand[Q]) -> None:
         self.demand = demand

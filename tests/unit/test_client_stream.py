@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 
 import pytest
 
 from dataflow.client.cursor import EpochCursor, Pass
 from dataflow.client.passes import PassPlan, after
+from dataflow.client.planner import Planner
 from dataflow.client.stream import Demand, Stream
 from dataflow.errors import InternalError, StaleIteratorError
 from dataflow.plan import Batches
@@ -36,10 +38,12 @@ def _cold(span: Pass) -> list[BatchTag]:
 class Loop:
     """A consumer of a :class:`Stream` with an I/O thread that has every batch at once."""
 
-    def __init__(self, *, read_ahead: bool = True, depth: int = 3) -> None:
+    def __init__(self, *, read_ahead: bool = True, depth: int = 3,
+                 planner: Planner[PassPlan] | None = None) -> None:
         self.published: list[Demand] = []
-        self.stream = Stream(EpochCursor(TOTAL), _plan, self.published.append,
-                             read_ahead=read_ahead)
+        self.stream = Stream(EpochCursor(TOTAL), planner or _plan, self.published.append,
+                             read_ahead=read_ahead,
+                             prepare=planner.prepare if planner is not None else None)
         self.depth = depth
 
     def take(self, token: object) -> BatchTag | None:
@@ -211,11 +215,15 @@ OPS = ("iter", "take", "drain", "set_epoch", "set_epoch_held", "load", "drop")
 
 @pytest.mark.parametrize("seed", range(40))
 @pytest.mark.parametrize("read_ahead", (True, False))
-def test_random_loops_read_what_a_cold_loader_reads(seed: int, read_ahead: bool) -> None:
+@pytest.mark.parametrize("ahead", (False, True))
+def test_random_loops_read_what_a_cold_loader_reads(seed: int, read_ahead: bool,
+                                                    ahead: bool) -> None:
     """Whatever a loop does, every pass yields the batches of the pass a reference cursor
-    names, planned cold, in order; demands only grow within a generation."""
+    names, planned cold, in order; demands only grow within a generation; the same with the
+    next pass planned in the background (``ahead``)."""
     rng = random.Random(seed)
-    loop = Loop(read_ahead=read_ahead, depth=rng.choice((1, 2, 5)))
+    planner = Planner(_plan) if ahead else None
+    loop = Loop(read_ahead=read_ahead, depth=rng.choice((1, 2, 5)), planner=planner)
     ref = EpochCursor(TOTAL)
     token: object | None = None
     span = Pass(0, 0)
@@ -257,6 +265,28 @@ def test_random_loops_read_what_a_cold_loader_reads(seed: int, read_ahead: bool)
         assert now.gen >= before.gen
         if now.gen == before.gen:
             assert now.first >= before.first and now.end >= before.end
+    if planner is not None:
+        planner.close()
+
+
+def test_the_pass_after_each_one_is_planned_in_the_background_while_it_is_read() -> None:
+    """The plan the stream asks for when a pass ends was worked out on the planner's thread
+    (not in the consumer's ``next()``), from when that pass was sought."""
+    where: dict[Pass, str] = {}
+
+    def plan(span: Pass) -> PassPlan:
+        where[span] = threading.current_thread().name
+        return _plan(span)
+
+    planner = Planner(plan)
+    loop = Loop(depth=2, planner=planner)
+    try:
+        for epoch in range(4):
+            assert loop.read(loop.stream.open()) == _cold(Pass(epoch, 0))
+    finally:
+        planner.close()
+    assert where[Pass(0, 0)] == threading.current_thread().name  # the first: sought at once
+    assert all(where[Pass(e, 0)].startswith("dataflow-plan") for e in range(1, 5)), where
 
 
 @pytest.mark.parametrize("first", (0, 7))
