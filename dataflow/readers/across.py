@@ -155,6 +155,8 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     shards, which, firsts = shards[order], rank[which], first_at[order]
     readers = [get_reader(s) for s in shards.tolist()]
     sources: list[RowSource] = []
+    lens: list[int] = []
+    guards: list[FileGuard | None] = []
     kind: type[RowSource] | None = None
     layout = ""
     for reader in readers:
@@ -168,11 +170,12 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
         elif type(source) is not kind or source.layout != layout:
             return None
         sources.append(source)
-    lens = np.fromiter([s.length for s in sources], dtype=np.int64, count=len(sources))
+        lens.append(source.length)
+        guards.append(source.guard)
     rows = range_rows(starts, stops)
-    if (rows < 0).any() or (rows >= lens[which]).any():
+    if (rows < 0).any() or (rows >= np.array(lens, dtype=np.int64)[which]).any():
         return None
-    checks = Checks([s.guard for s in sources], firsts.tolist())
+    checks = Checks(guards, firsts.tolist())
     try:
         batch = sources[0].gather(sources, which.tolist(), rows.tolist(), checks)
     except DataflowError:
