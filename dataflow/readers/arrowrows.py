@@ -137,17 +137,20 @@ class ArrowRows(RowSource):
                     if cols is None:
                         return None
                 local = r - bounds[i]
-                for values, column in zip(scalars, cols.scalars, strict=True):
-                    values.append(column[local])
-                for dst, (src, size) in zip(fixed, cols.fixed, strict=True):
-                    dst[k * size : (k + 1) * size] = src[local * size : (local + 1) * size]
-                for (pieces, lengths), (data, cuts) in zip(raw, cols.raw, strict=True):
+                # enumerate, not zip(..., strict=True): a call with a keyword costs ~130 ns
+                # more, three a row (the kinds' lengths agree: the layouts are equal)
+                for x, column in enumerate(cols.scalars):
+                    scalars[x].append(column[local])
+                for x, (src, size) in enumerate(cols.fixed):
+                    fixed[x][k * size : (k + 1) * size] = src[local * size : (local + 1) * size]
+                for x, (data, cuts) in enumerate(cols.raw):
                     a, b = cuts[local], cuts[local + 1]
+                    pieces, lengths = raw[x]
                     pieces.append(data[a:b])
                     lengths.append(b - a)
-                for items, col in zip(ragged, cols.ragged, strict=True):
+                for x, col in enumerate(cols.ragged):
                     ends = col.offsets
-                    items.append(col.values[ends.item(local) : ends.item(local + 1)])
+                    ragged[x].append(col.values[ends.item(local) : ends.item(local + 1)])
         out: Batch = {}
         scalar, raws, lists = iter(scalars), iter(raw), iter(ragged)
         for j, spec in enumerate(self.schema):
