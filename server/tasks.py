@@ -149,20 +149,24 @@ class SkipMeter:
 
     A reader's ``skipped`` is cumulative; the change from when the task first got it is this
     task's. A reader closed by the LRU and opened again within the task counts from zero again.
+
+    Called per shard, hundreds of times a batch of the sample shuffle: one dict entry per
+    shard (its latest reader), the readers it replaced aside.
     """
 
     def __init__(self, readers: ReaderCache) -> None:
         self._readers = readers
-        self._seen: dict[int, list[tuple[ShardReader, int]]] = {}
+        self._seen: dict[int, tuple[ShardReader, int]] = {}  # shard -> latest reader, skipped
+        self._replaced: list[tuple[int, ShardReader, int]] = []  # earlier readers of a shard
         self._uncounted: dict[int, int] = {}  # shard -> skips of reads made to find which
 
     def get(self, shard: int) -> ShardReader:
         reader = self._readers.get(shard)
         seen = self._seen.get(shard)
-        if seen is None:
-            self._seen[shard] = [(reader, reader.skipped)]
-        elif seen[-1][0] is not reader:
-            seen.append((reader, reader.skipped))
+        if seen is None or seen[0] is not reader:
+            if seen is not None:
+                self._replaced.append((shard, *seen))
+            self._seen[shard] = (reader, reader.skipped)
         return reader
 
     def verify(self) -> None:
@@ -172,25 +176,22 @@ class SkipMeter:
         Raises:
             ShardChangedError: naming the first that did.
         """
-        for seen in self._seen.values():
-            seen[-1][0].verify()
+        for reader, _ in self._seen.values():
+            reader.verify()
 
     def skips(self) -> dict[int, int]:
-        """Samples skipped during the task, by shard (shards with none left out).
-
-        Called a few times a task over every shard it read (hundreds for a batch of the
-        sample shuffle): one plain loop, no generator per shard."""
-        uncounted = self._uncounted
+        """Samples skipped during the task, by shard (shards with none left out)."""
         out = {}
-        for shard, seen in self._seen.items():
-            n = 0
-            for reader, before in seen:
-                n += reader.skipped - before
-            if uncounted:
-                n -= uncounted.get(shard, 0)
-            if n:
-                out[shard] = n
-        return out
+        for shard, (reader, before) in self._seen.items():
+            if reader.skipped != before:
+                out[shard] = reader.skipped - before
+        if not self._replaced and not self._uncounted:
+            return out
+        for shard, reader, before in self._replaced:
+            out[shard] = out.get(shard, 0) + reader.skipped - before
+        for shard, n in self._uncounted.items():
+            out[shard] = out.get(shard, 0) - n
+        return {shard: n for shard, n in out.items() if n}
 
     @contextmanager
     def uncounted(self) -> Iterator[None]:

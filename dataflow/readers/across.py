@@ -29,6 +29,7 @@ columns returned are copies, so nothing returned views a map and no later check 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ import numpy as np
 from dataflow.batch import Batch
 from dataflow.errors import DataflowError, InternalError
 from dataflow.readers.gather import range_rows
-from dataflow.readers.guard import FileGuard
+from dataflow.readers.guard import FileGuard, all_unchanged
 
 if TYPE_CHECKING:
     from dataflow.readers.base import ShardReader
@@ -73,18 +74,54 @@ class RowSource:
     length: int
     guard: FileGuard | None
 
-    def gather(self, sources: Sequence[RowSource], which: list[int],
-               rows: list[int]) -> Batch | None:
+    def gather(self, sources: Sequence[RowSource], which: list[int], rows: list[int],
+               checks: Checks) -> Batch | None:
         """Rows ``rows[k]`` of ``sources[which[k]]`` for every ``k``, in order, as one batch
         of new arrays (nothing views a map); ``None`` when one of them cannot be served here
-        (see the module). ``sources`` are all of this class and layout.
+        (see the module). ``sources`` are all of this class and layout, numbered in the order
+        the rows first name them.
 
-        Every :data:`CHECK_ROWS` rows, the guards of the sources first named in the next
-        :data:`CHECK_ROWS` rows are checked (:func:`check_ahead`) and the gather returns
-        ``None`` at once if one changed: a shard's map is never touched after a check that
-        found it changed, and a shard is read within :data:`CHECK_ROWS` rows of its check.
-        :func:`read_across` checks every guard again after the gather."""
+        Every :data:`CHECK_ROWS` rows (``k = 0, CHECK_ROWS, ...``), the guards of the sources
+        first named in the next :data:`CHECK_ROWS` rows are checked (``checks.ahead(k)``) and
+        the gather returns ``None`` at once if one changed: a shard's map is never touched
+        after a check that found it changed, and a shard is read within :data:`CHECK_ROWS`
+        rows of its check. :func:`read_across` checks every guard again after the gather."""
         raise NotImplementedError
+
+
+class Checks:
+    """The checks of one gather's shards (see :meth:`RowSource.gather`). Not thread-safe.
+
+    Attributes:
+        guards: each source's guard (None: nothing to check), in source order.
+    """
+
+    def __init__(self, guards: list[FileGuard | None], firsts: list[int]) -> None:
+        """
+        Args:
+            guards: see the attribute.
+            firsts: the row of the gather that first names each source, ascending (the
+                sources are numbered in that order).
+        """
+        self.guards = guards
+        self._firsts = firsts
+        self._done = 0
+
+    def ahead(self, k: int) -> bool:
+        """Check the guards of the sources first named in rows ``[k, k + CHECK_ROWS)``, ``k``
+        a multiple of :data:`CHECK_ROWS` called in order from 0 (those not checked yet: the
+        sources first named before row ``k + CHECK_ROWS``).
+
+        Returns:
+            Whether none of them changed.
+        """
+        end = bisect.bisect_left(self._firsts, k + CHECK_ROWS)
+        todo, self._done = self.guards[self._done : end], end
+        return all_unchanged(todo)
+
+    def after(self) -> bool:
+        """Check every guard again, after the gather: whether none changed."""
+        return all_unchanged(self.guards)
 
 
 def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) -> Batch | None:
@@ -109,31 +146,38 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
         return None
     shards, first_at, which = np.unique(np.repeat(ranges[:, 0], lengths), return_index=True,
                                         return_inverse=True)
-    # Readers are got in the order the request names their shards, as the shard-by-shard
-    # read gets them: a shard that cannot be opened is the one it would name.
+    # Sources are numbered, and readers got, in the order the request first names their
+    # shards, as the shard-by-shard read gets them: a shard that cannot be opened is the one
+    # it would name.
     order = np.argsort(first_at)
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    shards, which = shards[order], rank[which]
+    shards, which, firsts = shards[order], rank[which], first_at[order]
     readers = [get_reader(s) for s in shards.tolist()]
     sources: list[RowSource] = []
-    guards: list[FileGuard] = []
+    lens: list[int] = []
+    guards: list[FileGuard | None] = []
+    kind: type[RowSource] | None = None
+    layout = ""
     for reader in readers:
         if reader.closed:  # more shards than a cache of open readers holds
             return None
         source = reader._row_source()
-        if source is None or (sources and (type(source) is not type(sources[0])
-                                           or source.layout != sources[0].layout)):
+        if source is None:
+            return None
+        if kind is None:
+            kind, layout = type(source), source.layout
+        elif type(source) is not kind or source.layout != layout:
             return None
         sources.append(source)
-        if source.guard is not None:
-            guards.append(source.guard)
-    lens = np.fromiter((s.length for s in sources), dtype=np.int64, count=len(sources))
+        lens.append(source.length)
+        guards.append(source.guard)
     rows = range_rows(starts, stops)
-    if (rows < 0).any() or (rows >= lens[which]).any():
+    if (rows < 0).any() or (rows >= np.array(lens, dtype=np.int64)[which]).any():
         return None
+    checks = Checks(guards, firsts.tolist())
     try:
-        batch = sources[0].gather(sources, which.tolist(), rows.tolist())
+        batch = sources[0].gather(sources, which.tolist(), rows.tolist(), checks)
     except DataflowError:
         return None
     except Exception as e:
@@ -141,31 +185,6 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
         raise InternalError(f"gathering {total} rows across {len(readers)} shards ({names}"
                             f"{', ...' if len(readers) > 4 else ''}) failed: "
                             f"{type(e).__name__}: {e}") from e
-    if batch is None or not _unchanged(guards):
+    if batch is None or not checks.after():
         return None
     return batch
-
-
-def check_ahead(sources: Sequence[RowSource], which: list[int], k: int,
-                checked: set[int]) -> bool:
-    """Check the guards of the sources first named in rows ``[k, k + CHECK_ROWS)`` of a
-    gather (``which``: the source of each row; ``checked``: sources checked so far, updated).
-
-    Returns:
-        Whether none of them changed.
-    """
-    for w in which[k : k + CHECK_ROWS]:
-        if w not in checked:
-            checked.add(w)
-            guard = sources[w].guard
-            if guard is not None and not guard.unchanged():
-                return False
-    return True
-
-
-def _unchanged(guards: list[FileGuard]) -> bool:
-    for guard in guards:
-        if not guard.unchanged():
-            return False
-    return True
-

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dataflow.batch import Schema
@@ -82,7 +83,7 @@ class FileGuard:
             raise ShardReadError(url, "cannot open shard: not a regular file", offset=0)
         self.size = st.st_size
         self.identity = stat_identity(st)
-        self._stamp = (st.st_size, st.st_mtime_ns)
+        self._mtime_ns = st.st_mtime_ns
         if expect is not None and self.identity != expect:
             self.close()
             raise changed(url, expect, self.identity)
@@ -100,17 +101,31 @@ class FileGuard:
             ShardChangedError: it changed.
         """
         st = os.fstat(self.fd)
-        if (st.st_size, st.st_mtime_ns) != self._stamp:  # what the identity is made of
+        if st.st_mtime_ns != self._mtime_ns or st.st_size != self.size:  # the identity's
             raise changed(self.url, self.identity, stat_identity(st))
 
     def unchanged(self) -> bool:
         """Whether the file still has its identity: :meth:`check` without the error, for
         callers that leave a changed file to a path that raises or counts."""
         st = os.fstat(self.fd)
-        return (st.st_size, st.st_mtime_ns) == self._stamp
+        return st.st_mtime_ns == self._mtime_ns and st.st_size == self.size
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+def all_unchanged(guards: Iterable[FileGuard | None]) -> bool:
+    """Whether every one of ``guards`` (``None``: nothing to check) still has its identity:
+    :meth:`FileGuard.unchanged` of each, one ``fstat`` each, stopping at the first changed, at
+    a fraction of the Python around a method call each (a batch of the sample shuffle checks
+    hundreds)."""
+    fstat = os.fstat
+    for guard in guards:
+        if guard is not None:
+            st = fstat(guard.fd)
+            if st.st_mtime_ns != guard._mtime_ns or st.st_size != guard.size:
+                return False
+    return True

@@ -20,7 +20,8 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import SchemaError, ShardChangedError, ShardReadError
 from dataflow.plan import rank_batches
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
-from dataflow.readers.across import CHECK_ROWS, MAX_ROWS_PER_RUN, read_across
+from dataflow.readers.across import CHECK_ROWS, MAX_ROWS_PER_RUN, Checks, read_across
+from dataflow.readers.guard import FileGuard
 from dataflow.server.tasks import ReaderCache, WorkerSpec
 from dataflow.storage.cache import identity
 from tests.unit.test_readers_multi import _assert_batches_equal
@@ -347,3 +348,28 @@ def test_a_shard_first_read_late_in_a_gather_is_checked_before_it_is_read(tmp_pa
         assert e.value.shard == paths[15]
     finally:
         _close(readers)
+
+
+def test_checks_ahead_cover_the_sources_first_named_in_the_next_rows(tmp_path) -> None:
+    """At row ``k`` a gather checks each source first named before ``k + CHECK_ROWS`` and not
+    checked yet (one without a guard: nothing), each once; after the gather, all again."""
+    paths = [tmp_path / f"f{i}" for i in range(3)]
+    for p in paths:
+        p.write_bytes(b"x" * 10)
+    guards = [FileGuard(str(p)) for p in paths]
+    try:
+        with open(paths[1], "ab") as f:
+            f.write(b"y")
+        checks = Checks([guards[0], None, guards[1]], [0, CHECK_ROWS - 1, CHECK_ROWS])
+        assert checks.ahead(0)  # sources 0 and 1: the changed file is source 2's
+        assert not checks.ahead(CHECK_ROWS)
+        checks = Checks([guards[0], None, guards[2]], [0, CHECK_ROWS - 1, 3 * CHECK_ROWS])
+        assert checks.ahead(0)
+        with open(paths[0], "ab") as f:
+            f.write(b"y")
+        assert checks.ahead(CHECK_ROWS) and checks.ahead(2 * CHECK_ROWS)  # 0 checked before
+        assert checks.ahead(3 * CHECK_ROWS)  # source 2
+        assert not checks.after()
+    finally:
+        for g in guards:
+            g.close()

@@ -12,7 +12,7 @@ from dataflow.batch import Batch, Ragged
 from dataflow.errors import ProtocolError, ShardReadError
 from dataflow.readers import ShardReader
 from dataflow.server.samplecache import SampleCache
-from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
+from dataflow.server.tasks import ReaderCache, SkipMeter, WorkerSpec, serve_task
 from dataflow.server.transform import Transform
 from dataflow.transform import TransformContext, batch_seed
 from dataflow.wire.internal import Sent, Task
@@ -224,6 +224,38 @@ def test_a_reader_keeps_at_most_max_open_shards_open_least_recently_used_closed_
     assert readers.get(1) is not got[1] and got[0].closed  # opened again; 0 least recent
     readers.close()
     assert all(r.closed for r in got.values())
+
+
+class ReopeningCache(ReaderCache):
+    """Gives the readers of ``given`` in turn, as a reader cache whose LRU closed a shard's
+    reader and opened it again."""
+
+    def __init__(self, given: list[tuple[int, ShardReader]]) -> None:
+        self.given = iter(given)
+
+    def get(self, shard: int) -> ShardReader:
+        want, reader = next(self.given)
+        assert want == shard
+        return reader
+
+
+def test_a_task_counts_the_skips_of_every_reader_it_got_of_a_shard() -> None:
+    """Shard 0's reader opened again within a task: the skips of both count, each from when
+    the task got it; reads made to learn which samples were left out do not."""
+    first, again, other = LossyReader(10, {1}), LossyReader(10, {1, 2}), LossyReader(10, {0})
+    first.skipped, again.skipped = 7, 3
+    meter = SkipMeter(ReopeningCache([(0, first), (1, other), (0, first), (0, again),
+                                      (0, again), (1, other)]))
+    meter.get(0).read(0, 4)
+    meter.get(1).read(0, 2)
+    meter.get(0).read(0, 2)
+    assert meter.skips() == {0: 2, 1: 1}
+    meter.get(0).read(0, 4)
+    with meter.uncounted():
+        meter.get(0).read(1, 2)
+    assert meter.skips() == {0: 4, 1: 1}
+    meter.get(1).read(5, 6)
+    assert meter.skips() == {0: 4, 1: 1} and (first.skipped, again.skipped) == (9, 6)
 
 
 def test_a_cached_batch_whose_misses_had_damaged_samples_is_served_again_uncached() -> None:
