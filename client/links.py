@@ -122,7 +122,6 @@ class Links:
             due += [m for m, _ in self._watch.poll(0)]
         for monitor in due:
             server, link, _ = self._monitors[monitor]
-            up = None
             while True:
                 try:
                     note = recv_monitor_message(monitor, zmq.NOBLOCK)
@@ -132,14 +131,12 @@ class Links:
                 refused = handshake_failure(event, note["value"], self._endpoint(server))
                 if refused is not None:
                     raise refused
-                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    up = True
-                    yield server, link, True
-                elif event == zmq.EVENT_DISCONNECTED:
-                    up = False
-                    yield server, link, False
-            if up is not None and up == (monitor in self._pending):
-                self._move(monitor, up)
+                if event not in (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_DISCONNECTED):
+                    continue
+                up = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                if up == (monitor in self._pending):  # moved before the caller hears of it
+                    self._move(monitor, up)
+                yield server, link, up
 
     def _move(self, monitor: zmq.Socket, up: bool) -> None:
         """Poll ``monitor`` apart from the sockets when its connection is ``up``, else with

@@ -77,13 +77,12 @@ def open_shards(setting: int | None, shards: int, others: int,
         ServerStartError: the hard limit does not allow ``setting`` shards (or, for
             ``auto``, one) besides ``others``.
     """
-    own = others
     if setting is not None:
         count = setting
     else:
-        room = AUTO_CAP if hard_limit is None else (hard_limit - own) // SHARD_DESCRIPTORS
+        room = AUTO_CAP if hard_limit is None else (hard_limit - others) // SHARD_DESCRIPTORS
         count = min(max(shards, 1), AUTO_CAP, room)
-    needed = own + SHARD_DESCRIPTORS * max(count, 1)
+    needed = others + SHARD_DESCRIPTORS * max(count, 1)
     if count < 1 or (hard_limit is not None and needed > hard_limit):
         raise ServerStartError(f"--max-sessions and --max-open-shards need {needed} file "
                                f"descriptors per process; the hard limit (ulimit -Hn) is "
@@ -100,8 +99,8 @@ def _advice(setting: int | None, shards: int, count: int, hard_limit: int | None
     if setting is not None:
         return (f"the dataset has {shards} shards and each reader keeps --max-open-shards "
                 f"{setting} open: {cost}; give --max-open-shards {shards} (or auto) "
-                "if memory allows (a descriptor and a map a shard, and for a tar its member "
-                "index, ~100 bytes a sample, in each reader)")
+                "if memory allows (two descriptors and a map a shard, and for a tar its member "
+                "index, ~110 bytes a sample, in each reader)")
     why = (f"--max-open-shards auto keeps at most {AUTO_CAP}" if count == AUTO_CAP
            else f"the open-file hard limit (ulimit -Hn) {hard_limit} leaves room for {count}")
     return (f"the dataset has {shards} shards and each reader keeps {count} open ({why}): "

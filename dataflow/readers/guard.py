@@ -107,8 +107,7 @@ class FileGuard:
     def unchanged(self) -> bool:
         """Whether the file still has its identity: :meth:`check` without the error, for
         callers that leave a changed file to a path that raises or counts."""
-        st = os.fstat(self.fd)
-        return st.st_mtime_ns == self._mtime_ns and st.st_size == self.size
+        return all_unchanged((self,))
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
