@@ -59,6 +59,8 @@ import zmq
 
 from dataflow import wire
 from dataflow.errors import InternalError, ProtocolError
+from dataflow.readers import lease
+from dataflow.readers.guard import settle
 from dataflow.security import secure_server
 from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
 from dataflow.server.diskcache import DiskTier
@@ -160,6 +162,9 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
                         format="%(asctime)s %(levelname)s worker[%(process)d] %(message)s")
     if not keep_freed_memory():
         log.debug("malloc is not glibc's: freed batch memory goes back to the kernel")
+    no_leases = lease.arm()
+    if no_leases:
+        log.debug("no read leases on shards (every read checked with fstat): %s", no_leases)
     transform = (load_transform(spec.transform, spec.transform_path) if spec.transform
                  else None)
     readers = ReaderCache(spec)
@@ -204,6 +209,7 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
             busy = sender.busy or len(guard) > 0
             events = dict(poller.poll(min(RETRY_MS, GUARD_MS) if busy else PARENT_CHECK_MS))
             now = time.monotonic()
+            settle()
             guard.check(now)
             peer_log.tick()
             if segments and now - swept > SWEEP_S:

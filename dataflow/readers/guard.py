@@ -24,8 +24,12 @@ from dataclasses import dataclass
 
 from dataflow.batch import Schema
 from dataflow.errors import ShardChangedError, ShardReadError
+from dataflow.readers import lease
 from dataflow.storage.cache import stat_identity
 from dataflow.storage.sources import local_path
+
+_LEASED: dict[int, FileGuard] = {}
+"""This process's guards that hold a lease, by descriptor."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class FileGuard:
         size: its size in bytes when opened (the size every check expects).
         identity: the identity every check expects: the one given, which the file had when
             opened.
+        leased: whether the guard holds a read lease (checks need no ``fstat``).
     """
 
     def __init__(self, url: str, expect: str | None = None) -> None:
@@ -84,9 +89,24 @@ class FileGuard:
         self.size = st.st_size
         self.identity = stat_identity(st)
         self._mtime_ns = st.st_mtime_ns
+        self.leased = False
         if expect is not None and self.identity != expect:
             self.close()
             raise changed(url, expect, self.identity)
+        if lease.take(self.fd):
+            self.leased = True
+            _LEASED[self.fd] = self
+            if not lease.held(self.fd):  # broken before it was registered
+                self._unlease()
+            self._leased_check()
+
+    def _leased_check(self) -> None:
+        """The check that covers what changed before the lease was taken: a write then."""
+        st = os.fstat(self.fd)
+        if st.st_mtime_ns != self._mtime_ns or st.st_size != self.size:
+            url, identity = self.url, self.identity
+            self.close()
+            raise changed(url, identity, stat_identity(st))
 
     @property
     def path(self) -> str:
@@ -100,6 +120,10 @@ class FileGuard:
         Raises:
             ShardChangedError: it changed.
         """
+        if lease.pending():
+            settle()
+        if self.leased:
+            return
         st = os.fstat(self.fd)
         if st.st_mtime_ns != self._mtime_ns or st.st_size != self.size:  # the identity's
             raise changed(self.url, self.identity, stat_identity(st))
@@ -109,21 +133,43 @@ class FileGuard:
         callers that leave a changed file to a path that raises or counts."""
         return all_unchanged((self,))
 
+    def _unlease(self) -> None:
+        """Check with ``fstat`` from now on, and let go of the lease."""
+        self.leased = False
+        del _LEASED[self.fd]
+        lease.release(self.fd)
+
     def close(self) -> None:
-        """Close the descriptor (idempotent)."""
+        """Close the descriptor (idempotent), letting go of its lease first (a map of the
+        file would keep it held)."""
+        if self.leased:
+            self._unlease()
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+def settle() -> None:
+    """After a lease broke (:func:`~dataflow.readers.lease.take_pending`): the guards whose
+    lease broke check with ``fstat`` from now on, and let go of it, so the writers waiting go
+    on. Called by every check, and by a reader's serving loop at every turn."""
+    if not lease.take_pending():
+        return
+    for fd, guard in list(_LEASED.items()):
+        if not lease.held(fd):
+            guard._unlease()
 
 
 def all_unchanged(guards: Iterable[FileGuard | None]) -> bool:
     """Whether every one of ``guards`` (``None``: nothing to check) still has its identity:
     :meth:`FileGuard.unchanged` of each, one ``fstat`` each, stopping at the first changed, at
     a fraction of the Python around a method call each (a batch of the sample shuffle checks
-    hundreds)."""
+    hundreds). A guard holding its lease is unchanged without a system call."""
+    if lease.pending():
+        settle()
     fstat = os.fstat
     for guard in guards:
-        if guard is not None:
+        if guard is not None and not guard.leased:
             st = fstat(guard.fd)
             if st.st_mtime_ns != guard._mtime_ns or st.st_size != guard.size:
                 return False

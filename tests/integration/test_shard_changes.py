@@ -15,6 +15,7 @@ from srvtools import scrape, server_stat, wait_for
 from dataflow.client import DataLoader
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import RemoteError
+from dataflow.readers import lease
 
 PER_SHARD = 40
 SHARDS = 3
@@ -97,3 +98,36 @@ def test_under_skip_a_changed_shard_is_counted_and_the_rest_served(servers, tmp_
                  10, f"{lost} skipped samples of {victim} in /metrics")
     assert "changed since the dataset index was built" in server.stderr_tail(20_000)
     assert server_stat(server.endpoint, "worker_restarts") == 0
+
+
+def _leased_inodes() -> Counter[int]:
+    """Read leases held on this host, by inode (``/proc/locks``)."""
+    with open("/proc/locks") as f:
+        rows = [line.split() for line in f]
+    return Counter(int(r[5].rsplit(":", 1)[1]) for r in rows if r[1:2] == ["LEASE"]
+                   and r[3] == "READ")
+
+
+@pytest.mark.timeout(120)
+def test_readers_lease_their_shards_until_a_writer_comes(servers, tmp_path) -> None:
+    """Where the kernel grants read leases, every reader holds one on each shard it opened
+    (its checks then need no fstat); a writer waits only until the readers' next turn, and
+    from then on the changed shard is refused by fstat checks while the others stay leased."""
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        if lease.filesystem(fd) not in lease.LOCAL_FS:
+            pytest.skip(f"{tmp_path} is not on a filesystem leases are taken on")
+    finally:
+        os.close(fd)
+    paths = _demo(str(tmp_path / "d"), "tar", "file")
+    server = servers(paths, extra_args=["--workers", "2", "--cache-dir", str(tmp_path / "c")])
+    assert sorted(_epoch(server.endpoint)) == list(range(SHARDS * PER_SHARD))
+    inodes = [os.stat(p).st_ino for p in paths]
+    held = _leased_inodes()
+    assert all(held[i] >= 1 for i in inodes), f"leases {held}, shards' inodes {inodes}"
+    with open(paths[0], "r+b") as f:  # waits for every reader holding it to let go
+        f.write(b"\0")
+    held = _leased_inodes()
+    assert held[inodes[0]] == 0 and all(held[i] >= 1 for i in inodes[1:])
+    err = _epoch(server.endpoint)
+    assert isinstance(err, RemoteError) and os.path.basename(paths[0]) in err.remote_message

@@ -1,0 +1,168 @@
+"""Read leases on local shards (:mod:`dataflow.readers.lease`): a guard holding one reports
+its file unchanged with no system call while writers wait in the kernel, lets them in at its
+next settle or close, and from then on checks with ``fstat``, which sees what they wrote.
+Writers are real child processes (a process breaks its own leases too, and would wait on
+itself)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dataflow.errors import ShardChangedError
+from dataflow.readers import lease
+from dataflow.readers.guard import FileGuard, all_unchanged, settle
+
+WRITE = "import sys; f = open(sys.argv[1], 'r+b'); f.write(b'Z' * 16); f.close()"
+TRY_OPEN = ("import os, sys\ntry:\n    os.close(os.open(sys.argv[1], os.O_WRONLY | "
+            "os.O_NONBLOCK))\nexcept BlockingIOError:\n    sys.exit(3)")
+
+
+def _leasable_dir(tmp_path: Path) -> Path:
+    for where in (tmp_path, Path("/dev/shm")):
+        fd = os.open(where, os.O_RDONLY)
+        try:
+            if lease.filesystem(fd) in lease.LOCAL_FS:
+                return where
+        finally:
+            os.close(fd)
+    pytest.skip(f"neither {tmp_path} nor /dev/shm is on a filesystem leases are taken on")
+
+
+@pytest.fixture
+def armed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(lease, "_armed", False)
+    previous = signal.getsignal(signal.SIGIO)
+    why = lease.arm()
+    if why is not None:
+        pytest.skip(f"no leases on this host: {why}")
+    with open(lease.BREAK_TIME) as f:
+        if int(f.read()) < 10:
+            pytest.skip(f"{lease.BREAK_TIME} < 10 s: a loaded host may stall longer than a "
+                        "writer waits")
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGIO, previous)
+        lease.take_pending()
+
+
+@pytest.fixture
+def shard(tmp_path: Path, armed: None) -> Iterator[str]:
+    d = _leasable_dir(tmp_path) / f"lease-{os.getpid()}-{time.monotonic_ns()}"
+    d.mkdir()
+    path = d / "shard.bin"
+    path.write_bytes(bytes(4096))
+    try:
+        yield str(path)
+    finally:
+        path.unlink()
+        d.rmdir()
+
+
+def _wait(what, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_waits_for_a_leased_guard_and_its_write_is_seen_after(shard: str) -> None:
+    guard = FileGuard(shard)
+    writer = None
+    try:
+        assert guard.leased
+        writer = subprocess.Popen([sys.executable, "-c", WRITE, shard])
+        _wait(lease.pending)  # the writer's open broke the lease
+        assert writer.poll() is None, "the writer opened the file while the lease was held"
+        guard.check()  # unchanged: the writer still waits (the check settles the lease)
+        assert not guard.leased
+        assert writer.wait(timeout=30) == 0
+        assert not all_unchanged([guard])
+        with pytest.raises(ShardChangedError, match="shard.bin"):
+            guard.check()
+    finally:
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        guard.close()
+
+
+@pytest.mark.timeout(60)
+def test_settle_turns_back_only_the_guards_whose_lease_broke(tmp_path: Path,
+                                                             shard: str) -> None:
+    other = Path(shard).with_name("other.bin")
+    other.write_bytes(bytes(4096))
+    guards = [FileGuard(shard), FileGuard(str(other))]
+    writer = None
+    try:
+        assert all(g.leased for g in guards)
+        writer = subprocess.Popen([sys.executable, "-c", WRITE, str(other)])
+        _wait(lease.pending)
+        settle()
+        assert [g.leased for g in guards] == [True, False]
+        assert writer.wait(timeout=30) == 0
+        assert all_unchanged(guards[:1]) and not all_unchanged(guards)
+    finally:
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        for g in guards:
+            g.close()
+        other.unlink()
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_guard_lets_writers_in_though_a_map_keeps_the_file_open(shard: str) -> None:
+    guard = FileGuard(shard)
+    view = mmap.mmap(guard.fd, 0, access=mmap.ACCESS_READ)  # holds the open file, and a lease
+    try:
+        assert guard.leased
+        guard.close()
+        tried = subprocess.run([sys.executable, "-c", TRY_OPEN, shard], timeout=30)
+        assert tried.returncode == 0, "a writer still found the lease held after close"
+    finally:
+        view.close()
+        lease.take_pending()
+
+
+@pytest.mark.timeout(60)
+def test_no_lease_while_the_file_is_open_for_writing(shard: str) -> None:
+    with open(shard, "r+b") as f:
+        guard = FileGuard(shard)
+        try:
+            assert not guard.leased
+            guard.check()
+            f.write(b"Z" * 8192)  # longer: fstat sees it
+            f.flush()
+            with pytest.raises(ShardChangedError):
+                guard.check()
+        finally:
+            guard.close()
+
+
+@pytest.mark.timeout(60)
+def test_no_lease_on_a_filesystem_not_listed(shard: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lease, "LOCAL_FS", {})
+    guard = FileGuard(shard)
+    assert not guard.leased
+    guard.close()
+
+
+@pytest.mark.timeout(60)
+def test_no_lease_in_a_process_that_did_not_arm(shard: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lease, "_armed", False)
+    guard = FileGuard(shard)
+    assert not guard.leased
+    guard.close()
