@@ -47,8 +47,15 @@ from typing import NamedTuple, overload
 import numpy as np
 
 from dataflow.checks import check_int
-from dataflow.errors import ConfigError
-from dataflow.shuffle import Shuffle, epoch_order, shard_sizes_array
+from dataflow.errors import ConfigError, InternalError
+from dataflow.shuffle import (
+    Shuffle,
+    as_shuffle,
+    compact_epoch_order,
+    epoch_order,
+    id_dtype,
+    shard_sizes_array,
+)
 
 __all__ = [
     "Batches",
@@ -63,6 +70,11 @@ __all__ = [
     "ranges_of",
     "sort_within",
 ]
+
+CHUNK = 1 << 16
+"""Samples :func:`ranges_of` converts at a time (whole batches): its temporaries are arrays of
+about this many elements (about 100 bytes a sample of the chunk), not of a rank's whole epoch.
+Smaller chunks cost time in Python calls, larger ones memory and cache misses."""
 
 
 class Range(NamedTuple):
@@ -172,15 +184,37 @@ def rank_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
         within each batch. Padding positions (past the end of the order) are already taken
         modulo ``total``.
     """
-    batches, last = size.batches_per_rank, size.last_batch_size
-    if batches == 0:
-        return np.zeros(0, dtype=np.int64)
-    full = batches - 1
+    return _take(None, size, start=start, world_size=world_size, rank=rank,
+                 batch_size=batch_size, total=total, dtype=np.int64)
+
+
+def _take(order: np.ndarray | None, size: EpochSize, *, start: int, world_size: int,
+          rank: int, batch_size: int, total: int,
+          dtype: type[np.signedinteger]) -> np.ndarray:
+    """``order[rank_positions(...)]`` (the positions themselves where ``order`` is None, the
+    identity), made without the positions: ``dtype`` (one that holds ``total``) of shape
+    ``(size.samples_per_rank,)``.
+
+    Rank ``rank``'s full batches are column block ``rank`` of the order's rounds of
+    ``world_size * batch_size`` samples from ``start`` (they never pass the order's end), a
+    strided view copied once; its last batch is the few positions of the module's rule 3.
+    """
+    ids = np.empty(size.samples_per_rank, dtype=dtype)
+    if size.batches_per_rank == 0:
+        return ids
+    full, last = size.batches_per_rank - 1, size.last_batch_size
     per_round = world_size * batch_size
-    body = (start + rank * batch_size + np.arange(full, dtype=np.int64)[:, None] * per_round
-            + np.arange(batch_size, dtype=np.int64)[None, :]).reshape(-1)
-    tail = start + full * per_round + rank * last + np.arange(last, dtype=np.int64)
-    return np.concatenate([body, tail % total])
+    first = start + rank * batch_size
+    body = ids[: full * batch_size].reshape(full, batch_size)
+    if order is None:
+        np.add(np.arange(full, dtype=np.int64)[:, None] * per_round + first,
+               np.arange(batch_size, dtype=np.int64), out=body)
+    else:
+        rounds = order[start : start + full * per_round].reshape(full, per_round)
+        body[...] = rounds[:, first - start : first - start + batch_size]
+    tail = (start + full * per_round + rank * last + np.arange(last, dtype=np.int64)) % total
+    ids[full * batch_size :] = tail if order is None else order[tail]
+    return ids
 
 
 def batch_bounds(samples: int, batch_size: int) -> np.ndarray:
@@ -189,45 +223,109 @@ def batch_bounds(samples: int, batch_size: int) -> np.ndarray:
     return np.append(np.arange(0, samples, batch_size, dtype=np.int64), samples)
 
 
-def ranges_of(ids: np.ndarray, bounds: np.ndarray, ends: np.ndarray) -> Batches:
+def ranges_of(ids: np.ndarray, bounds: np.ndarray, ends: np.ndarray, *,
+              chunk: int = CHUNK) -> Batches:
     """Batches of sample ids as ranges: batch ``i`` is ``ids[bounds[i]:bounds[i + 1]]``
-    (non-empty), sorted within the batch, each sample once; ``ends`` the shards' cumulative
-    sizes. Adjacent samples of one shard merge into one ``(shard, start, stop)`` range."""
+    (non-empty; ``bounds`` runs from 0 to ``len(ids)``), sorted within the batch, each sample
+    once; ``ends`` the shards' cumulative sizes. Adjacent samples of one shard merge into one
+    ``(shard, start, stop)`` range.
+
+    A range never crosses a batch, so whole batches of about ``chunk`` samples are converted
+    at a time, in two passes: one marks where ranges start (a bool a sample), the other fills
+    the table, made once its rows are counted. Beside ``ids`` and the result it holds that
+    mark and temporaries of about ``chunk`` elements.
+
+    Raises:
+        InternalError: ``bounds`` does not run from 0 to ``len(ids)``.
+    """
     if len(bounds) < 2:
         return Batches(np.zeros((0, 3), dtype=np.int64), np.zeros(1, dtype=np.int64))
-    shard = np.searchsorted(ends, ids, side="right")
-    head = np.ones(len(ids), dtype=bool)
-    head[1:] = (ids[1:] != ids[:-1] + 1) | (shard[1:] != shard[:-1])
-    firsts = bounds[:-1]
-    head[firsts] = True
-    heads = np.flatnonzero(head)
-    lasts = np.append(heads[1:], len(ids)) - 1
-    base = np.concatenate([[0], ends[:-1]])[shard[heads]]
-    table = np.stack([shard[heads], ids[heads] - base, ids[lasts] + 1 - base], axis=1)
-    return Batches(table.astype(np.int64, copy=False),
-                   np.append(np.searchsorted(heads, firsts), len(heads)))
+    if bounds[0] != 0 or bounds[-1] != len(ids):
+        raise InternalError(f"`bounds` must run from 0 to the {len(ids)} ids. Found: "
+                            f"{int(bounds[0])} to {int(bounds[-1])}")
+    groups = _groups(bounds, chunk)
+    head = np.empty(len(ids), dtype=bool)
+    for i, j in groups:
+        lo, hi = int(bounds[i]), int(bounds[j])
+        _mark_heads(ids[lo:hi], bounds[i:j] - lo, ends, out=head[lo:hi])
+    table = np.empty((np.count_nonzero(head), 3), dtype=np.int64)
+    firsts = np.empty(len(bounds), dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    row = 0
+    for i, j in groups:
+        lo, hi = int(bounds[i]), int(bounds[j])
+        at = np.flatnonzero(head[lo:hi])
+        table[row : row + len(at)] = _rows(ids[lo:hi], at, ends, starts)
+        firsts[i:j] = row + np.searchsorted(at, bounds[i:j] - lo)
+        row += len(at)
+    firsts[-1] = row
+    return Batches(table, firsts)
 
 
-def sort_within(ids: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """``ids`` sorted within each batch ``ids[bounds[i]:bounds[i + 1]]`` (a new array)."""
+def _groups(bounds: np.ndarray, chunk: int) -> list[tuple[int, int]]:
+    """Consecutive batches ``[i, j)`` of ``bounds`` taken together: about ``chunk`` samples,
+    one batch at least."""
+    batches = len(bounds) - 1
+    per = max(1, chunk // max(1, int(np.diff(bounds).max())))
+    return [(i, min(i + per, batches)) for i in range(0, batches, per)]
+
+
+def _mark_heads(ids: np.ndarray, firsts: np.ndarray, ends: np.ndarray, *,
+                out: np.ndarray) -> None:
+    """Mark in ``out`` (bool, shaped like ``ids``) where ranges start in whole batches of
+    ``ids`` (``firsts`` their first positions): at each batch's first sample and wherever an
+    id is not the id before it + 1 of the same shard. Id ``x + 1`` after ``x`` starts another
+    shard exactly when it is one of the ``ends`` (the first id after a shard), so only those
+    few samples are looked up among the shards."""
+    np.not_equal(ids[1:], ids[:-1] + 1, out=out[1:])
+    follows = np.flatnonzero(~out[1:]) + 1
+    out[follows] = ends[np.searchsorted(ends, ids[follows])] == ids[follows]
+    out[firsts] = True
+
+
+def _rows(ids: np.ndarray, at: np.ndarray, ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The ``(shard, start, stop)`` rows of whole batches of ``ids`` whose ranges start at
+    positions ``at``: int64 of shape ``(len(at), 3)``; ``starts`` the shards' first ids."""
+    lasts = np.append(at[1:], len(ids)) - 1
+    shard = np.searchsorted(ends, ids[at], side="right")
+    base = starts[shard]
+    return np.stack([shard, ids[at] - base, ids[lasts] + 1 - base], axis=1)
+
+
+def sort_within(ids: np.ndarray, bounds: np.ndarray) -> None:
+    """Sort ``ids`` within each batch ``ids[bounds[i]:bounds[i + 1]]`` (``bounds`` from 0 to
+    ``len(ids)``), in place: a rank's ids are its plan's largest array but the table.
+
+    Raises:
+        InternalError: ``ids`` is not C-contiguous (a reshape of it would sort a copy).
+    """
+    if not ids.flags.c_contiguous:
+        raise InternalError("`ids` must be C-contiguous to be sorted in place. Found: strides "
+                            f"{ids.strides}")
     sizes = np.diff(bounds)
     if len(sizes) == 0:
-        return ids.copy()
+        return
     if (sizes[:-1] == sizes[0]).all():  # full batches, then maybe a short one
         cut = int(bounds[-2])
-        body = np.sort(ids[:cut].reshape(-1, int(sizes[0])), axis=-1)
-        return np.concatenate([body.reshape(-1), np.sort(ids[cut:])])
+        ids[:cut].reshape(-1, int(sizes[0])).sort(axis=-1)
+        ids[cut:].sort()
+        return
     batch = np.repeat(np.arange(len(sizes)), sizes)
-    return ids[np.lexsort((ids, batch))]
+    ids[...] = ids[np.lexsort((ids, batch))]
 
 
-def _table(order: np.ndarray, start: int, ends: np.ndarray, size: EpochSize, *,
-           world_size: int, rank: int, batch_size: int) -> Batches:
-    """One rank's batches of the epoch's ``order`` (sample ids) after ``start`` consumed."""
-    positions = rank_positions(size, start=start, world_size=world_size, rank=rank,
-                               batch_size=batch_size, total=len(order))
-    bounds = batch_bounds(len(positions), batch_size)
-    return ranges_of(sort_within(order[positions], bounds), bounds, ends)
+def _epoch_ids(sizes: np.ndarray, size: EpochSize, *, epoch: int, seed: int, shuffle: Shuffle,
+               start: int, world_size: int, rank: int, batch_size: int) -> np.ndarray:
+    """Rank ``rank``'s sample ids of the rest of the epoch, in its batches' order:
+    :func:`~dataflow.shuffle.id_dtype` (int32 below 2^31 samples) of shape
+    ``(size.samples_per_rank,)``. The epoch's order lives only in here (it is let go before
+    the rank's table is made), and the ``"none"`` shuffle's, the identity, not at all.
+    """
+    total = int(sizes.sum())
+    order = None if shuffle.mode == "none" else compact_epoch_order(
+        sizes, epoch=epoch, seed=seed, shuffle=shuffle)
+    return _take(order, size, start=start, world_size=world_size, rank=rank,
+                 batch_size=batch_size, total=total, dtype=id_dtype(total))
 
 
 class Batches(Sequence[list[Range]]):
@@ -290,17 +388,6 @@ class Batches(Sequence[list[Range]]):
         return f"Batches({len(self)} batches, {int(self.bounds[-1] - self.bounds[0])} ranges)"
 
 
-def _order(shard_sizes: Sequence[int] | np.ndarray, *, world_size: int, epoch: int, seed: int,
-           batch_size: int, drop_last: bool, start: int,
-           shuffle: Shuffle | str | bool) -> tuple[np.ndarray, np.ndarray, EpochSize]:
-    """The epoch's order, the shards' end ids, and the sizes of its rest after ``start``."""
-    sizes = shard_sizes_array(shard_sizes)
-    order = epoch_order(sizes, epoch=epoch, seed=seed, shuffle=shuffle)
-    size = epoch_size(len(order), world_size=world_size, batch_size=batch_size,
-                      drop_last=drop_last, start=start)
-    return order, np.cumsum(sizes), size
-
-
 def rank_batches(
     shard_sizes: Sequence[int] | np.ndarray,
     *,
@@ -333,11 +420,19 @@ def rank_batches(
         ``epoch_size(..., start=start).batches_per_rank`` batches (a sequence computed with
         numpy, ~0.5 s for 10M samples; see :class:`Batches`), each a list of ranges
         sorted by (shard, start) with adjacent samples merged; all batches hold ``batch_size``
-        samples except possibly the last (``last_batch_size``).
+        samples except possibly the last (``last_batch_size``). Beside this result (24 bytes
+        a range) planning holds at most about 5 bytes a sample of the epoch (its order in
+        int32, or the rank's ids and a mark a sample) and a chunk's temporaries (:data:`CHUNK`).
     """
     _check_rank(rank, world_size)
-    order, ends, size = _order(shard_sizes, world_size=world_size, epoch=epoch, seed=seed,
-                               batch_size=batch_size, drop_last=drop_last, start=start,
-                               shuffle=shuffle)
-    return _table(order, start, ends, size, world_size=world_size, rank=rank,
-                  batch_size=batch_size)
+    sizes = shard_sizes_array(shard_sizes)
+    check_int("epoch", epoch, 0)
+    check_int("seed", seed, 0)
+    how = as_shuffle(shuffle)
+    size = epoch_size(int(sizes.sum()), world_size=world_size, batch_size=batch_size,
+                      drop_last=drop_last, start=start)
+    ids = _epoch_ids(sizes, size, epoch=epoch, seed=seed, shuffle=how, start=start,
+                     world_size=world_size, rank=rank, batch_size=batch_size)
+    bounds = batch_bounds(len(ids), batch_size)
+    sort_within(ids, bounds)
+    return ranges_of(ids, bounds, np.cumsum(sizes))

@@ -126,33 +126,58 @@ def shard_sizes_array(shard_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
     return sizes
 
 
-def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, s + n)`` for each pair, as int64 of shape ``(sum(n),)``."""
-    heads = np.cumsum(lengths) - lengths
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - heads, lengths)
+def id_dtype(total: int) -> type[np.signedinteger]:
+    """The narrower of int32 and int64 that holds the sample ids of ``total`` samples and
+    each id + 1: int32 below 2^31 samples (half the bytes of int64)."""
+    return np.int32 if total < 1 << 31 else np.int64
 
 
-def _shard_ids(sizes: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Sample ids of the shards in ``order``, each shard in storage order."""
-    return _runs(offsets[order], sizes[order])
+def _runs(starts: np.ndarray, lengths: np.ndarray, dtype: type[np.signedinteger]) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each pair, of shape ``(sum(n),)``, in
+    ``dtype`` (one that holds every ``s + n``).
 
-
-def _sample_shuffle(ids: np.ndarray, rng: np.random.Generator, window: int) -> np.ndarray:
-    """Permute ``ids`` within consecutive windows of ``window``, the first one shorter."""
-    n = len(ids)
-    head = int(rng.integers(1, window + 1)) if n > window else n
-    full = (n - head) // window
-    out = np.empty_like(ids)
-    out[:head] = rng.permutation(ids[:head])
-    body = ids[head : head + full * window].reshape(full, window)
-    out[head : head + full * window] = rng.permuted(body, axis=1).reshape(-1)
-    out[head + full * window :] = rng.permutation(ids[head + full * window :])
+    Made in the result alone (an epoch's order is its plan's largest array, 80 MB of int64
+    for 10M samples): ones, each run's first element set to its step from the element before
+    it (between minus and plus the largest ``s + n``), then summed in place.
+    """
+    starts, lengths = starts[lengths > 0], lengths[lengths > 0]
+    out = np.ones(int(lengths.sum()), dtype=dtype)
+    if len(out):
+        before = np.concatenate([[0], starts[:-1] + lengths[:-1] - 1])
+        out[np.cumsum(lengths) - lengths] = starts - before
+        np.cumsum(out, dtype=dtype, out=out)
     return out
 
 
+def _shard_ids(sizes: np.ndarray, offsets: np.ndarray, order: np.ndarray,
+               dtype: type[np.signedinteger]) -> np.ndarray:
+    """Sample ids of the shards in ``order``, each shard in storage order, in ``dtype``."""
+    return _runs(offsets[order], sizes[order], dtype)
+
+
+def _sample_shuffle(ids: np.ndarray, rng: np.random.Generator, window: int) -> np.ndarray:
+    """Permute ``ids`` within consecutive windows of ``window``, the first one shorter, in
+    place (``ids`` is returned): no copy of the epoch's order.
+
+    The draws are those of ``rng.permutation`` of each end and ``rng.permuted`` of the windows
+    between them (numpy's ``permutation`` shuffles a copy the same way), so the order is the
+    same as theirs.
+    """
+    n = len(ids)
+    head = int(rng.integers(1, window + 1)) if n > window else n
+    full = (n - head) // window
+    rng.shuffle(ids[:head])
+    body = ids[head : head + full * window].reshape(full, window)
+    rng.permuted(body, axis=1, out=body)
+    rng.shuffle(ids[head + full * window :])
+    return ids
+
+
 def _block_shuffle(sizes: np.ndarray, offsets: np.ndarray, order: np.ndarray,
-                   rng: np.random.Generator, block_size: int, window: int) -> np.ndarray:
-    """Blocks of ``block_size`` permuted within windows of ``window`` shards of ``order``."""
+                   rng: np.random.Generator, block_size: int, window: int,
+                   dtype: type[np.signedinteger]) -> np.ndarray:
+    """Blocks of ``block_size`` permuted within windows of ``window`` shards of ``order``
+    (sample ids in ``dtype``)."""
     counts = -(-sizes[order] // block_size)
     shard = np.repeat(order, counts)
     first = np.repeat(np.cumsum(counts) - counts, counts)
@@ -160,7 +185,7 @@ def _block_shuffle(sizes: np.ndarray, offsets: np.ndarray, order: np.ndarray,
     stop = np.minimum(start + block_size, sizes[shard])
     group = np.repeat(np.arange(len(order)) // window, counts)
     perm = np.lexsort((rng.random(len(shard)), group))
-    return _runs(offsets[shard[perm]] + start[perm], (stop - start)[perm])
+    return _runs(offsets[shard[perm]] + start[perm], (stop - start)[perm], dtype)
 
 
 def epoch_order(
@@ -182,15 +207,35 @@ def epoch_order(
     Returns:
         int64 array of shape ``(N,)``: a permutation of the flat sample ids ``0..N-1``.
     """
+    return _order(shard_sizes, epoch=epoch, seed=seed, shuffle=shuffle, compact=False)
+
+
+def compact_epoch_order(
+    shard_sizes: Sequence[int] | np.ndarray,
+    *,
+    epoch: int,
+    seed: int,
+    shuffle: Shuffle | str | bool = "sample",
+) -> np.ndarray:
+    """:func:`epoch_order` in :func:`id_dtype` of its ``N`` samples (int32 below 2^31): the
+    same ids in half the bytes, for a rank's plan, which reads the order once (the
+    largest array it makes but its table). A shuffle's draws do not depend on the type."""
+    return _order(shard_sizes, epoch=epoch, seed=seed, shuffle=shuffle, compact=True)
+
+
+def _order(shard_sizes: Sequence[int] | np.ndarray, *, epoch: int, seed: int,
+           shuffle: Shuffle | str | bool, compact: bool) -> np.ndarray:
+    """The epoch's order in int64, or in :func:`id_dtype` where ``compact``."""
     check_int("epoch", epoch, 0)
     check_int("seed", seed, 0)
     how = as_shuffle(shuffle)
     sizes = shard_sizes_array(shard_sizes)
     offsets = np.cumsum(sizes) - sizes
+    dtype = id_dtype(int(sizes.sum())) if compact else np.int64
     if how.mode == "none":
-        return np.arange(int(sizes.sum()), dtype=np.int64)
+        return np.arange(int(sizes.sum()), dtype=dtype)
     rng = np.random.Generator(np.random.PCG64([seed, epoch]))
     order = rng.permutation(len(sizes))
     if how.mode == "block":
-        return _block_shuffle(sizes, offsets, order, rng, how.block_size, how.window)
-    return _sample_shuffle(_shard_ids(sizes, offsets, order), rng, how.shuffle_window)
+        return _block_shuffle(sizes, offsets, order, rng, how.block_size, how.window, dtype)
+    return _sample_shuffle(_shard_ids(sizes, offsets, order, dtype), rng, how.shuffle_window)
