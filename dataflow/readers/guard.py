@@ -93,7 +93,7 @@ class FileGuard:
         if expect is not None and self.identity != expect:
             self.close()
             raise changed(url, expect, self.identity)
-        if lease.take(self.fd):
+        if lease.take(self.fd, url):
             self.leased = True
             _LEASED[self.fd] = self
             if not lease.held(self.fd):  # broken before it was registered

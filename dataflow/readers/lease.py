@@ -29,8 +29,10 @@ Thread invariant: leases are armed, taken, released and settled on the process's
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import functools
+import logging
 import signal
 import struct
 from types import FrameType
@@ -47,8 +49,16 @@ BREAK_TIME = "/proc/sys/fs/lease-break-time"
 _STATFS = ctypes.create_string_buffer(128)  # struct statfs: 120 bytes on 64-bit Linux
 _F_TYPE = struct.Struct("L")  # its first member, a long
 
+REFUSED = {errno.EACCES: "the process neither owns the shard nor has CAP_LEASE",
+           errno.EINVAL: "its filesystem grants no leases (or leases are disabled: "
+                         "/proc/sys/fs/leases-enable)"}
+"""Why the kernel refused a lease, by ``errno`` (``EAGAIN``, the file open for writing right
+now, concerns that file alone and is not told)."""
+
+log = logging.getLogger(__name__)
 _armed = False
 _pending = False
+_told: set[str] = set()
 
 
 def _broke(signum: int, frame: FrameType | None) -> None:
@@ -89,21 +99,37 @@ def filesystem(fd: int) -> int | None:
     return int(_F_TYPE.unpack_from(_STATFS)[0])
 
 
-def take(fd: int) -> bool:
-    """Take a read lease on ``fd`` (a regular file opened read-only) where leases mean that
-    the file is unchanged while held (see the module).
+def take(fd: int, url: str) -> bool:
+    """Take a read lease on ``fd`` (shard ``url``, a regular file opened read-only) where
+    leases mean that the file is unchanged while held (see the module). The first refusal
+    for each reason in an armed process is logged, naming the shard.
 
     Returns:
         Whether the lease is held.
     """
-    if not _armed or filesystem(fd) not in LOCAL_FS:
+    if not _armed:
+        return False
+    fs = filesystem(fd)
+    if fs not in LOCAL_FS:
+        kind = "unknown" if fs is None else f"{fs:#x}"
+        _tell(url, f"its filesystem (statfs type {kind}) is none of "
+                   f"{', '.join(LOCAL_FS.values())}, whose writers all break a local lease")
         return False
     try:
         fcntl.fcntl(fd, fcntl.F_SETSIG, 0)  # SIGIO; the kernel resets it with a released lease
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
-    except OSError:
+    except OSError as e:
+        if e.errno != errno.EAGAIN:
+            _tell(url, REFUSED.get(e.errno or 0, str(e)))
         return False
     return True
+
+
+def _tell(url: str, why: str) -> None:
+    if why not in _told:
+        _told.add(why)
+        log.info("no read lease on shard %s: %s; shards like it are checked with fstat before "
+                 "and after every read (more reader CPU for the default shuffle)", url, why)
 
 
 def held(fd: int) -> bool:

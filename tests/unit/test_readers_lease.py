@@ -6,6 +6,7 @@ itself)."""
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import signal
@@ -151,12 +152,18 @@ def test_no_lease_while_the_file_is_open_for_writing(shard: str) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_no_lease_on_a_filesystem_not_listed(shard: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_lease_on_a_filesystem_not_listed_said_once(shard: str,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(lease, "LOCAL_FS", {})
-    guard = FileGuard(shard)
-    assert not guard.leased
-    guard.close()
+    monkeypatch.setattr(lease, "_told", set())
+    with caplog.at_level(logging.INFO, logger=lease.__name__):
+        for _ in range(2):
+            guard = FileGuard(shard)
+            assert not guard.leased
+            guard.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and shard in said[0] and "statfs type 0x" in said[0], said
 
 
 @pytest.mark.timeout(60)
