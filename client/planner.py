@@ -1,7 +1,8 @@
 """The next pass's plan, worked out in the background while the current pass is read.
 
-A rank's plan of an epoch is numpy work over every sample of the epoch's order (0.05 s for
-1.28 M samples on 8 ranks, 0.2-1.1 s for 4 M on 8 or 1: :func:`dataflow.plan.rank_batches`).
+A rank's plan of an epoch is numpy work over every sample of the epoch's order (0.03 s for
+1.28 M samples on 8 ranks, 0.1-0.4 s for 4 M on 8 or 1, 0.8-1.1 s for 10 M on 1:
+:func:`dataflow.plan.rank_batches`).
 Worked out when the consumer's ``next()`` reaches the end of an epoch, it stalled the training
 loop (and the GPU) that long once an epoch. :class:`Planner` works out the pass after the
 current one as soon as the current one is sought, on a thread of its own (numpy's large

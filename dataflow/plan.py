@@ -418,7 +418,7 @@ def rank_batches(
 
     Returns:
         ``epoch_size(..., start=start).batches_per_rank`` batches (a sequence computed with
-        numpy, ~0.5 s for 10M samples; see :class:`Batches`), each a list of ranges
+        numpy, ~1 s for 10M samples on one rank; see :class:`Batches`), each a list of ranges
         sorted by (shard, start) with adjacent samples merged; all batches hold ``batch_size``
         samples except possibly the last (``last_batch_size``). Beside this result (24 bytes
         a range) planning holds at most about 5 bytes a sample of the epoch (its order in
