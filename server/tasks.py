@@ -27,6 +27,7 @@ from dataflow.convert.columns import ReadOptions
 from dataflow.errors import DataflowError, InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
+from dataflow.readers.base import TALLY
 from dataflow.readers.tar.options import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
 from dataflow.server.samplecache import Sample, SampleCache, assemble, split
@@ -122,12 +123,14 @@ class ReaderCache:
     def __init__(self, spec: WorkerSpec) -> None:
         self._spec = spec
         self._capacity = spec.max_open_shards
+        self._lru = self._capacity < len(spec.shards)  # else nothing is ever closed
         self._open: OrderedDict[int, ShardReader] = OrderedDict()
 
     def get(self, shard: int) -> ShardReader:
         reader = self._open.get(shard)
         if reader is not None:
-            self._open.move_to_end(shard)
+            if self._lru:
+                self._open.move_to_end(shard)
             return reader
         spec = self._spec
         reader = open_shard(spec.shards[shard], cache_dir=spec.cache_dir,
@@ -156,6 +159,7 @@ class SkipMeter:
 
     def __init__(self, readers: ReaderCache) -> None:
         self._readers = readers
+        self._skip_mark, self._view_mark = TALLY.skip_changes, TALLY.views
         self._seen: dict[int, tuple[ShardReader, int]] = {}  # shard -> latest reader, skipped
         self._replaced: list[tuple[int, ShardReader, int]] = []  # earlier readers of a shard
         self._uncounted: dict[int, int] = {}  # shard -> skips of reads made to find which
@@ -176,11 +180,15 @@ class SkipMeter:
         Raises:
             ShardChangedError: naming the first that did.
         """
+        if TALLY.views == self._view_mark:  # no read since the meter began returned views
+            return
         for reader, _ in self._seen.values():
             reader.verify()
 
     def skips(self) -> dict[int, int]:
         """Samples skipped during the task, by shard (shards with none left out)."""
+        if TALLY.skip_changes == self._skip_mark:  # no reader's count moved
+            return {}
         out = {}
         for shard, (reader, before) in self._seen.items():
             if reader.skipped != before:

@@ -28,6 +28,24 @@ log = logging.getLogger(__name__)
 _DEFAULT = ReadOptions()
 
 
+class Tally:
+    """Counts over every reader of the process, so that a caller holding hundreds of readers
+    can tell at once that none of them skipped a sample, or returned rows that may view a
+    map, since it last looked (:class:`~dataflow.server.tasks.SkipMeter`, per batch).
+
+    Attributes:
+        skip_changes: changes of any reader's ``skipped``.
+        views: reads that returned rows a later :meth:`ShardReader.verify` must cover.
+    """
+
+    skip_changes = 0
+    views = 0
+
+
+TALLY = Tally()
+"""This process's :class:`Tally`."""
+
+
 class ShardReader(ABC):
     """Random access to the samples of one shard, as columnar batches.
 
@@ -70,6 +88,19 @@ class ShardReader(ABC):
     _guard: FileGuard | None = None
     _viewed = False
     """Whether a read returned rows since the last :meth:`verify`."""
+    _skipped = 0
+
+    @property
+    def skipped(self) -> int:
+        """Samples left out as damaged so far (cumulative); every change counts in
+        :data:`TALLY`."""
+        return self._skipped
+
+    @skipped.setter
+    def skipped(self, value: int) -> None:
+        if value != self._skipped:
+            TALLY.skip_changes += 1
+        self._skipped = value
 
     def __init__(self, url: str, on_error: str, options: ReadOptions = _DEFAULT) -> None:
         self.url = url
@@ -225,7 +256,9 @@ class ShardReader(ABC):
                 raise
             self._lose({0: rows - (self.skipped - before)}, {0: e})
             return empty_batch(self.schema)
-        self._viewed = self._viewed or batch_len(batch) > 0
+        if batch_len(batch) > 0:
+            self._viewed = True
+            TALLY.views += 1
         return batch
 
     def _damaged(self, err: ShardReadError, count: int = 0) -> None:
