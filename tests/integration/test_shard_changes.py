@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from collections import Counter
 
 import pytest
@@ -131,3 +133,65 @@ def test_readers_lease_their_shards_until_a_writer_comes(servers, tmp_path) -> N
     assert held[inodes[0]] == 0 and all(held[i] >= 1 for i in inodes[1:])
     err = _epoch(server.endpoint)
     assert isinstance(err, RemoteError) and os.path.basename(paths[0]) in err.remote_message
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", ["tar", "arrow"])
+def test_shards_rewritten_while_batches_are_read_never_serve_mixed_data(servers, tmp_path,
+                                                                       fmt: str) -> None:
+    """A writer rewrites shards in place, one after another, while loaders read epochs of
+    the default shuffle (batches gathered across many shards at once, the readers holding
+    leases where the kernel grants them) under ``--on-error skip``. Every epoch either has
+    each indexed sample at most once, none of the new files' (other ids), and served plus
+    skipped the whole dataset; or fails naming a rewritten shard (a rewrite landing after a
+    batch that may view its map was read fails that reply, see ``serve_task``). Once the
+    writer is done, an epoch serves exactly the shards it left alone."""
+    shards, rewritten = 16, range(0, 16, 3)
+    paths = [str(p) for p in make_demo(str(tmp_path / "d"), DemoSpec(
+        fmt=fmt, shards=shards, samples_per_shard=PER_SHARD, uneven=False,
+        image_shape=(3, 8, 8)), progress=None).paths]
+    others = [str(p) for p in make_demo(str(tmp_path / "o"), DemoSpec(
+        fmt=fmt, shards=2 * shards, samples_per_shard=PER_SHARD, uneven=False,
+        image_shape=(3, 8, 8)), progress=None).paths][shards:]  # ids past the dataset's
+    total = shards * PER_SHARD
+    names = {os.path.basename(paths[k]) for k in rewritten}
+    server = servers(paths, extra_args=["--on-error", "skip", "--workers", "2",
+                                        "--cache-dir", str(tmp_path / "c")])
+    done = threading.Event()
+
+    def rewrite() -> None:
+        for k in rewritten:
+            shutil.copyfile(others[k], paths[k])  # in place, under readers holding it
+            time.sleep(0.05)
+        done.set()
+
+    def epoch() -> tuple[Counter[int], int] | RemoteError:
+        with DataLoader(server.endpoint, batch_size=16, rank=0, world_size=1, timeout=30,
+                        read_ahead=False) as dl:
+            try:
+                return Counter(i for b in dl for i in b["id"].tolist()), dl.stats()["skipped"]
+            except RemoteError as e:
+                return e
+
+    writer = threading.Thread(target=rewrite, daemon=True)
+    writer.start()
+    after = 0
+    while after < 2:
+        finished = done.is_set()
+        got = epoch()
+        if isinstance(got, RemoteError):
+            assert "ShardChangedError" in got.remote_message, got.remote_message
+            assert any(n in got.remote_message for n in names), got.remote_message
+            assert not finished, "an epoch after the last rewrite failed"
+            continue
+        ids, skipped = got
+        assert max(ids) < total, "served samples of a rewritten shard's new file"
+        assert set(ids.values()) == {1}, "served a sample twice in an epoch"
+        assert sum(ids.values()) + skipped == total, (sum(ids.values()), skipped)
+        if finished:
+            after += 1
+            kept = [i for k in range(shards) if k not in rewritten
+                    for i in range(k * PER_SHARD, (k + 1) * PER_SHARD)]
+            assert sorted(ids) == kept
+    writer.join(timeout=30)
+    assert server_stat(server.endpoint, "worker_restarts") == 0
