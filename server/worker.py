@@ -200,6 +200,9 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     poller.register(sock, zmq.POLLIN)
     poller.register(data, zmq.POLLIN)
     poller.register(guard.monitor, zmq.POLLIN)
+    wake = lease.wakeup_fd()
+    if wake is not None:  # a lease broke: let the writer go on at once
+        poller.register(wake, zmq.POLLIN)
     segments = Segments()
     swept = time.monotonic()
     try:
@@ -209,6 +212,8 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
             busy = sender.busy or len(guard) > 0
             events = dict(poller.poll(min(RETRY_MS, GUARD_MS) if busy else PARENT_CHECK_MS))
             now = time.monotonic()
+            if wake in events:
+                lease.drain()
             settle()
             guard.check(now)
             peer_log.tick()

@@ -19,7 +19,7 @@ writing). Anywhere else a guard checks with ``fstat`` as before.
 The signal's handler only notes that a lease broke (:func:`take_pending`). The reader's next
 check of any guard, or its serving loop's next turn (:func:`dataflow.readers.guard.settle`),
 finds which leases broke, turns their guards back to ``fstat`` checks, and releases them: a
-writer waits at most until then (its loop turns at least twice a second when idle), and a
+writer waits at most until then (an idle loop is woken by the signal: :func:`wakeup_fd`), and a
 shard is read at most one round of checks after its lease let a writer in, as it was read at
 most one round after an ``fstat`` check.
 
@@ -33,6 +33,7 @@ import errno
 import fcntl
 import functools
 import logging
+import os
 import signal
 import struct
 from types import FrameType
@@ -58,6 +59,7 @@ now, concerns that file alone and is not told)."""
 log = logging.getLogger(__name__)
 _armed = False
 _pending = False
+_wakeup = -1  # the read end of the pipe every signal with a handler writes to
 _told: set[str] = set()
 
 
@@ -69,10 +71,14 @@ def _broke(signum: int, frame: FrameType | None) -> None:
 def arm() -> str | None:
     """Take leases in this process from now on; call on its main thread.
 
+    Also makes every signal write to a pipe (:func:`signal.set_wakeup_fd`) whose read end
+    :func:`wakeup_fd` gives: a loop that polls it wakes as a lease breaks, even in a system
+    call, and a writer waits for an idle reader only that long.
+
     Returns:
         Why no lease will be taken here, or ``None`` when leases are armed.
     """
-    global _armed
+    global _armed, _wakeup
     if not hasattr(fcntl, "F_SETLEASE"):
         return "this platform has no file leases"
     try:
@@ -82,9 +88,26 @@ def arm() -> str | None:
         return f"cannot read {BREAK_TIME}: {e}"
     if break_s < MIN_BREAK_S:
         return f"{BREAK_TIME} is {break_s}, below {MIN_BREAK_S}"
+    read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     signal.signal(signal.SIGIO, _broke)
-    _armed = True
+    _wakeup, _armed = read, True
     return None
+
+
+def wakeup_fd() -> int | None:
+    """The descriptor that becomes readable when a signal came (:func:`arm`), or ``None``
+    when leases are not armed; :func:`drain` it once woken."""
+    return _wakeup if _armed else None
+
+
+def drain() -> None:
+    """Empty :func:`wakeup_fd`."""
+    try:
+        while os.read(_wakeup, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 @functools.cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def _leasable_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def armed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(lease, "_armed", False)
+    monkeypatch.setattr(lease, "_wakeup", -1)
     previous = signal.getsignal(signal.SIGIO)
     why = lease.arm()
     if why is not None:
@@ -53,6 +55,8 @@ def armed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGIO, previous)
+        os.close(signal.set_wakeup_fd(-1))
+        os.close(lease._wakeup)
         lease.take_pending()
 
 
@@ -173,3 +177,23 @@ def test_no_lease_in_a_process_that_did_not_arm(shard: str,
     guard = FileGuard(shard)
     assert not guard.leased
     guard.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_breaking_wakes_a_loop_polling_the_wakeup_descriptor(shard: str) -> None:
+    guard = FileGuard(shard)
+    writer = None
+    try:
+        wake = lease.wakeup_fd()
+        assert wake is not None and select.select([wake], [], [], 0)[0] == []
+        writer = subprocess.Popen([sys.executable, "-c", WRITE, shard])
+        assert select.select([wake], [], [], 30)[0] == [wake]  # not a timeout: the signal
+        lease.drain()
+        assert select.select([wake], [], [], 0)[0] == []
+        settle()
+        assert writer.wait(timeout=30) == 0
+    finally:
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        guard.close()
