@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dataflow.batch import Schema
@@ -66,18 +66,22 @@ class FileGuard:
         leased: whether the guard holds a read lease (checks need no ``fstat``).
     """
 
-    def __init__(self, url: str, expect: str | None = None) -> None:
+    def __init__(self, url: str, expect: str | None = None, *,
+                 on_break: Callable[[], None] | None = None) -> None:
         """Open ``url``.
 
         Args:
             url: a local shard.
             expect: the identity it must have (the index's); ``None``: whatever it has now.
+            on_break: called when the guard's lease breaks, before the guard lets go of it
+                (the file is still unchanged then).
 
         Raises:
             ShardReadError: the file cannot be opened.
             ShardChangedError: its identity is not ``expect``.
         """
         self.url = url
+        self.on_break = on_break
         try:
             self.fd = os.open(local_path(url), os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -157,6 +161,8 @@ def settle() -> None:
         return
     for fd, guard in list(_LEASED.items()):
         if not lease.held(fd):
+            if guard.on_break is not None:
+                guard.on_break()
             guard._unlease()
 
 

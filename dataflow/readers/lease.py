@@ -95,6 +95,11 @@ def arm() -> str | None:
     return None
 
 
+def armed() -> bool:
+    """Whether this process takes leases (:func:`arm`)."""
+    return _armed
+
+
 def wakeup_fd() -> int | None:
     """The descriptor that becomes readable when a signal came (:func:`arm`), or ``None``
     when leases are not armed; :func:`drain` it once woken."""
@@ -151,8 +156,9 @@ def take(fd: int, url: str) -> bool:
 def _tell(url: str, why: str) -> None:
     if why not in _told:
         _told.add(why)
-        log.info("no read lease on shard %s: %s; shards like it are checked with fstat before "
-                 "and after every read (more reader CPU for the default shuffle)", url, why)
+        log.info("no read lease on %s: %s; shards like it are checked with fstat before and "
+                 "after every read (more reader CPU for the default shuffle), tar indexes like "
+                 "it read into each reader", url, why)
 
 
 def held(fd: int) -> bool:

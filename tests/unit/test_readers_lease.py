@@ -10,6 +10,7 @@ import logging
 import mmap
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardChangedError
-from dataflow.readers import lease
+from dataflow.readers import lease, open_shard
 from dataflow.readers.guard import FileGuard, all_unchanged, settle
+from dataflow.readers.tar.reader import TarReader
 
 WRITE = "import sys; f = open(sys.argv[1], 'r+b'); f.write(b'Z' * 16); f.close()"
 TRY_OPEN = ("import os, sys\ntry:\n    os.close(os.open(sys.argv[1], os.O_WRONLY | "
@@ -69,8 +72,7 @@ def shard(tmp_path: Path, armed: None) -> Iterator[str]:
     try:
         yield str(path)
     finally:
-        path.unlink()
-        d.rmdir()
+        shutil.rmtree(d)
 
 
 def _wait(what, timeout: float = 30.0) -> None:
@@ -197,3 +199,43 @@ def test_a_lease_breaking_wakes_a_loop_polling_the_wakeup_descriptor(shard: str)
             writer.kill()
             writer.wait()
         guard.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(shard: str) -> None:
+    """A reader maps a tar's saved member index under a lease (the host's readers share its
+    pages); a writer rewriting the index file in place waits, the reader copies what it
+    mapped into its own memory at the same addresses before letting go, and reads on with
+    the index it verified."""
+    root = os.path.dirname(shard)
+    path = str(make_demo(root, DemoSpec(fmt="tar", shards=1, samples_per_shard=20,
+                                        image_shape=(3, 4, 4)), progress=None).paths[0])
+    open_shard(path, cache_dir=root).close()  # builds and saves the index beside the tar
+    reader = open_shard(path, cache_dir=root)
+    writer = None
+    try:
+        assert isinstance(reader, TarReader) and not reader.index_built
+        assert reader._index_file is not None and reader._index_file.data is not None
+        offsets = reader._index.offsets.copy()
+        ids = reader.read(0, len(reader))["id"].tolist()
+        assert _maps(path + ".dfidx")
+        spoil = ("import sys; f = open(sys.argv[1], 'r+b'); f.seek(128); "
+                 "f.write(b'\\xff' * 4096); f.close()")
+        writer = subprocess.Popen([sys.executable, "-c", spoil, path + ".dfidx"])
+        _wait(lease.pending)
+        settle()
+        assert writer.wait(timeout=30) == 0
+        assert not _maps(path + ".dfidx")  # the copy is the reader's own memory
+        assert (reader._index.offsets == offsets).all()
+        assert reader.read(0, len(reader))["id"].tolist() == ids
+    finally:
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        reader.close()
+
+
+def _maps(path: str) -> bool:
+    """Whether this process maps ``path``."""
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip("\n").endswith(" " + path) for line in f)

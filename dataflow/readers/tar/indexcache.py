@@ -52,7 +52,9 @@ def save_index(index: TarIndex, paths: list[str]) -> str | None:
 
 
 def find_index(url: str, paths: list[str], ident: str, on_error: str,
-               problem: Callable[[TarIndex], str | None]) -> tuple[str | None, TarIndex | None]:
+               problem: Callable[[TarIndex], str | None],
+               load: Callable[[str, str], TarIndex] = load_tar_index,
+               ) -> tuple[str | None, TarIndex | None]:
     """The first cached index that is current and verifies against the tar, with its path;
     a rejected one that claims to be current is logged.
 
@@ -65,6 +67,7 @@ def find_index(url: str, paths: list[str], ident: str, on_error: str,
         problem: what is wrong with an index against the tar as it is now (``None``: it
             fits), as :meth:`TarIndex.problem` says for a mapped tar and
             :func:`~dataflow.readers.tar.remote.remote_problem` for a remote one.
+        load: how an index is loaded from its path (:func:`load_tar_index` by default).
 
     Returns:
         ``(path, index)``, or ``(None, None)`` when none is current and fits: the index is
@@ -72,7 +75,7 @@ def find_index(url: str, paths: list[str], ident: str, on_error: str,
     """
     for path in paths:
         try:
-            index = load_tar_index(path, url)
+            index = load(path, url)
         except FileNotFoundError:
             continue
         except OutdatedIndex as e:

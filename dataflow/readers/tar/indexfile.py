@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 from typing import IO
 
@@ -74,15 +75,25 @@ def load_tar_index(path: str, url: str) -> TarIndex:
         IndexCacheError: the file is truncated, unreadable, or its content does not match
             its digest; the message names the index file and the shard.
     """
-    where = f"tar index {path} of shard {url}"
     try:
         with open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         raise
     except OSError as e:
-        raise IndexCacheError(f"{where}: unreadable: {e}") from e
-    if data.startswith(_ZIP_MAGIC):
+        raise IndexCacheError(f"tar index {path} of shard {url}: unreadable: {e}") from e
+    return parse_tar_index(data, path, url)
+
+
+def parse_tar_index(data: bytes | mmap.mmap, path: str, url: str) -> TarIndex:
+    """The index saved by :func:`save_tar_index` whose bytes are ``data`` (read from
+    ``path``, of shard ``url``); its arrays view ``data``.
+
+    Raises:
+        OutdatedIndex, IndexCacheError: as :func:`load_tar_index`.
+    """
+    where = f"tar index {path} of shard {url}"
+    if data[: len(_ZIP_MAGIC)] == _ZIP_MAGIC:
         raise OutdatedIndex(f"{where}: the older .npz form")
     if len(data) < _HEADER.size:
         raise IndexCacheError(f"{where}: truncated ({len(data)} bytes, shorter than its header)")

@@ -42,6 +42,7 @@ import numpy as np
 
 from dataflow.batch import Batch, FieldSpec, Ragged
 from dataflow.errors import ShardChangedError, ShardReadError
+from dataflow.readers import lease
 from dataflow.readers.base import ShardReader
 from dataflow.readers.gather import range_rows
 from dataflow.readers.guard import FileGuard, changed
@@ -55,9 +56,11 @@ from dataflow.readers.tar.index import (
     sample_keys,
 )
 from dataflow.readers.tar.indexcache import find_index, index_paths, save_index
+from dataflow.readers.tar.indexfile import load_tar_index, parse_tar_index
 from dataflow.readers.tar.options import DEFAULT_OPTIONS, KEY_FIELD, TarOptions
 from dataflow.readers.tar.remote import HeaderProbe, remote_problem
 from dataflow.readers.tar.rows import MAGIC_AT, MAGIC_FIRST, MAGIC_LAST, TarRows
+from dataflow.readers.tar.sharedindex import SharedIndexFile
 from dataflow.storage.cache import local_copy
 from dataflow.storage.remote import RemoteConfig
 from dataflow.storage.remotefile import RemoteBlob
@@ -98,6 +101,7 @@ class TarReader(ShardReader):
         self._rows: TarRows | None = None
         self._mm: mmap.mmap | None = None
         self._buf = np.empty(0, dtype=np.uint8)
+        self._index_file: SharedIndexFile | None = None
         self._blob = source if isinstance(source, RemoteBlob) and not gzipped else None
         ident = source.identity
         paths = index_paths(url, cache_dir, options.missing_field)
@@ -129,7 +133,10 @@ class TarReader(ShardReader):
                                          "damage the tar walk meets, is lost (its samples "
                                          "cannot be counted)"))
         self.index_path, index = find_index(url, paths, ident, self.on_error,
-                                            lambda ix: ix.problem(data))
+                                            lambda ix: ix.problem(data), self._load_index)
+        if self._index_file is not None and self._index_file.path != self.index_path:
+            self._index_file.close()  # mapped, then rejected
+            self._index_file = None
         self.index_built = index is None
         if index is None:
             try:
@@ -140,6 +147,24 @@ class TarReader(ShardReader):
                 raise
             self.index_path = save_index(index, paths)
         self._adopt(index)
+
+    def _load_index(self, path: str, url: str) -> TarIndex:
+        """The index kept at ``path``: mapped where a lease on it is granted (shared by the
+        host's readers: :mod:`~dataflow.readers.tar.sharedindex`), else read."""
+        if not lease.armed():
+            return load_tar_index(path, url)
+        shared = SharedIndexFile(path)
+        if shared.data is None:
+            return load_tar_index(path, url)
+        try:
+            index = parse_tar_index(shared.data, path, url)
+        except BaseException:
+            shared.close()
+            raise
+        if self._index_file is not None:
+            self._index_file.close()
+        self._index_file = shared
+        return index
 
     def _map(self, fd: int, size: int) -> bytes | mmap.mmap:
         """Map the first ``size`` bytes of the uncompressed tar open as ``fd`` (never more,
@@ -318,6 +343,8 @@ class TarReader(ShardReader):
         self._unmap()
         if self._guard is not None:
             self._guard.close()
+        if self._index_file is not None:
+            self._index_file.close()
 
     def _unmap(self) -> None:
         self._buf = np.empty(0, dtype=np.uint8)

@@ -1,0 +1,92 @@
+"""A tar member index file mapped by every reader of a host instead of read into each.
+
+A reader keeping every shard open holds every tar's member index (~110 bytes a sample with
+four fields): read into each reader process, a server of R readers holds it R times. Mapped
+read-only, the index's pages are the kernel's page cache, one copy for every reader of the
+host. A mapping sees the file as it is now, though, and a reader must keep using exactly the
+index it verified (its digest, its fit to the tar). So an index file is mapped only under a
+read lease (:mod:`dataflow.readers.lease`): no process can open it for writing or truncate it
+while the lease holds. If the lease breaks (a writer waits), the reader, before letting go
+(:func:`~dataflow.readers.guard.settle`), replaces the mapping by a private copy of what it
+held, at the same addresses (``mmap(MAP_FIXED)`` of anonymous memory, filled, then made
+read-only): every array and view of the index keeps its values, now in the reader's own
+memory. Where no lease is granted (a process that did not arm leases, another owner, a
+network filesystem), the index is read into the process as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import numpy as np
+
+from dataflow.errors import IndexCacheError, ShardReadError
+from dataflow.readers.guard import FileGuard
+
+_PROT_READ, _PROT_WRITE = 0x1, 0x2
+_MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x02, 0x10, 0x20
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class SharedIndexFile:
+    """One index file mapped under a read lease (see the module); nothing when none is
+    granted. Not thread-safe (a reader's main thread).
+
+    Attributes:
+        path: the index file.
+        data: the file's bytes as a read-only map, or ``None`` when no lease was granted.
+    """
+
+    def __init__(self, path: str) -> None:
+        """Open ``path`` and map it if a lease on it is granted.
+
+        Raises:
+            FileNotFoundError: there is no file at ``path``.
+            IndexCacheError: it cannot be opened or mapped, naming it.
+        """
+        self.path = path
+        self.data: mmap.mmap | None = None
+        self._guard: FileGuard | None = None
+        try:
+            self._guard = FileGuard(path, on_break=self._privatize)
+        except ShardReadError as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                raise e.__cause__ from None
+            raise IndexCacheError(f"tar index {path}: {e}") from e
+        if not self._guard.leased or self._guard.size == 0:
+            self.close()
+            return
+        try:
+            self.data = mmap.mmap(self._guard.fd, self._guard.size, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            self.close()
+            raise IndexCacheError(f"tar index {path}: cannot map: {e}") from e
+
+    def _privatize(self) -> None:
+        """Put a private copy of the map's bytes at its addresses (its lease is breaking: the
+        file cannot have changed yet)."""
+        if self.data is None:
+            return
+        size = len(self.data)
+        copy = bytes(self.data)
+        addr = np.frombuffer(self.data, dtype=np.uint8).ctypes.data
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        got = libc.mmap(addr, size, _PROT_READ | _PROT_WRITE,
+                        _MAP_PRIVATE | _MAP_FIXED | _MAP_ANONYMOUS, -1, 0)
+        if got != addr or got == _MAP_FAILED:  # pragma: no cover - the kernel refused
+            raise OSError(ctypes.get_errno(), "cannot replace a tar index's map by a copy: "
+                          f"{os.strerror(ctypes.get_errno())}")
+        ctypes.memmove(addr, copy, size)
+        libc.mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(size), _PROT_READ)
+
+    def close(self) -> None:
+        """Let go of the lease and the descriptor (idempotent). The map itself goes with the
+        last array viewing it."""
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.close()
