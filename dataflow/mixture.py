@@ -51,14 +51,15 @@ import numpy as np
 from dataflow.checks import check_int
 from dataflow.errors import ConfigError, InternalError
 from dataflow.plan import (
+    CHUNK,
     Batches,
     EpochSize,
-    batch_bounds,
+    _batch_positions,
     epoch_size,
     ranges_of,
-    rank_positions,
+    sort_within,
 )
-from dataflow.shuffle import Shuffle, as_shuffle, epoch_order, shard_sizes_array
+from dataflow.shuffle import Shuffle, as_shuffle, compact_epoch_order, id_dtype, shard_sizes_array
 from dataflow.transform import SEED_MAX, global_batch_index
 
 __all__ = [
@@ -299,29 +300,104 @@ class MixtureBatches:
         return self.first + j * self.stride
 
 
-def _runs(passes: np.ndarray, batch: np.ndarray) -> np.ndarray:
-    """:attr:`MixtureBatches.runs` of one source: ``passes`` and ``batch`` give each of its
-    samples' pass and batch, in batch order."""
-    if len(batch) == 0:
+def _taken(weights: Weights, slots: np.ndarray) -> np.ndarray:
+    """Samples of each source among slots ``[0, s)`` for each ``s`` of ``slots`` (int64 of
+    shape ``(n,)``): int64 of shape ``(n, sources)``."""
+    turn, at = np.divmod(slots, weights.period)
+    return turn[:, None] * np.asarray(weights.counts, dtype=np.int64) + weights.before[at]
+
+
+def _source_ids(sizes: np.ndarray, lo: np.ndarray, hi: np.ndarray, tail: np.ndarray, *,
+                seed: int, shuffle: Shuffle, chunk: int = CHUNK) -> np.ndarray:
+    """The sample ids at positions of a source's endless stream of passes (pass ``q``: its
+    epoch ``q`` order under ``seed``): the ranges ``[lo[j], hi[j])`` (int64 of shape
+    ``(batches,)``, increasing and disjoint, some empty), then the positions ``tail``.
+
+    Returns:
+        :func:`~dataflow.shuffle.id_dtype` of the source's samples (int32 below 2^31) of shape
+        ``(sum(hi - lo) + len(tail),)``. Each pass it reads is drawn once, in that type, and
+        the ranges' ids gathered from it ``chunk`` at a time, never a position a sample of
+        the whole.
+    """
+    total = int(sizes.sum())
+    off = np.concatenate([[0], np.cumsum(hi - lo)])
+    body = int(off[-1])
+    ids = np.empty(body + len(tail), dtype=id_dtype(total))
+    tail_passes = tail // total
+    in_tail = set(tail_passes.tolist())
+    passes = set(in_tail)
+    cuts: dict[int, tuple[int, int]] = {}
+    if body:
+        first = int(lo[np.flatnonzero(hi > lo)[0]]) // total
+        bound = np.arange(first, (int(hi[-1]) - 1) // total + 2, dtype=np.int64) * total
+        below = _count_below(bound, lo, hi, off)
+        for q, a, b in zip(range(first, first + len(bound) - 1), below[:-1].tolist(),
+                           below[1:].tolist(), strict=True):
+            if a < b:
+                cuts[q] = a, b
+        passes.update(cuts)
+    shift = lo - off[:-1]  # a range's positions minus their indices among the ranges' ids
+    for q in sorted(passes):
+        order = None if shuffle.mode == "none" else compact_epoch_order(
+            sizes, epoch=q, seed=seed, shuffle=shuffle)
+        a, b = cuts.get(q, (0, 0))
+        for u in range(a, b, chunk):
+            at = np.arange(u, min(u + chunk, b), dtype=np.int64)
+            at += shift[np.searchsorted(off, at, side="right") - 1] - q * total
+            ids[u : u + len(at)] = at if order is None else order[at]
+        if q in in_tail:
+            mine = np.flatnonzero(tail_passes == q)
+            at = tail[mine] - q * total
+            ids[body + mine] = at if order is None else order[at]
+    return ids
+
+
+def _count_below(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """Positions below each of ``x`` in the ranges ``[lo[j], hi[j])`` (increasing, disjoint;
+    ``off`` the running sum of their lengths from 0): int64 shaped like ``x``."""
+    j = np.searchsorted(hi, x, side="right")  # ranges wholly below x
+    part = np.minimum(j, len(lo) - 1)
+    inside = np.clip(x - lo[part], 0, hi[part] - lo[part])
+    return off[j] + np.where(j < len(lo), inside, 0)
+
+
+def _once(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                        dict[int, np.ndarray]]:
+    """Parts ``ids[bounds[i]:bounds[i + 1]]``, each sorted, with each sample once.
+
+    Returns:
+        ``(ids, bounds, copies)``: the parts' ids, each sample once (``ids`` itself when no
+        part names a sample twice), their bounds, and ``{part: copies}`` for the parts that
+        named a sample twice or more (:attr:`Part.copies`, int64).
+    """
+    again = np.zeros(len(ids), dtype=bool)
+    np.equal(ids[1:], ids[:-1], out=again[1:])
+    again[bounds[:-1]] = False
+    repeats = np.flatnonzero(again)
+    if len(repeats) == 0:
+        return ids, bounds, {}
+    np.logical_not(again, out=again)
+    once = ids[again]
+    del again
+    cut = np.searchsorted(repeats, bounds)  # repeats before each bound
+    owner = repeats - np.arange(1, len(repeats) + 1, dtype=np.int64)  # each one's sample
+    bounds = bounds - cut
+    copies = {}
+    for i in np.unique(np.searchsorted(bounds, owner, side="right") - 1).tolist():
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        copies[i] = 1 + np.bincount(owner[cut[i] : cut[i + 1]] - a, minlength=b - a)
+    return once, bounds, copies
+
+
+def _runs(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """:attr:`MixtureBatches.runs` of one source: ``first`` and ``last`` give the first and
+    the last pass over the source that each of its parts reads (int64 of shape
+    ``(parts,)``)."""
+    if len(first) == 0:
         return np.zeros(0, dtype=np.int64)
-    heads = np.flatnonzero(np.diff(batch, prepend=-1))
-    lo, hi = np.minimum.reduceat(passes, heads), np.maximum.reduceat(passes, heads)
-    key = np.where(lo == hi, lo, -1 - np.arange(len(heads)))
+    key = np.where(first == last, first, -1 - np.arange(len(first)))
     bounds = np.append(np.flatnonzero(np.diff(key, prepend=key[0] - 1)), len(key))
     return bounds[np.searchsorted(bounds, np.arange(len(key)), side="right")]
-
-
-def _source_ids(sizes: np.ndarray, positions: np.ndarray, *, seed: int,
-                shuffle: Shuffle) -> np.ndarray:
-    """The sample ids at ``positions`` of a source's endless stream of passes (pass ``q``:
-    its epoch ``q`` order under ``seed``)."""
-    total = int(sizes.sum())
-    passes, at = np.divmod(positions, total)
-    ids = np.empty_like(positions)
-    for q in np.unique(passes).tolist():
-        mask = passes == q
-        ids[mask] = epoch_order(sizes, epoch=q, seed=seed, shuffle=shuffle)[at[mask]]
-    return ids
 
 
 def mixture_batches(
@@ -355,6 +431,14 @@ def mixture_batches(
             epoch's ``samples_per_epoch``).
         shuffle: how each source's passes are ordered (:class:`~dataflow.shuffle.Shuffle`).
 
+    Returns:
+        The rank's batches. Each full batch is ``batch_size`` consecutive slots, so a source's
+        samples in it are consecutive positions of its stream: planning makes no array of a
+        slot each; for one source at a time it holds that source's ids in the rank's batches
+        (int32 below 2^31 samples) and a mark each, one pass over the source (its order, in
+        that type, and its making) and a chunk's temporaries (:data:`~dataflow.plan.CHUNK`)
+        beside the result.
+
     Raises:
         ConfigError: an input is invalid, naming it.
     """
@@ -371,36 +455,34 @@ def mixture_batches(
             raise ConfigError(f"`sources[{k}]` must hold at least one sample. Found: none")
     size = mixture_size(samples_per_epoch, world_size=world_size, batch_size=batch_size,
                         drop_last=drop_last, start=start)
-    positions = rank_positions(size, start=start, world_size=world_size, rank=rank,
-                               batch_size=batch_size, total=samples_per_epoch)
-    slots = epoch * samples_per_epoch + positions
-    source, stream = weights.source_of(slots), weights.position(slots)
-    batch_of = np.repeat(np.arange(size.batches_per_rank, dtype=np.int64),
-                         np.diff(batch_bounds(len(slots), batch_size)))
-    counts = np.zeros((size.batches_per_rank, len(sizes)), dtype=np.int64)
-    np.add.at(counts, (batch_of, source), 1)
+    heads, tail = _batch_positions(size, start=start, world_size=world_size, rank=rank,
+                                   batch_size=batch_size, total=samples_per_epoch)
+    heads += epoch * samples_per_epoch
+    lo, hi = _taken(weights, heads), _taken(weights, heads + batch_size)
+    tail += epoch * samples_per_epoch
+    tail_source, tail_stream = weights.source_of(tail), weights.position(tail)
+    counts = np.empty((size.batches_per_rank, len(sizes)), dtype=np.int64)
+    np.subtract(hi, lo, out=counts[: len(heads)])
+    counts[len(heads) :] = np.bincount(tail_source, minlength=len(sizes))
     parts, index, copies, runs = [], [], [], []
     for k, shard_sizes in enumerate(sizes):
-        mine = source == k
-        ids = _source_ids(shard_sizes, stream[mine], seed=source_seed(seed, k), shuffle=how)
-        batch = batch_of[mine]
-        runs.append(_runs(stream[mine] // int(shard_sizes.sum()), batch))
-        order = np.lexsort((ids, batch))
-        ids, batch = ids[order], batch[order]
-        keep = np.ones(len(ids), dtype=bool)
-        keep[1:] = (ids[1:] != ids[:-1]) | (batch[1:] != batch[:-1])
-        heads = np.flatnonzero(keep)
-        ids, batch = ids[heads], batch[heads]
-        where = np.flatnonzero(np.diff(batch, prepend=-1))
-        bounds = np.append(where, len(ids))
+        total = int(shard_sizes.sum())
+        stream = tail_stream[tail_source == k]
+        ids = _source_ids(shard_sizes, lo[:, k], hi[:, k], stream, seed=source_seed(seed, k),
+                          shuffle=how)
+        where = np.flatnonzero(counts[:, k])
+        bounds = np.concatenate([[0], np.cumsum(counts[where, k])])
+        sort_within(ids, bounds)
+        ids, bounds, twice = _once(ids, bounds)
         parts.append(ranges_of(ids, bounds, np.cumsum(shard_sizes)))
-        index.append(batch[where])
-        repeats = np.diff(np.append(heads, int(mine.sum())))
-        twice = {}
-        for i in np.unique(np.searchsorted(where, np.flatnonzero(repeats > 1),
-                                           side="right") - 1).tolist():
-            twice[i] = repeats[bounds[i] : bounds[i + 1]]
+        del ids
+        index.append(where)
         copies.append(twice)
+        first_pass, last_pass = lo[:, k] // total, (hi[:, k] - 1) // total
+        if len(stream):
+            first_pass = np.append(first_pass, stream.min() // total)
+            last_pass = np.append(last_pass, stream.max() // total)
+        runs.append(_runs(first_pass[where], last_pass[where]))
     first = global_batch_index(start=start, batch_size=batch_size, world_size=world_size,
                                rank=rank, index=0)
     return MixtureBatches(counts, tuple(parts), tuple(index), tuple(copies), tuple(runs), first,

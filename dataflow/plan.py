@@ -77,6 +77,11 @@ about this many elements (about 100 bytes a sample of the chunk), not of a rank'
 Smaller chunks cost time in Python calls, larger ones memory and cache misses."""
 
 
+SORT_ONE_BY_ONE = 32
+"""Samples a batch from which :func:`sort_within` sorts batches of many sizes one by one (a
+Python call each, no temporaries), below which a group at a time (one vectorized sort)."""
+
+
 class Range(NamedTuple):
     """Samples ``[start, stop)`` of shard number ``shard`` (an index into the shard list)."""
 
@@ -188,6 +193,28 @@ def rank_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
                  batch_size=batch_size, total=total, dtype=np.int64)
 
 
+def _batch_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
+                     batch_size: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where rank ``rank``'s batches of the rest of an epoch lie in its order, without a
+    position a sample.
+
+    Returns:
+        ``(heads, tail)``: int64 of shape ``(size.batches_per_rank - 1,)``, the first position
+        of each full batch (batch ``j`` is the ``batch_size`` positions from ``heads[j]``, in
+        order, never past the order's end: column block ``rank`` of the rounds of
+        ``world_size * batch_size`` positions from ``start``), and int64 of shape
+        ``(size.last_batch_size,)``, the positions of its last batch (the module's rule 3),
+        taken modulo ``total``. Both empty when there is no batch.
+    """
+    if size.batches_per_rank == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    full, last = size.batches_per_rank - 1, size.last_batch_size
+    per_round = world_size * batch_size
+    heads = np.arange(full, dtype=np.int64) * per_round + (start + rank * batch_size)
+    tail = (start + full * per_round + rank * last + np.arange(last, dtype=np.int64)) % total
+    return heads, tail
+
+
 def _take(order: np.ndarray | None, size: EpochSize, *, start: int, world_size: int,
           rank: int, batch_size: int, total: int,
           dtype: type[np.signedinteger]) -> np.ndarray:
@@ -200,19 +227,16 @@ def _take(order: np.ndarray | None, size: EpochSize, *, start: int, world_size: 
     strided view copied once; its last batch is the few positions of the module's rule 3.
     """
     ids = np.empty(size.samples_per_rank, dtype=dtype)
-    if size.batches_per_rank == 0:
-        return ids
-    full, last = size.batches_per_rank - 1, size.last_batch_size
-    per_round = world_size * batch_size
-    first = start + rank * batch_size
+    heads, tail = _batch_positions(size, start=start, world_size=world_size, rank=rank,
+                                   batch_size=batch_size, total=total)
+    full = len(heads)
     body = ids[: full * batch_size].reshape(full, batch_size)
     if order is None:
-        np.add(np.arange(full, dtype=np.int64)[:, None] * per_round + first,
-               np.arange(batch_size, dtype=np.int64), out=body)
-    else:
+        np.add(heads[:, None], np.arange(batch_size, dtype=np.int64), out=body)
+    elif full:
+        per_round, first = world_size * batch_size, int(heads[0])
         rounds = order[start : start + full * per_round].reshape(full, per_round)
         body[...] = rounds[:, first - start : first - start + batch_size]
-    tail = (start + full * per_round + rank * last + np.arange(last, dtype=np.int64)) % total
     ids[full * batch_size :] = tail if order is None else order[tail]
     return ids
 
@@ -292,9 +316,15 @@ def _rows(ids: np.ndarray, at: np.ndarray, ends: np.ndarray, starts: np.ndarray)
     return np.stack([shard, ids[at] - base, ids[lasts] + 1 - base], axis=1)
 
 
-def sort_within(ids: np.ndarray, bounds: np.ndarray) -> None:
+def sort_within(ids: np.ndarray, bounds: np.ndarray, *, chunk: int = CHUNK) -> None:
     """Sort ``ids`` within each batch ``ids[bounds[i]:bounds[i + 1]]`` (``bounds`` from 0 to
-    ``len(ids)``), in place: a rank's ids are its plan's largest array but the table.
+    ``len(ids)``, non-decreasing), in place: a rank's ids are its plan's largest array but the
+    table.
+
+    Batches of one size (the last one may be shorter) are sorted as the rows of one view;
+    batches of many sizes (a mixture's parts) one by one where they average
+    :data:`SORT_ONE_BY_ONE` samples or more, else a group of about ``chunk`` samples at a
+    time (its temporaries are about 24 bytes a sample of the group).
 
     Raises:
         InternalError: ``ids`` is not C-contiguous (a reshape of it would sort a copy).
@@ -305,13 +335,21 @@ def sort_within(ids: np.ndarray, bounds: np.ndarray) -> None:
     sizes = np.diff(bounds)
     if len(sizes) == 0:
         return
-    if (sizes[:-1] == sizes[0]).all():  # full batches, then maybe a short one
+    if sizes[0] and (sizes[:-1] == sizes[0]).all():  # full batches, then maybe a short one
         cut = int(bounds[-2])
         ids[:cut].reshape(-1, int(sizes[0])).sort(axis=-1)
         ids[cut:].sort()
         return
-    batch = np.repeat(np.arange(len(sizes)), sizes)
-    ids[...] = ids[np.lexsort((ids, batch))]
+    if len(ids) >= SORT_ONE_BY_ONE * len(sizes):
+        edges = bounds.tolist()
+        for i in np.flatnonzero(sizes > 1).tolist():
+            ids[edges[i] : edges[i + 1]].sort()
+        return
+    for i, j in _groups(bounds, chunk):
+        lo, hi = int(bounds[i]), int(bounds[j])
+        group = ids[lo:hi]
+        batch = np.repeat(np.arange(j - i), sizes[i:j])
+        group[...] = group[np.lexsort((group, batch))]
 
 
 def _epoch_ids(sizes: np.ndarray, size: EpochSize, *, epoch: int, seed: int, shuffle: Shuffle,

@@ -18,6 +18,7 @@ import pytest
 from dataflow.errors import InternalError
 from dataflow.plan import (
     CHUNK,
+    SORT_ONE_BY_ONE,
     _take,
     batch_bounds,
     epoch_size,
@@ -133,15 +134,21 @@ def test_rank_positions_and_the_gather_are_the_reference_layout(drop_last: bool)
                             assert taken.tolist() == order[want].tolist()
 
 
+@pytest.mark.parametrize("chunk", [1, 5, CHUNK])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_sort_within_sorts_each_batch_in_place(dtype: type) -> None:
+def test_sort_within_sorts_each_batch_in_place(dtype: type, chunk: int) -> None:
+    """Even batches, uneven ones averaging SORT_ONE_BY_ONE samples or more (sorted one by
+    one), and many small uneven ones with empty ones among them (a group at a time)."""
     rng = np.random.default_rng(3)
     for n in (0, 1, 7, 256, 1000):
         ids = rng.permutation(n).astype(dtype)
         uneven = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, size=5)]))
-        for bounds in (batch_bounds(n, 1), batch_bounds(n, 3), batch_bounds(n, 256), uneven):
+        small = np.sort(np.concatenate([[0, n], rng.integers(0, n + 1, size=n // 3 + 2)]))
+        assert n < SORT_ONE_BY_ONE * (len(small) - 1)
+        for bounds in (batch_bounds(n, 1), batch_bounds(n, 3), batch_bounds(n, 256), uneven,
+                       small):
             got = ids.copy()
-            assert sort_within(got, bounds) is None
+            assert sort_within(got, bounds, chunk=chunk) is None
             want = [sorted(ids[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:],
                                                               strict=True)]
             assert got.tolist() == [x for batch in want for x in batch]
