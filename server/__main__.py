@@ -121,11 +121,14 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
         opened = open_shards(config.max_open_shards, len(index.shards),
                              replace(config, max_open_shards=None).descriptors,
                              hard_descriptors())
-        reserve_descriptors(opened.descriptors)
+        reserve_descriptors(opened.reserve)
         log.info("each reader keeps up to %d of the %d shard(s) open (--max-open-shards %s); "
-                 "tar member indexes of that many take up to ~%.0f MiB a reader, keys aside",
-                 opened.count, len(index.shards), config.max_open_shards or "auto",
-                 member_index_bytes(index.sizes, len(index.schema), opened.count) / 2**20)
+                 "tar member indexes of that many take up to ~%.0f MiB, keys aside: once for "
+                 "the host where readers can lease the index files (up to %d a reader), else "
+                 "in each reader", opened.count, len(index.shards),
+                 config.max_open_shards or "auto",
+                 member_index_bytes(index.sizes, len(index.schema), opened.count) / 2**20,
+                 opened.shared_indexes)
         if opened.advice is not None:
             log.warning("%s", opened.advice)
         if not all(is_local(s) for s in index.shards):
@@ -141,7 +144,8 @@ def serve(config: ServerConfig, stop: _StopFlag, *, progress: bool = False,
                                      indexed_shards(index), opened.count,
                                      config.reader_cache_memory, cache_disk,
                                      config.reader_cache_disk_bytes,
-                                     config.cache_plan_window, config.max_sessions),
+                                     config.cache_plan_window, config.max_sessions,
+                                     opened.shared_indexes),
                           config.workers, config.worker_queue,
                           [config.data_bind(slot) for slot in range(config.workers)],
                           DataCaps(config.address_connections, config.tcp_timeout_s))

@@ -36,6 +36,10 @@ SHARD_DESCRIPTORS = 2
 """Descriptors an open shard holds: its guard's (:class:`~dataflow.readers.guard.FileGuard`)
 and its memory map's own (Python's ``mmap`` and Arrow's each keep a descriptor of the file they
 map)."""
+INDEX_DESCRIPTORS = 2
+"""Descriptors a tar shard's member index holds when mapped to be shared by the host's readers
+(:mod:`~dataflow.readers.tar.sharedindex`: the index file's guard and its map's). Optional:
+where the hard limit leaves no room, indexes are read into each reader."""
 INDEX_BYTES_PER_FIELD = 24
 INDEX_BYTES_PER_SAMPLE = 16
 """A tar's member index in memory: for every sample 8 bytes for each field's offset, size
@@ -52,13 +56,21 @@ class OpenShards:
         count: shards each reader keeps open.
         descriptors: the open-file limit each server process needs for them and the rest
             (``others``).
+        shared_indexes: tar member indexes each reader may map shared besides
+            (:data:`INDEX_DESCRIPTORS` each: ``count`` where the hard limit leaves room).
         advice: what to tell the operator when a batch of the default shuffle will reopen
             shards (fewer open than the dataset has), else None.
     """
 
     count: int
     descriptors: int
+    shared_indexes: int
     advice: str | None
+
+    @property
+    def reserve(self) -> int:
+        """The open-file limit to set: :attr:`descriptors` and the shared indexes'."""
+        return self.descriptors + INDEX_DESCRIPTORS * self.shared_indexes
 
 
 def open_shards(setting: int | None, shards: int, others: int,
@@ -87,7 +99,9 @@ def open_shards(setting: int | None, shards: int, others: int,
         raise ServerStartError(f"--max-sessions and --max-open-shards need {needed} file "
                                f"descriptors per process; the hard limit (ulimit -Hn) is "
                                f"{hard_limit}")
-    return OpenShards(count, needed, _advice(setting, shards, count, hard_limit))
+    spare = count if hard_limit is None else (hard_limit - needed) // INDEX_DESCRIPTORS
+    return OpenShards(count, needed, min(count, spare), _advice(setting, shards, count,
+                                                                 hard_limit))
 
 
 def _advice(setting: int | None, shards: int, count: int, hard_limit: int | None) -> str | None:

@@ -77,6 +77,9 @@ class WorkerSpec:
         cache_plan_window: most rows of a task's ``ahead``; > 0: the cache evicts by the
             windows sessions announce (:class:`~dataflow.server.eviction.PlanAware`), 0: LRU.
         plan_sessions: most sessions' windows a reader keeps.
+        shared_indexes: most tar member indexes a reader maps shared with the host's other
+            readers (the descriptors the server reserved for them:
+            :mod:`~dataflow.readers.tar.sharedindex`); the rest are read into it.
     """
 
     backend: str
@@ -102,6 +105,7 @@ class WorkerSpec:
     cache_disk_bytes: int = 0
     cache_plan_window: int = 0
     plan_sessions: int = 1
+    shared_indexes: int = 0
 
 
 def indexed_shards(index: DatasetIndex) -> tuple[IndexedShard, ...]:

@@ -61,6 +61,7 @@ from dataflow import wire
 from dataflow.errors import InternalError, ProtocolError
 from dataflow.readers import lease
 from dataflow.readers.guard import settle
+from dataflow.readers.tar import sharedindex
 from dataflow.security import secure_server
 from dataflow.server.auth import start_gatekeeper, stop_gatekeeper
 from dataflow.server.diskcache import DiskTier
@@ -163,6 +164,7 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     if not keep_freed_memory():
         log.debug("malloc is not glibc's: freed batch memory goes back to the kernel")
     no_leases = lease.arm()
+    sharedindex.allow(spec.shared_indexes)
     if no_leases:
         log.debug("no read leases on shards (every read checked with fstat): %s", no_leases)
     transform = (load_transform(spec.transform, spec.transform_path) if spec.transform

@@ -24,6 +24,7 @@ from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardChangedError
 from dataflow.readers import lease, open_shard
 from dataflow.readers.guard import FileGuard, all_unchanged, settle
+from dataflow.readers.tar import sharedindex
 from dataflow.readers.tar.reader import TarReader
 
 WRITE = "import sys; f = open(sys.argv[1], 'r+b'); f.write(b'Z' * 16); f.close()"
@@ -202,7 +203,8 @@ def test_a_lease_breaking_wakes_a_loop_polling_the_wakeup_descriptor(shard: str)
 
 
 @pytest.mark.timeout(60)
-def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(shard: str) -> None:
+def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(
+        shard: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader maps a tar's saved member index under a lease (the host's readers share its
     pages); a writer rewriting the index file in place waits, the reader copies what it
     mapped into its own memory at the same addresses before letting go, and reads on with
@@ -210,6 +212,7 @@ def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(shard: s
     root = os.path.dirname(shard)
     path = str(make_demo(root, DemoSpec(fmt="tar", shards=1, samples_per_shard=20,
                                         image_shape=(3, 4, 4)), progress=None).paths[0])
+    monkeypatch.setattr(sharedindex, "_budget", 1)
     open_shard(path, cache_dir=root).close()  # builds and saves the index beside the tar
     reader = open_shard(path, cache_dir=root)
     writer = None
@@ -233,6 +236,27 @@ def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(shard: s
             writer.kill()
             writer.wait()
         reader.close()
+    assert sharedindex._mapped == 0
+
+
+@pytest.mark.timeout(60)
+def test_no_more_shared_tar_indexes_than_the_descriptors_allow(
+        shard: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = os.path.dirname(shard)
+    paths = [str(p) for p in make_demo(root, DemoSpec(fmt="tar", shards=3, samples_per_shard=5,
+                                                      image_shape=(1, 2, 2)),
+                                       progress=None).paths]
+    for p in paths:
+        open_shard(p, cache_dir=root).close()
+    monkeypatch.setattr(sharedindex, "_budget", 2)
+    readers = [open_shard(p, cache_dir=root) for p in paths]
+    try:
+        assert [r._index_file is not None for r in readers] == [True, True, False]
+        assert all(len(r.read(0, len(r))["id"]) == len(r) for r in readers)
+    finally:
+        for r in readers:
+            r.close()
+    assert sharedindex._mapped == 0
 
 
 def _maps(path: str) -> bool:

@@ -13,6 +13,7 @@ from dataflow.readers import open_shard
 from dataflow.readers.tar import TarOptions
 from dataflow.server.openshards import (
     AUTO_CAP,
+    INDEX_DESCRIPTORS,
     SHARD_DESCRIPTORS,
     member_index_bytes,
     open_shards,
@@ -33,6 +34,11 @@ def test_open_shards_over_a_grid(setting: int | None, shards: int, others: int,
     got = open_shards(setting, shards, others, hard)
     assert got.count == want and got.descriptors == own + SHARD_DESCRIPTORS * want
     assert hard is None or got.descriptors <= hard
+    # Each open tar may map its index shared where the hard limit leaves two more descriptors.
+    spare = want if hard is None else (hard - got.descriptors) // INDEX_DESCRIPTORS
+    assert got.shared_indexes == min(want, spare)
+    assert got.reserve == got.descriptors + INDEX_DESCRIPTORS * got.shared_indexes
+    assert hard is None or got.reserve <= hard
     # Advice exactly when a batch of the default shuffle would reopen shards, naming the count
     # every shard open needs.
     assert (got.advice is None) == (shards <= want)

@@ -11,7 +11,9 @@ while the lease holds. If the lease breaks (a writer waits), the reader, before 
 held, at the same addresses (``mmap(MAP_FIXED)`` of anonymous memory, filled, then made
 read-only): every array and view of the index keeps its values, now in the reader's own
 memory. Where no lease is granted (a process that did not arm leases, another owner, a
-network filesystem), the index is read into the process as before.
+network filesystem), or where the process may map no more (:func:`allow`: each mapped index
+holds two descriptors, which the server reserves when the hard limit leaves room), the index
+is read into the process as before.
 """
 
 from __future__ import annotations
@@ -24,6 +26,17 @@ import numpy as np
 
 from dataflow.errors import IndexCacheError, ShardReadError
 from dataflow.readers.guard import FileGuard
+
+_budget = 0  # index files this process may map at once (each holds two descriptors)
+_mapped = 0
+
+
+def allow(files: int) -> None:
+    """Let this process map at most ``files`` index files at once (0 by default: none), the
+    descriptors its open-file limit leaves for them (two each)."""
+    global _budget
+    _budget = files
+
 
 _PROT_READ, _PROT_WRITE = 0x1, 0x2
 _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x02, 0x10, 0x20
@@ -49,6 +62,8 @@ class SharedIndexFile:
         self.path = path
         self.data: mmap.mmap | None = None
         self._guard: FileGuard | None = None
+        if _mapped >= _budget:
+            return
         try:
             self._guard = FileGuard(path, on_break=self._privatize)
         except ShardReadError as e:
@@ -63,6 +78,7 @@ class SharedIndexFile:
         except (OSError, ValueError) as e:
             self.close()
             raise IndexCacheError(f"tar index {path}: cannot map: {e}") from e
+        _count(1)
 
     def _privatize(self) -> None:
         """Put a private copy of the map's bytes at its addresses (its lease is breaking: the
@@ -90,3 +106,14 @@ class SharedIndexFile:
         guard, self._guard = self._guard, None
         if guard is not None:
             guard.close()
+            if self.data is not None:
+                _count(-1)
+                try:
+                    self.data.close()
+                except BufferError:
+                    pass  # arrays view it: unmapped (and its descriptor closed) when they go
+
+
+def _count(change: int) -> None:
+    global _mapped
+    _mapped += change
