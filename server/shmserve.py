@@ -137,8 +137,12 @@ class Segments:
                 flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
                 mapped.write(task.slot, offset, flat.data)
         except SegmentError as e:
-            log.warning("request %d: shared memory unusable (%s); TCP frames", task.req_id,
-                        quote(str(e), 400))
+            if isinstance(e.__cause__, FileNotFoundError):  # the client closed it: not news
+                log.debug("request %d: the client removed its shared-memory segment (%s); TCP "
+                          "frames", task.req_id, quote(str(e), 400))
+            else:
+                log.warning("request %d: shared memory unusable (%s); TCP frames", task.req_id,
+                            quote(str(e), 400))
             return msg
         self.written += 1
         return replace(msg, data=(), shm=wire.ShmRef(task.slot, layout.nbytes))
