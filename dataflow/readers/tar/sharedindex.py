@@ -19,6 +19,7 @@ is read into the process as before.
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import os
 
@@ -27,6 +28,7 @@ import numpy as np
 from dataflow.errors import IndexCacheError, ShardReadError
 from dataflow.readers.guard import FileGuard
 
+log = logging.getLogger(__name__)
 _budget = 0  # index files this process may map at once (each holds two descriptors)
 _mapped = 0
 
@@ -94,9 +96,12 @@ class SharedIndexFile:
                               ctypes.c_int, ctypes.c_long]
         got = libc.mmap(addr, size, _PROT_READ | _PROT_WRITE,
                         _MAP_PRIVATE | _MAP_FIXED | _MAP_ANONYMOUS, -1, 0)
-        if got != addr or got == _MAP_FAILED:  # pragma: no cover - the kernel refused
-            raise OSError(ctypes.get_errno(), "cannot replace a tar index's map by a copy: "
-                          f"{os.strerror(ctypes.get_errno())}")
+        if got != addr or got == _MAP_FAILED:  # the kernel refused (no memory)
+            # Letting go would leave the index mapped while a writer changes it: the reader
+            # exits instead (its tasks go to the others, and a replacement starts).
+            log.error("tar index %s: cannot replace its map by a copy (%s); the reader exits",
+                      self.path, os.strerror(ctypes.get_errno()))
+            raise SystemExit(1)
         ctypes.memmove(addr, copy, size)
         libc.mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(size), _PROT_READ)
 
