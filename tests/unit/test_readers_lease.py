@@ -6,6 +6,7 @@ itself)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,18 @@ def shard(tmp_path: Path, armed: None) -> Iterator[str]:
         shutil.rmtree(d)
 
 
+@contextlib.contextmanager
+def _child(code: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python child process running ``code`` with ``args``, killed if still running."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *args])
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
 def _wait(what, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not what():
@@ -85,24 +99,17 @@ def _wait(what, timeout: float = 30.0) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_writer_waits_for_a_leased_guard_and_its_write_is_seen_after(shard: str) -> None:
-    guard = FileGuard(shard)
-    writer = None
-    try:
+    with closing(FileGuard(shard)) as guard:
         assert guard.leased
-        writer = subprocess.Popen([sys.executable, "-c", WRITE, shard])
-        _wait(lease.pending)  # the writer's open broke the lease
-        assert writer.poll() is None, "the writer opened the file while the lease was held"
-        guard.check()  # unchanged: the writer still waits (the check settles the lease)
-        assert not guard.leased
-        assert writer.wait(timeout=30) == 0
+        with _child(WRITE, shard) as writer:
+            _wait(lease.pending)  # the writer's open broke the lease
+            assert writer.poll() is None, "the writer opened the file while the lease was held"
+            guard.check()  # unchanged: the writer still waits (the check settles the lease)
+            assert not guard.leased
+            assert writer.wait(timeout=30) == 0
         assert not all_unchanged([guard])
         with pytest.raises(ShardChangedError, match="shard.bin"):
             guard.check()
-    finally:
-        if writer is not None and writer.poll() is None:
-            writer.kill()
-            writer.wait()
-        guard.close()
 
 
 @pytest.mark.timeout(60)
@@ -111,22 +118,17 @@ def test_settle_turns_back_only_the_guards_whose_lease_broke(tmp_path: Path,
     other = Path(shard).with_name("other.bin")
     other.write_bytes(bytes(4096))
     guards = [FileGuard(shard), FileGuard(str(other))]
-    writer = None
     try:
         assert all(g.leased for g in guards)
-        writer = subprocess.Popen([sys.executable, "-c", WRITE, str(other)])
-        _wait(lease.pending)
-        settle()
-        assert [g.leased for g in guards] == [True, False]
-        assert writer.wait(timeout=30) == 0
+        with _child(WRITE, str(other)) as writer:
+            _wait(lease.pending)
+            settle()
+            assert [g.leased for g in guards] == [True, False]
+            assert writer.wait(timeout=30) == 0
         assert all_unchanged(guards[:1]) and not all_unchanged(guards)
     finally:
-        if writer is not None and writer.poll() is None:
-            writer.kill()
-            writer.wait()
         for g in guards:
             g.close()
-        other.unlink()
 
 
 @pytest.mark.timeout(60)
@@ -184,22 +186,15 @@ def test_no_lease_in_a_process_that_did_not_arm(shard: str,
 
 @pytest.mark.timeout(60)
 def test_a_lease_breaking_wakes_a_loop_polling_the_wakeup_descriptor(shard: str) -> None:
-    guard = FileGuard(shard)
-    writer = None
-    try:
+    with closing(FileGuard(shard)):
         wake = lease.wakeup_fd()
         assert wake is not None and select.select([wake], [], [], 0)[0] == []
-        writer = subprocess.Popen([sys.executable, "-c", WRITE, shard])
-        assert select.select([wake], [], [], 30)[0] == [wake]  # not a timeout: the signal
-        lease.drain()
-        assert select.select([wake], [], [], 0)[0] == []
-        settle()
-        assert writer.wait(timeout=30) == 0
-    finally:
-        if writer is not None and writer.poll() is None:
-            writer.kill()
-            writer.wait()
-        guard.close()
+        with _child(WRITE, shard) as writer:
+            assert select.select([wake], [], [], 30)[0] == [wake]  # not a timeout: the signal
+            lease.drain()
+            assert select.select([wake], [], [], 0)[0] == []
+            settle()
+            assert writer.wait(timeout=30) == 0
 
 
 @pytest.mark.timeout(60)
@@ -214,9 +209,7 @@ def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(
                                         image_shape=(3, 4, 4)), progress=None).paths[0])
     monkeypatch.setattr(sharedindex, "_budget", 1)
     open_shard(path, cache_dir=root).close()  # builds and saves the index beside the tar
-    reader = open_shard(path, cache_dir=root)
-    writer = None
-    try:
+    with open_shard(path, cache_dir=root) as reader:
         assert isinstance(reader, TarReader) and not reader.index_built
         assert reader._index_file is not None and reader._index_file.data is not None
         offsets = reader._index.offsets.copy()
@@ -224,18 +217,13 @@ def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(
         assert _maps(path + ".dfidx")
         spoil = ("import sys; f = open(sys.argv[1], 'r+b'); f.seek(128); "
                  "f.write(b'\\xff' * 4096); f.close()")
-        writer = subprocess.Popen([sys.executable, "-c", spoil, path + ".dfidx"])
-        _wait(lease.pending)
-        settle()
-        assert writer.wait(timeout=30) == 0
+        with _child(spoil, path + ".dfidx") as writer:
+            _wait(lease.pending)
+            settle()
+            assert writer.wait(timeout=30) == 0
         assert not _maps(path + ".dfidx")  # the copy is the reader's own memory
         assert (reader._index.offsets == offsets).all()
         assert reader.read(0, len(reader))["id"].tolist() == ids
-    finally:
-        if writer is not None and writer.poll() is None:
-            writer.kill()
-            writer.wait()
-        reader.close()
     assert sharedindex._mapped == 0
 
 
