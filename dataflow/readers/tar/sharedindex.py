@@ -40,8 +40,7 @@ def allow(files: int) -> None:
     _budget = files
 
 
-_PROT_READ, _PROT_WRITE = 0x1, 0x2
-_MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x02, 0x10, 0x20
+_MAP_FIXED = 0x10  # Linux's, on every architecture (Python's mmap module does not name it)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -94,8 +93,8 @@ class SharedIndexFile:
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int, ctypes.c_long]
-        got = libc.mmap(addr, size, _PROT_READ | _PROT_WRITE,
-                        _MAP_PRIVATE | _MAP_FIXED | _MAP_ANONYMOUS, -1, 0)
+        got = libc.mmap(addr, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                        mmap.MAP_PRIVATE | _MAP_FIXED | mmap.MAP_ANONYMOUS, -1, 0)
         if got != addr or got == _MAP_FAILED:  # the kernel refused (no memory)
             # Letting go would leave the index mapped while a writer changes it: the reader
             # exits instead (its tasks go to the others, and a replacement starts).
@@ -103,7 +102,7 @@ class SharedIndexFile:
                       self.path, os.strerror(ctypes.get_errno()))
             raise SystemExit(1)
         ctypes.memmove(addr, copy, size)
-        libc.mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(size), _PROT_READ)
+        libc.mprotect(ctypes.c_void_p(addr), ctypes.c_size_t(size), mmap.PROT_READ)
 
     def close(self) -> None:
         """Let go of the lease and the descriptor (idempotent). The map itself goes with the
