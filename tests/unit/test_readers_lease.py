@@ -251,3 +251,23 @@ def _maps(path: str) -> bool:
     """Whether this process maps ``path``."""
     with open("/proc/self/maps") as f:
         return any(line.rstrip("\n").endswith(" " + path) for line in f)
+
+
+@pytest.mark.timeout(60)
+def test_a_mapped_tar_index_that_fails_its_digest_is_let_go_and_rebuilt(
+        shard: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = os.path.dirname(shard)
+    path = str(make_demo(root, DemoSpec(fmt="tar", shards=1, samples_per_shard=20,
+                                        image_shape=(3, 4, 4)), progress=None).paths[0])
+    monkeypatch.setattr(sharedindex, "_budget", 1)
+    with open_shard(path, cache_dir=root) as reader:
+        ids = reader.read(0, len(reader))["id"].tolist()
+    with open(path + ".dfidx", "r+b") as f:  # a bit of an offset flipped: the digest fails
+        f.seek(-9, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-9, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 1]))
+    with open_shard(path, cache_dir=root) as reader:
+        assert isinstance(reader, TarReader) and reader.index_built
+        assert reader._index_file is None and sharedindex._mapped == 0
+        assert reader.read(0, len(reader))["id"].tolist() == ids
