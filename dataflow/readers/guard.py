@@ -124,9 +124,7 @@ class FileGuard:
         Raises:
             ShardChangedError: it changed.
         """
-        if lease.pending():
-            settle()
-        if self.leased:
+        if self.leased and not lease.pending():
             return
         st = os.fstat(self.fd)
         if st.st_mtime_ns != self._mtime_ns or st.st_size != self.size:  # the identity's
@@ -156,7 +154,9 @@ class FileGuard:
 def settle() -> None:
     """After a lease broke (:func:`~dataflow.readers.lease.take_pending`): the guards whose
     lease broke check with ``fstat`` from now on, and let go of it, so the writers waiting go
-    on. Called by every check, and by a reader's serving loop at every turn."""
+    on. Called by a reader's serving loop at every turn, between tasks, never during a read:
+    a writer let in then could cut a file short under a map a read is using (SIGBUS); the next
+    task checks the file with ``fstat`` before touching its map."""
     if not lease.take_pending():
         return
     for fd, guard in list(_LEASED.items()):
@@ -170,12 +170,13 @@ def all_unchanged(guards: Iterable[FileGuard | None]) -> bool:
     """Whether every one of ``guards`` (``None``: nothing to check) still has its identity:
     :meth:`FileGuard.unchanged` of each, one ``fstat`` each, stopping at the first changed, at
     a fraction of the Python around a method call each (a batch of the sample shuffle checks
-    hundreds). A guard holding its lease is unchanged without a system call."""
-    if lease.pending():
-        settle()
+    hundreds). A guard holding its lease is unchanged without a system call, unless a lease
+    broke since the reader last settled them (:func:`settle`): a lease the kernel takes back
+    after ``lease-break-time`` would let a writer in, so then every guard is checked."""
+    every = lease.pending()
     fstat = os.fstat
     for guard in guards:
-        if guard is not None and not guard.leased:
+        if guard is not None and (every or not guard.leased):
             st = fstat(guard.fd)
             if st.st_mtime_ns != guard._mtime_ns or st.st_size != guard.size:
                 return False

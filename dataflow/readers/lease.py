@@ -16,12 +16,13 @@ holder at least :data:`MIN_BREAK_S` to let go, and only where the kernel grants 
 process owns the file or has ``CAP_LEASE``, leases are enabled, no one has the file open for
 writing). Anywhere else a guard checks with ``fstat`` as before.
 
-The signal's handler only notes that a lease broke (:func:`take_pending`). The reader's next
-check of any guard, or its serving loop's next turn (:func:`dataflow.readers.guard.settle`),
-finds which leases broke, turns their guards back to ``fstat`` checks, and releases them: a
-writer waits at most until then (an idle loop is woken by the signal: :func:`wakeup_fd`), and a
-shard is read at most one round of checks after its lease let a writer in, as it was read at
-most one round after an ``fstat`` check.
+The signal's handler only notes that a lease broke (:func:`take_pending`); until the reader
+settles, its checks use ``fstat`` again (a lease the kernel takes back after
+``lease-break-time`` lets the writer in). The reader's serving loop, at its next turn between
+tasks (:func:`dataflow.readers.guard.settle`), finds which leases broke, turns their guards
+back to ``fstat`` checks, and releases them: a writer waits for the task being read (an idle
+loop is woken by the signal: :func:`wakeup_fd`), and is never let in while a read uses a map
+(a file cut short under a read is a SIGBUS); the next task checks the file before its map.
 
 Thread invariant: leases are armed, taken, released and settled on the process's main thread.
 """

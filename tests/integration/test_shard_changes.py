@@ -145,7 +145,8 @@ def test_shards_rewritten_while_batches_are_read_never_serve_mixed_data(servers,
     each indexed sample at most once, none of the new files' (other ids), and served plus
     skipped the whole dataset; or fails naming a rewritten shard (a rewrite landing after a
     batch that may view its map was read fails that reply, see ``serve_task``). Once the
-    writer is done, an epoch serves exactly the shards it left alone."""
+    writer is done, an epoch serves exactly the shards it left alone. A reader killed by a
+    file cut short under its map (SIGBUS) is replaced, its tasks read by another."""
     shards, rewritten = 16, range(0, 16, 3)
     paths = [str(p) for p in make_demo(str(tmp_path / "d"), DemoSpec(
         fmt=fmt, shards=shards, samples_per_shard=PER_SHARD, uneven=False,
@@ -194,4 +195,8 @@ def test_shards_rewritten_while_batches_are_read_never_serve_mixed_data(servers,
                     for i in range(k * PER_SHARD, (k + 1) * PER_SHARD)]
             assert sorted(ids) == kept
     writer.join(timeout=30)
-    assert server_stat(server.endpoint, "worker_restarts") == 0
+    # A rewrite cutting a file short while a read uses its map kills that reader (SIGBUS, exit
+    # code -7): a check cannot close that window (see dataflow/readers/across.py). Its tasks
+    # go to another reader (nothing lost or twice, as counted above); nothing else may end one.
+    log = server.stderr_tail(200_000)
+    assert server_stat(server.endpoint, "worker_restarts") == log.count("exited with code -7"), log
