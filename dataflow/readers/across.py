@@ -19,8 +19,9 @@ raises, skips or counts as it always did: :func:`read_across` then returns ``Non
 changed nothing a reader counts.
 
 What the guards protect against stays covered: a file found changed before its first row is
-read is not read (its map is not touched, so a shorter file cannot raise SIGBUS; as before, a
-change landing between a check and the reads right after it is not seen in time); a file
+read is not read (its map is not touched, so a shorter file cannot raise SIGBUS; as before,
+without a lease, a change landing between a check and the reads right after it is not seen in
+time); a file
 changed while the batch was read is found by the check after, and nothing read from it is
 returned; a tar sample is still checked to start with a tar header at its indexed offset. The
 columns returned are copies, so nothing returned views a map and no later check is owed

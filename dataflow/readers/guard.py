@@ -9,6 +9,12 @@ on open and before and after every read (one ``fstat`` each, about a microsecond
 touches the map of a file that changed, and never returns what it read while the file
 changed.
 
+Where the kernel grants a read lease (:mod:`dataflow.readers.lease`) the guard holds one, and
+no writer gets in while it does: checks need no ``fstat``. Once its lease broke, the guard
+reads the file again only after taking the lease again (no writer has it open, no lease on it
+is breaking) and finding it unchanged; until then the file counts as changed, named as being
+written. A file open for writing when the guard opens it is refused the same way.
+
 A shard replaced by an atomic rename (written elsewhere, then ``mv`` / ``os.replace``) is
 another inode: a reader holding the old one keeps serving exactly the indexed content; a
 reader opening the shard after the rename finds the new file and refuses it, as it refuses a
@@ -54,6 +60,14 @@ def changed(url: str, recorded: str, now: str) -> ShardChangedError:
                              f"then, {now} now); restart the server to index it again")
 
 
+def being_written(url: str) -> ShardChangedError:
+    """The error of a shard that a process has open for writing (its lease refused)."""
+    return ShardChangedError(url, "open for writing by another process (or about to be: a "
+                             "read lease on it is breaking); not read while it may change, "
+                             "read again once no writer has it open and it still has the "
+                             "identity the dataset index recorded")
+
+
 class FileGuard:
     """The open descriptor of a local shard, checked against one identity.
 
@@ -64,6 +78,8 @@ class FileGuard:
         identity: the identity every check expects: the one given, which the file had when
             opened.
         leased: whether the guard holds a read lease (checks need no ``fstat``).
+        broken: whether its lease broke and was let go: every check first takes it again
+            (:meth:`check`).
     """
 
     def __init__(self, url: str, expect: str | None = None, *,
@@ -78,7 +94,8 @@ class FileGuard:
 
         Raises:
             ShardReadError: the file cannot be opened.
-            ShardChangedError: its identity is not ``expect``.
+            ShardChangedError: its identity is not ``expect``, or a process has it open for
+                writing (where leases are taken).
         """
         self.url = url
         self.on_break = on_break
@@ -93,24 +110,47 @@ class FileGuard:
         self.size = st.st_size
         self.identity = stat_identity(st)
         self._mtime_ns = st.st_mtime_ns
-        self.leased = False
+        self.leased = self.broken = False
         if expect is not None and self.identity != expect:
             self.close()
             raise changed(url, expect, self.identity)
-        if lease.take(self.fd, url):
-            self.leased = True
-            _LEASED[self.fd] = self
-            if not lease.held(self.fd):  # broken before it was registered
-                self._unlease()
-            self._leased_check()
+        taken = lease.take(self.fd, url)
+        if taken is lease.Taken.NONE:
+            return
+        err = self._hold() if taken is lease.Taken.HELD else being_written(url)
+        if err is not None:
+            self.close()
+            raise err
 
-    def _leased_check(self) -> None:
-        """The check that covers what changed before the lease was taken: a write then."""
+    def _hold(self) -> ShardChangedError | None:
+        """Register the lease just taken and check the file, which a write could have changed
+        before it was taken.
+
+        Returns:
+            ``None``: held, the file unchanged; or why not (the guard is then broken, its
+            lease let go).
+        """
+        self.leased, self.broken = True, False
+        _LEASED[self.fd] = self
+        if not lease.held(self.fd):  # broken before it was registered
+            self._unlease()
+            return being_written(self.url)
         st = os.fstat(self.fd)
         if st.st_mtime_ns != self._mtime_ns or st.st_size != self.size:
-            url, identity = self.url, self.identity
-            self.close()
-            raise changed(url, identity, stat_identity(st))
+            self._unlease()
+            return changed(self.url, self.identity, stat_identity(st))
+        return None
+
+    def _retake(self) -> ShardChangedError | None:
+        """For a broken guard: take its lease again and check the file (:meth:`_hold`).
+
+        Returns:
+            ``None``: leased again and unchanged; else why the file must not be read.
+        """
+        taken = lease.take(self.fd, self.url)
+        if taken is lease.Taken.HELD:
+            return self._hold()
+        return being_written(self.url)
 
     @property
     def path(self) -> str:
@@ -126,6 +166,11 @@ class FileGuard:
         """
         if self.leased and not lease.pending():
             return
+        if self.broken:
+            err = self._retake()
+            if err is not None:
+                raise err
+            return
         st = os.fstat(self.fd)
         if st.st_mtime_ns != self._mtime_ns or st.st_size != self.size:  # the identity's
             raise changed(self.url, self.identity, stat_identity(st))
@@ -136,8 +181,8 @@ class FileGuard:
         return all_unchanged((self,))
 
     def _unlease(self) -> None:
-        """Check with ``fstat`` from now on, and let go of the lease."""
-        self.leased = False
+        """Let go of the lease: the guard is broken from now on."""
+        self.leased, self.broken = False, True
         del _LEASED[self.fd]
         lease.release(self.fd)
 
@@ -153,10 +198,10 @@ class FileGuard:
 
 def settle() -> None:
     """After a lease broke (:func:`~dataflow.readers.lease.take_pending`): the guards whose
-    lease broke check with ``fstat`` from now on, and let go of it, so the writers waiting go
-    on. Called by a reader's serving loop at every turn, between tasks, never during a read:
-    a writer let in then could cut a file short under a map a read is using (SIGBUS); the next
-    task checks the file with ``fstat`` before touching its map."""
+    lease broke let go of it, so the writers waiting go on, and are broken from then on.
+    Called by a reader's serving loop at every turn, between tasks, never during a read: a
+    writer let in then could cut a file short under a map a read is using (SIGBUS); the next
+    task reads the file only once its guard holds the lease again."""
     if not lease.take_pending():
         return
     for fd, guard in list(_LEASED.items()):
@@ -172,11 +217,16 @@ def all_unchanged(guards: Iterable[FileGuard | None]) -> bool:
     a fraction of the Python around a method call each (a batch of the sample shuffle checks
     hundreds). A guard holding its lease is unchanged without a system call, unless a lease
     broke since the reader last settled them (:func:`settle`): a lease the kernel takes back
-    after ``lease-break-time`` would let a writer in, so then every guard is checked."""
+    after ``lease-break-time`` would let a writer in, so then every guard is checked. A
+    broken guard first takes its lease again (:meth:`FileGuard.check`)."""
     every = lease.pending()
     fstat = os.fstat
     for guard in guards:
         if guard is not None and (every or not guard.leased):
+            if guard.broken:
+                if guard._retake() is not None:
+                    return False
+                continue
             st = fstat(guard.fd)
             if st.st_mtime_ns != guard._mtime_ns or st.st_size != guard.size:
                 return False

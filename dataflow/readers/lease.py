@@ -19,10 +19,14 @@ writing). Anywhere else a guard checks with ``fstat`` as before.
 The signal's handler only notes that a lease broke (:func:`take_pending`); until the reader
 settles, its checks use ``fstat`` again (a lease the kernel takes back after
 ``lease-break-time`` lets the writer in). The reader's serving loop, at its next turn between
-tasks (:func:`dataflow.readers.guard.settle`), finds which leases broke, turns their guards
-back to ``fstat`` checks, and releases them: a writer waits for the task being read (an idle
-loop is woken by the signal: :func:`wakeup_fd`), and is never let in while a read uses a map
-(a file cut short under a read is a SIGBUS); the next task checks the file before its map.
+tasks (:func:`dataflow.readers.guard.settle`), finds which leases broke and releases them: a
+writer waits for the task being read (an idle loop is woken by the signal: :func:`wakeup_fd`),
+and is never let in while a read uses a map (a file cut short under a read is a SIGBUS). A
+guard whose lease broke reads its file again only once it has taken the lease again, which
+the kernel refuses (:attr:`Taken.BUSY`) while any process has the file open for writing or
+any lease on it is breaking, and then checks it with ``fstat``: a reader that let go first is
+not let read while another holder still keeps the writer waiting, and so is never reading
+when the writer gets in.
 
 Thread invariant: leases are armed, taken, released and settled on the process's main thread.
 """
@@ -30,6 +34,7 @@ Thread invariant: leases are armed, taken, released and settled on the process's
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import fcntl
 import functools
@@ -128,30 +133,40 @@ def filesystem(fd: int) -> int | None:
     return int(_F_TYPE.unpack_from(_STATFS)[0])
 
 
-def take(fd: int, url: str) -> bool:
+class Taken(enum.Enum):
+    """What :func:`take` got."""
+
+    HELD = "held"
+    """The lease is held."""
+    BUSY = "busy"
+    """Refused for now: a process has the file open for writing, or a lease on it is being
+    broken (a writer waits for it)."""
+    NONE = "none"
+    """No lease here: not armed, or leases on this file do not mean it is unchanged, or the
+    kernel will not grant them (logged once per reason)."""
+
+
+def take(fd: int, url: str) -> Taken:
     """Take a read lease on ``fd`` (shard ``url``, a regular file opened read-only) where
     leases mean that the file is unchanged while held (see the module). The first refusal
-    for each reason in an armed process is logged, naming the shard.
-
-    Returns:
-        Whether the lease is held.
-    """
+    for each reason in an armed process is logged, naming the shard."""
     if not _armed:
-        return False
+        return Taken.NONE
     fs = filesystem(fd)
     if fs not in LOCAL_FS:
         kind = "unknown" if fs is None else f"{fs:#x}"
         _tell(url, f"its filesystem (statfs type {kind}) is none of "
                    f"{', '.join(LOCAL_FS.values())}, whose writers all break a local lease")
-        return False
+        return Taken.NONE
     try:
         fcntl.fcntl(fd, fcntl.F_SETSIG, 0)  # SIGIO; the kernel resets it with a released lease
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
     except OSError as e:
-        if e.errno != errno.EAGAIN:
-            _tell(url, REFUSED.get(e.errno or 0, str(e)))
-        return False
-    return True
+        if e.errno == errno.EAGAIN:
+            return Taken.BUSY
+        _tell(url, REFUSED.get(e.errno or 0, str(e)))
+        return Taken.NONE
+    return Taken.HELD
 
 
 def _tell(url: str, why: str) -> None:

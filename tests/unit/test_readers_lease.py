@@ -1,8 +1,8 @@
 """Read leases on local shards (:mod:`dataflow.readers.lease`): a guard holding one reports
 its file unchanged with no system call while writers wait in the kernel, lets them in at its
-next settle or close, and from then on checks with ``fstat``, which sees what they wrote.
-Writers are real child processes (a process breaks its own leases too, and would wait on
-itself)."""
+next settle or close, and from then on reads the file only once it holds the lease again and
+finds the file unchanged. Writers and other holders are real child processes (a process
+breaks its own leases too, and would wait on itself)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,17 @@ from dataflow.readers.tar import sharedindex
 from dataflow.readers.tar.reader import TarReader
 
 WRITE = "import sys; f = open(sys.argv[1], 'r+b'); f.write(b'Z' * 16); f.close()"
+OPEN_UNTIL_TOLD = ("import sys; f = open(sys.argv[1], 'r+b'); print('open', flush=True); "
+                   "sys.stdin.readline(); f.close()")
+TRUNCATE = "import sys; f = open(sys.argv[1], 'wb'); f.write(b'Z' * 16); f.close()"
+HOLD_UNTIL_TOLD = ("import fcntl, os, signal, sys\n"
+                   "signal.signal(signal.SIGIO, signal.SIG_IGN)\n"
+                   "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+                   "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)\n"
+                   "print('held', flush=True)\n"
+                   "sys.stdin.readline()\n"
+                   "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)\n")
+"""Another reader's lease, let go only when told (a read in progress keeps its lease)."""
 TRY_OPEN = ("import os, sys\ntry:\n    os.close(os.open(sys.argv[1], os.O_WRONLY | "
             "os.O_NONBLOCK))\nexcept BlockingIOError:\n    sys.exit(3)")
 
@@ -79,9 +90,12 @@ def shard(tmp_path: Path, armed: None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _child(code: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A Python child process running ``code`` with ``args``, killed if still running."""
-    proc = subprocess.Popen([sys.executable, "-c", code, *args])
+def _child(code: str, *args: str, talk: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """A Python child process running ``code`` with ``args``, killed if still running;
+    ``talk``: with pipes to its stdin and stdout."""
+    pipe = subprocess.PIPE if talk else None
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdin=pipe, stdout=pipe,
+                            text=True)
     try:
         yield proc
     finally:
@@ -149,18 +163,58 @@ def test_closing_a_guard_lets_writers_in_though_a_map_keeps_the_file_open(shard:
 
 
 @pytest.mark.timeout(60)
-def test_no_lease_while_the_file_is_open_for_writing(shard: str) -> None:
-    with open(shard, "r+b") as f:
-        guard = FileGuard(shard)
-        try:
-            assert not guard.leased
-            guard.check()
-            f.write(b"Z" * 8192)  # longer: fstat sees it
-            f.flush()
-            with pytest.raises(ShardChangedError):
+def test_a_file_open_for_writing_is_refused_naming_it(shard: str) -> None:
+    with open(shard, "r+b"):
+        with pytest.raises(ShardChangedError, match="shard.bin: open for writing"):
+            FileGuard(shard)
+    with closing(FileGuard(shard)) as guard:
+        assert guard.leased
+
+
+@pytest.mark.timeout(60)
+def test_a_broken_guard_reads_again_once_the_writer_closed_the_file_unchanged(
+        shard: str) -> None:
+    with closing(FileGuard(shard)) as guard:
+        with _child(OPEN_UNTIL_TOLD, shard, talk=True) as writer:
+            _wait(lease.pending)
+            settle()
+            assert guard.broken and not guard.leased
+            assert writer.stdout.readline() == "open\n"
+            assert not all_unchanged([guard])
+            with pytest.raises(ShardChangedError, match="shard.bin: open for writing"):
                 guard.check()
-        finally:
-            guard.close()
+            writer.stdin.write("close\n")
+            writer.stdin.flush()
+            assert writer.wait(timeout=30) == 0
+        assert all_unchanged([guard])  # nothing written: the lease taken again
+        assert guard.leased and not guard.broken and lease.held(guard.fd)
+        guard.check()
+
+
+@pytest.mark.timeout(60)
+def test_a_guard_that_let_go_is_refused_while_another_holder_keeps_the_writer_waiting(
+        shard: str) -> None:
+    """The window a check alone left: this reader let go first and finds the file unchanged
+    (the writer still waits for the other holder, whose read is in progress); had it read the
+    map, the writer, let in when the other lets go, would cut the file short under it."""
+    with closing(FileGuard(shard)) as guard, \
+            _child(HOLD_UNTIL_TOLD, shard, talk=True) as other:
+        assert other.stdout.readline() == "held\n"
+        with _child(TRUNCATE, shard) as writer:
+            _wait(lease.pending)
+            settle()
+            assert os.fstat(guard.fd).st_size == 4096  # unchanged so far
+            assert not all_unchanged([guard])
+            with pytest.raises(ShardChangedError, match="shard.bin: open for writing"):
+                guard.check()
+            assert writer.poll() is None, "the writer got in while a lease was held"
+            other.stdin.write("release\n")
+            other.stdin.flush()
+            assert writer.wait(timeout=30) == 0
+        assert not all_unchanged([guard])
+        with pytest.raises(ShardChangedError, match="changed since the dataset index"):
+            guard.check()
+        assert guard.broken and not lease.held(guard.fd)
 
 
 @pytest.mark.timeout(60)

@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from dataflow.errors import IndexCacheError, ShardReadError
+from dataflow.errors import IndexCacheError, ShardChangedError, ShardReadError
 from dataflow.readers.guard import FileGuard
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class SharedIndexFile:
             return
         try:
             self._guard = FileGuard(path, on_break=self._privatize)
+        except ShardChangedError:
+            return  # open for writing: read, and its digest checked, as when not leased
         except ShardReadError as e:
             if isinstance(e.__cause__, FileNotFoundError):
                 raise e.__cause__ from None
