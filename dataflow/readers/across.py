@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from dataflow.batch import Batch
 from dataflow.errors import DataflowError, InternalError
+from dataflow.readers import lease
 from dataflow.readers.gather import range_rows
 from dataflow.readers.guard import FileGuard, all_unchanged
 
@@ -75,18 +76,19 @@ class RowSource:
     length: int
     guard: FileGuard | None
 
-    def gather(self, sources: Sequence[RowSource], which: list[int], rows: list[int],
+    def gather(self, sources: Sequence[RowSource], which: np.ndarray, rows: np.ndarray,
                checks: Checks) -> Batch | None:
-        """Rows ``rows[k]`` of ``sources[which[k]]`` for every ``k``, in order, as one batch
-        of new arrays (nothing views a map); ``None`` when one of them cannot be served here
-        (see the module). ``sources`` are all of this class and layout, numbered in the order
-        the rows first name them.
+        """Rows ``rows[k]`` of ``sources[which[k]]`` for every ``k`` (both int64 arrays), in
+        order, as one batch of new arrays (nothing views a map); ``None`` when one of them
+        cannot be served here (see the module). ``sources`` are all of this class and
+        layout, numbered in the order the rows first name them.
 
-        Every :data:`CHECK_ROWS` rows (``k = 0, CHECK_ROWS, ...``), the guards of the sources
-        first named in the next :data:`CHECK_ROWS` rows are checked (``checks.ahead(k)``) and
-        the gather returns ``None`` at once if one changed: a shard's map is never touched
-        after a check that found it changed, and a shard is read within :data:`CHECK_ROWS`
-        rows of its check. :func:`read_across` checks every guard again after the gather."""
+        Unless the checks are free (:meth:`Checks.free`), every :data:`CHECK_ROWS` rows
+        (``k = 0, CHECK_ROWS, ...``), the guards of the sources first named in the next
+        :data:`CHECK_ROWS` rows are checked (``checks.ahead(k)``) and the gather returns
+        ``None`` at once if one changed: a shard's map is never touched after a check that
+        found it changed, and a shard is read within :data:`CHECK_ROWS` rows of its check.
+        :func:`read_across` checks every guard again after the gather."""
         raise NotImplementedError
 
 
@@ -119,6 +121,12 @@ class Checks:
         end = bisect.bisect_left(self._firsts, k + CHECK_ROWS)
         todo, self._done = self.guards[self._done : end], end
         return all_unchanged(todo)
+
+    def free(self) -> bool:
+        """Whether no guard needs a check during the gather: each holds its lease (no writer
+        can get in before the reader's next turn between tasks) or there is nothing to check.
+        The gather may then read every row at once."""
+        return not lease.pending() and all(g is None or g.leased for g in self.guards)
 
     def after(self) -> bool:
         """Check every guard again, after the gather: whether none changed."""
@@ -155,30 +163,22 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     rank[order] = np.arange(len(order))
     shards, which, firsts = shards[order], rank[which], first_at[order]
     readers = [get_reader(s) for s in shards.tolist()]
-    sources: list[RowSource] = []
-    lens: list[int] = []
-    guards: list[FileGuard | None] = []
-    kind: type[RowSource] | None = None
-    layout = ""
-    for reader in readers:
-        if reader.closed:  # more shards than a cache of open readers holds
-            return None
-        source = reader._row_source()
-        if source is None:
-            return None
-        if kind is None:
-            kind, layout = type(source), source.layout
-        elif type(source) is not kind or source.layout != layout:
-            return None
-        sources.append(source)
-        lens.append(source.length)
-        guards.append(source.guard)
-    rows = range_rows(starts, stops)
-    if (rows < 0).any() or (rows >= np.array(lens, dtype=np.int64)[which]).any():
+    if any(reader.closed for reader in readers):  # more shards than a cache of readers holds
         return None
-    checks = Checks(guards, firsts.tolist())
+    got = [reader._row_source() for reader in readers]
+    if None in got:
+        return None
+    sources = cast(list[RowSource], got)
+    kind, layout = type(sources[0]), sources[0].layout
+    if any(type(source) is not kind or source.layout != layout for source in sources):
+        return None
+    rows = range_rows(starts, stops)
+    lens = np.array([source.length for source in sources], dtype=np.int64)
+    if (rows < 0).any() or (rows >= lens[which]).any():
+        return None
+    checks = Checks([source.guard for source in sources], firsts.tolist())
     try:
-        batch = sources[0].gather(sources, which.tolist(), rows.tolist(), checks)
+        batch = sources[0].gather(sources, which, rows, checks)
     except DataflowError:
         return None
     except Exception as e:

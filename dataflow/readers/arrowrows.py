@@ -102,10 +102,11 @@ class ArrowRows(RowSource):
         got = self.chunks[i] = _Chunk(tuple(scalars), tuple(fixed), tuple(raw), tuple(ragged))
         return got
 
-    def gather(self, sources: Sequence[RowSource], which: list[int], rows: list[int],
-               checks: Checks) -> Batch | None:
+    def gather(self, sources: Sequence[RowSource], which_rows: np.ndarray,
+               rows_asked: np.ndarray, checks: Checks) -> Batch | None:
         """One pass over the rows, each row's columns taken together, shards checked a few
         rows ahead (see :meth:`RowSource.gather <dataflow.readers.across.RowSource.gather>`)."""
+        which, rows = which_rows.tolist(), rows_asked.tolist()
         n = len(rows)
         scalars: list[list[int]] = []
         fixed: list[memoryview] = []

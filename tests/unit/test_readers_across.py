@@ -6,6 +6,7 @@ as before."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import shutil
@@ -22,8 +23,10 @@ from dataflow.plan import rank_batches
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.across import CHECK_ROWS, MAX_ROWS_PER_RUN, Checks, read_across
 from dataflow.readers.guard import FileGuard
+from dataflow.readers.tar.rows import TarRows, address_table
 from dataflow.server.tasks import ReaderCache, WorkerSpec
 from dataflow.storage.cache import identity
+from tests.unit.test_readers_lease import armed  # noqa: F401 (a fixture)
 from tests.unit.test_readers_multi import _assert_batches_equal
 
 SHARDS, PER_SHARD, BATCH = 24, 20, 32
@@ -58,12 +61,31 @@ def _close(readers: list[ShardReader]) -> None:
         r.close()
 
 
+@pytest.fixture(params=["fstat", "leases"])
+def checks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How the guards check the shards: ``fstat`` (a tar gathered row by row) or leases
+    (armed; a tar gathered by address). Counts the tar gathers by address."""
+    if request.param == "leases":
+        request.getfixturevalue("armed")
+    by_address = [0]
+    at = TarRows._gather_at
+
+    def counted(self, table, which, rows):
+        by_address[0] += 1
+        return at(self, table, which, rows)
+
+    monkeypatch.setattr(TarRows, "_gather_at", counted)
+    return by_address
+
+
 @pytest.mark.parametrize("kind", [*GATHERED, "parquet"])
-def test_a_shuffled_epoch_gathered_across_shards_equals_reads_by_range(tmp_path,
-                                                                       kind: str) -> None:
+def test_a_shuffled_epoch_gathered_across_shards_equals_reads_by_range(
+        tmp_path, kind: str, checks: list[int]) -> None:
     """Every batch of an epoch, gathered across shards (Parquet: shard by shard), equals its
-    ranges read one by one and joined; every sample arrives once."""
+    ranges read one by one and joined; every sample arrives once. Tars are gathered by
+    address where the shards are leased, else row by row."""
     readers = _open(_demo(tmp_path, kind), str(tmp_path / "c"))
+    leased = all(r._guard is not None and r._guard.leased for r in readers)
     try:
         ids = []
         for ranges in _shuffled(readers):
@@ -77,6 +99,7 @@ def test_a_shuffled_epoch_gathered_across_shards_equals_reads_by_range(tmp_path,
                 assert arr.flags.writeable, "the batch's columns are its own, not views"
             ids.append(got["id"])
         assert sorted(np.concatenate(ids).tolist()) == list(range(sum(map(len, readers))))
+        assert (checks[0] > 0) == (kind == "tar" and leased)
     finally:
         _close(readers)
 
@@ -115,8 +138,20 @@ def _conventions_tar(path: str, shard: int) -> str:
     return path
 
 
-def test_tar_keys_filled_cells_and_foreign_byte_order_across_shards(tmp_path) -> None:
+def _gzipped(path: str) -> str:
+    with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    return path + ".gz"
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_tar_keys_filled_cells_and_foreign_byte_order_across_shards(tmp_path, gz: bool,
+                                                                    checks: list[int]) -> None:
+    """Gathered row by row, and by address (a gzipped tar is read from its decompressed
+    copy, which needs no check: by address even without leases)."""
     paths = [_conventions_tar(str(tmp_path / f"s{s}.tar"), s) for s in range(8)]
+    if gz:
+        paths = [_gzipped(p) for p in paths]
     readers = _open(paths, str(tmp_path / "c"), tar=TarOptions(keys=True, missing_field="fill"))
     try:
         rng = np.random.default_rng(1)
@@ -130,6 +165,53 @@ def test_tar_keys_filled_cells_and_foreign_byte_order_across_shards(tmp_path) ->
         last = (len(ranges) - 2, len(ranges) - 1)
         assert [got["txt"][k] for k in last] == ["", "text 54"]
         assert [got["__key__"][k] for k in last] == ["dir/000022", "dir/000054"]
+        assert (checks[0] > 0) == (gz or all(r._guard.leased for r in readers))
+    finally:
+        _close(readers)
+
+
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("missing", ["fill", "skip"])
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_a_tar_gather_by_address_equals_the_gather_row_by_row(tmp_path, keys: bool,
+                                                              missing: str, n: int) -> None:
+    paths = [_conventions_tar(str(tmp_path / f"s{s}.tar"), s) for s in range(8)]
+    readers = _open(paths, str(tmp_path / "c"),
+                    tar=TarOptions(keys=keys, missing_field=missing))
+    try:
+        sources = [r._row_source() for r in readers]
+        table = address_table(sources)
+        assert table is not None
+        rng = np.random.default_rng(n)
+        for _ in range(20):
+            which = rng.integers(0, len(sources), n)
+            rows = rng.integers(0, [len(readers[w]) for w in which.tolist()])
+            checks = Checks([s.guard for s in sources], [0] * len(sources))
+            want = sources[0]._gather_rows(sources, which.tolist(), rows.tolist(), checks)
+            got = sources[0]._gather_at(table, which, rows)
+            assert want is not None and got is not None
+            _assert_batches_equal(got, want)
+    finally:
+        _close(readers)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_a_tar_index_past_its_map_leaves_the_rows_to_the_row_by_row_gather(
+        tmp_path, gz: bool) -> None:
+    """What a gather by address reads is first checked to lie inside each shard's map: an
+    index past it (here, maps said shorter than they are) reads nothing."""
+    paths = [_conventions_tar(str(tmp_path / f"s{s}.tar"), s) for s in range(4)]
+    readers = _open([_gzipped(p) for p in paths] if gz else paths, str(tmp_path / "c"),
+                    tar=TarOptions(missing_field="fill"))
+    try:
+        sources = [r._row_source() for r in readers]
+        table = address_table(sources)
+        which, rows = np.array([0, 3, 1], dtype=np.int64), np.array([5, 1, 0], dtype=np.int64)
+        assert sources[0]._gather_at(table, which, rows) is not None
+        for size in (1, 600):  # before the first header's magic; inside the first sample
+            short = table.copy()
+            short[:, 1] = size
+            assert sources[0]._gather_at(short, which, rows) is None
     finally:
         _close(readers)
 

@@ -1,5 +1,7 @@
 """A local tar's samples lent to a gather across shards (:mod:`dataflow.readers.across`):
-its member index and memory map, taken row by row.
+its member index and memory map, taken by address in one numpy pass a field
+(:mod:`dataflow.readers.addressed`) where no shard needs a check during the gather, else row
+by row.
 
 Per row: the tar-header check (the first and last bytes of the ``ustar`` magic at the
 sample's indexed header offset, as :meth:`TarReader._check_headers
@@ -18,6 +20,7 @@ import numpy as np
 
 from dataflow.batch import Batch, Ragged
 from dataflow.readers.across import CHECK_ROWS, Checks, RowSource
+from dataflow.readers.addressed import int64_at, ragged_at, rows_at
 from dataflow.readers.tar.options import KEY_FIELD
 
 if TYPE_CHECKING:
@@ -40,6 +43,9 @@ class TarRows(RowSource):
             offsets, field sizes and integers, the keys' offsets and values, as flat
             memoryviews (a row's field ``j`` at ``row * fields + j``; no keys: empty), indexed
             at a third of the cost of ``ndarray.item``, with no copy of the index.
+        at: the same as addresses, the map's size second, packed as 8 native int64 (a
+            gather joins its sources' in one call); ``None`` where an index array is not
+            native int64 (the gather is then row by row).
     """
 
     def __init__(self, reader: TarReader, keys: Ragged | None) -> None:
@@ -57,18 +63,87 @@ class TarRows(RowSource):
                        keys is not None, self.guard is not None))
         self.ints_dtype = ix.ints.dtype
         self.keys = keys is not None
-        empty = memoryview(b"")
-        self.row = (reader._buf.data, _flat(ix.headers), _flat(ix.offsets), _flat(ix.sizes),
-                    _flat(ix.ints), _flat(keys.offsets) if keys is not None else empty,
-                    keys.values.data if keys is not None else empty)
+        nothing = np.zeros(1, dtype=np.int64)
+        arrays = (reader._buf, *(np.ascontiguousarray(a).reshape(-1) for a in (
+            ix.headers, ix.offsets, ix.sizes, ix.ints,
+            keys.offsets if keys is not None else nothing,
+            keys.values if keys is not None else np.zeros(1, dtype=np.uint8))))
+        self.row = tuple(a.data for a in arrays)
+        buf, *index, _ = arrays
+        self.at = (np.array([buf.ctypes.data, len(buf), *(a.ctypes.data for a in arrays[1:])],
+                            dtype=np.int64).tobytes()
+                   if all(a.dtype == np.int64 and a.dtype.isnative for a in index) else None)
 
-    def gather(self, sources: Sequence[RowSource], which: list[int], rows: list[int],
+    def gather(self, sources: Sequence[RowSource], which: np.ndarray, rows: np.ndarray,
                checks: Checks) -> Batch | None:
-        """One pass over the rows, each row's fields taken together (its index entries and
+        """By address, one numpy pass a field (:meth:`_gather_at`), where the checks are free;
+        else one pass over the rows, each row's fields taken together (its index entries and
         map pages touched once), shards checked a few rows ahead (see
         :meth:`RowSource.gather <dataflow.readers.across.RowSource.gather>`). Most of the
         time is cache and TLB misses: each row's entries lie in another shard's arrays and
         map."""
+        if self.at is not None and checks.free():
+            table = address_table(sources)
+            if table is not None:
+                return self._gather_at(table, which, rows)
+        return self._gather_rows(sources, which.tolist(), rows.tolist(), checks)
+
+    def _gather_at(self, table: np.ndarray, which: np.ndarray, rows: np.ndarray) -> Batch | None:
+        """The gather by address, one numpy pass a field: ``table`` holds every source's
+        :attr:`at`. No check is owed during it (:meth:`Checks.free
+        <dataflow.readers.across.Checks.free>`); every address is checked against its map's
+        size first (the index was checked against the map on open), and anything out of
+        bounds leaves the rows to the row-by-row gather, which finds it."""
+        n = len(rows)
+        nfields = len(self.codecs)
+        base, nbytes, heads_at, offsets_at, sizes_at, ints_at, keys_at, values_at = table[which].T
+        if self.guard is not None:
+            heads = int64_at(heads_at + rows * 8)
+            magic = base + heads + MAGIC_AT
+            if (heads < 0).any() or (heads + MAGIC_AT + 5 > nbytes).any():
+                return None
+            got = rows_at(magic, 5)
+            if ((got[:, 0] != MAGIC_FIRST) | (got[:, 4] != MAGIC_LAST)).any():
+                return None  # the shard-by-shard read raises naming the sample
+        cells = rows * (nfields * 8)  # a row's entries of one kind lie together
+        ints = int64_at(ints_at + cells, nfields) if "int" in self.codecs else None
+        if any(codec != "int" for codec in self.codecs):
+            all_offsets = int64_at(offsets_at + cells, nfields)
+            all_lengths = int64_at(sizes_at + cells, nfields)
+        zero: np.ndarray | None = None
+        out: Batch = {}
+        for j, (spec, codec) in enumerate(zip(self.schema, self.codecs, strict=True)):
+            if codec == "int":
+                out[spec.name] = cast(np.ndarray, ints)[:, j].astype(self.ints_dtype)
+                continue
+            offsets, lengths = all_offsets[:, j], all_lengths[:, j]
+            if codec.startswith("npy:"):
+                size = self.sizes[j]
+                holes = lengths < 0 if self.filled[j] else np.zeros(n, dtype=bool)
+                if ((~holes) & ((offsets < 0) | (offsets + size > nbytes))).any():
+                    return None
+                addresses = base + offsets
+                if holes.any():
+                    if zero is None or len(zero) < size:
+                        zero = np.zeros(size, dtype=np.uint8)
+                    addresses[holes] = zero.ctypes.data
+                arr = rows_at(addresses, size).view(np.dtype(codec[4:])).reshape(n, *spec.shape)
+                out[spec.name] = (arr if arr.dtype.isnative
+                                  else arr.astype(arr.dtype.newbyteorder("=")))
+                continue
+            lengths = np.maximum(lengths, 0)  # filled
+            if ((offsets < 0) | (offsets + lengths > nbytes)).any():
+                return None
+            out[spec.name] = Ragged(*ragged_at(base + offsets, lengths), codec)
+        if self.keys:
+            starts = int64_at(keys_at + rows * 8)
+            stops = int64_at(keys_at + rows * 8 + 8)
+            out[KEY_FIELD] = Ragged(*ragged_at(values_at + starts, stops - starts), "str")
+        return out
+
+    def _gather_rows(self, sources: Sequence[RowSource], which: list[int], rows: list[int],
+                     checks: Checks) -> Batch | None:
+        """The gather row by row, checking the shards a few rows ahead."""
         n = len(rows)
         nfields = len(self.codecs)
         ints: list[tuple[int, list[int]]] = []
@@ -136,9 +211,12 @@ class TarRows(RowSource):
         return out
 
 
-def _flat(a: np.ndarray) -> memoryview:
-    """A memoryview of ``a``'s items in C order (no copy where ``a`` is contiguous)."""
-    return np.ascontiguousarray(a).reshape(-1).data
+def address_table(sources: Sequence[RowSource]) -> np.ndarray | None:
+    """Each of ``sources``' :attr:`TarRows.at` as a row of int64; ``None`` if one has none."""
+    at = [cast(TarRows, s).at for s in sources]
+    if None in at:
+        return None
+    return np.frombuffer(b"".join(cast(list[bytes], at)), dtype=np.int64).reshape(len(at), -1)
 
 
 def _joined(pieces: list[memoryview], lengths: list[int], kind: str) -> Ragged:
