@@ -1,5 +1,7 @@
 """A local Arrow shard's rows lent to a gather across shards (:mod:`dataflow.readers.across`):
-its record batches' column views, taken row by row.
+its record batches' column views, taken by address in one numpy pass a column
+(:mod:`dataflow.readers.addressed`) where no shard needs a check during the gather and no
+column is a ragged list, else row by row.
 
 Each record batch a gather touches is validated and converted as the reader's own read does
 (:meth:`~dataflow.readers.arrow.ArrowBatches._view`, kept until close); a fixed-size column
@@ -19,6 +21,7 @@ import numpy as np
 
 from dataflow.batch import Batch, FieldSpec, Ragged
 from dataflow.readers.across import CHECK_ROWS, Checks, RowSource
+from dataflow.readers.addressed import int64_at, ragged_at, rows_at
 
 if TYPE_CHECKING:
     from dataflow.readers.arrow import ArrowBatches
@@ -51,6 +54,11 @@ class ArrowRows(RowSource):
         bounds: the record batches' first rows, and the shard's length last.
         chunks: each record batch's columns once a gather took them (:meth:`chunk`), else
             None.
+        ats: each record batch's columns' addresses once a gather took them, packed as
+            native int64 (:meth:`chunk`): each scalar column's, each fixed-size column's,
+            then for each ragged column of bytes or text its values' address and size and
+            its (int64) offsets' address; ``None`` where a column is a ragged list (gathered
+            row by row).
     """
 
     def __init__(self, reader: ArrowBatches) -> None:
@@ -61,6 +69,8 @@ class ArrowRows(RowSource):
         self.bounds = reader._bounds
         self.layout = repr(tuple((s.name, s.dtype, s.shape, s.ragged) for s in reader.schema))
         self.chunks: list[_Chunk | None] = [None] * (len(self.bounds) - 1)
+        self.ats: list[bytes | None] = [None] * (len(self.bounds) - 1)
+        self.single = len(self.bounds) == 2
 
     def chunk(self, i: int) -> _Chunk | None:
         """Record batch ``i``'s columns; ``None`` when it is damaged, or a column is not as the
@@ -77,6 +87,11 @@ class ArrowRows(RowSource):
         fixed: list[tuple[memoryview, int]] = []
         raw: list[tuple[memoryview, memoryview]] = []
         ragged: list[Ragged] = []
+        at_scalar: list[int] = []
+        at_fixed: list[int] = []
+        at_raw: list[int] = []
+        length = self.bounds[i + 1] - self.bounds[i]
+        whole = True  # every column as long as the record batch: what its addresses rely on
         for spec in self.schema:
             col = view[spec.name]
             if spec.ragged is not None:
@@ -85,8 +100,11 @@ class ArrowRows(RowSource):
                 if spec.ragged == "list":
                     ragged.append(col)
                 elif (col.values.dtype == np.uint8 and col.values.flags.c_contiguous
-                      and col.offsets.dtype.isnative and col.offsets.flags.c_contiguous):
+                      and col.offsets.dtype == np.int64 and col.offsets.dtype.isnative
+                      and col.offsets.flags.c_contiguous):
                     raw.append((col.values.data, col.offsets.data))
+                    at_raw += (col.values.ctypes.data, len(col.values), col.offsets.ctypes.data)
+                    whole = whole and len(col.offsets) == length + 1
                 else:
                     return None
                 continue
@@ -94,19 +112,79 @@ class ArrowRows(RowSource):
                     or col.shape[1:] != spec.shape or col.dtype.hasobject or not len(col)
                     or not col.flags.c_contiguous or not col.dtype.isnative):
                 return None
+            whole = whole and len(col) == length
             if _scalar(spec):
                 scalars.append(col.data)
+                at_scalar.append(col.ctypes.data)
             else:
                 flat = col.reshape(-1).view(np.uint8)
                 fixed.append((flat.data, flat.nbytes // len(col)))
+                at_fixed.append(flat.ctypes.data)
         got = self.chunks[i] = _Chunk(tuple(scalars), tuple(fixed), tuple(raw), tuple(ragged))
+        if whole and not ragged:  # the addresses stay valid while the chunk's views hold them
+            self.ats[i] = np.array([*at_scalar, *at_fixed, *at_raw], dtype=np.int64).tobytes()
         return got
 
-    def gather(self, sources: Sequence[RowSource], which_rows: np.ndarray,
-               rows_asked: np.ndarray, checks: Checks) -> Batch | None:
-        """One pass over the rows, each row's columns taken together, shards checked a few
-        rows ahead (see :meth:`RowSource.gather <dataflow.readers.across.RowSource.gather>`)."""
-        which, rows = which_rows.tolist(), rows_asked.tolist()
+    def gather(self, sources: Sequence[RowSource], which: np.ndarray, rows: np.ndarray,
+               checks: Checks) -> Batch | None:
+        """By address, one numpy pass a column (:meth:`_gather_at`), where the checks are free
+        and no column is a ragged list; else one pass over the rows, each row's columns taken
+        together, shards checked a few rows ahead (see :meth:`RowSource.gather
+        <dataflow.readers.across.RowSource.gather>`)."""
+        if not any(spec.ragged == "list" for spec in self.schema) and checks.free():
+            return self._gather_at(cast(list[ArrowRows], sources), which, rows)
+        return self._gather_rows(sources, which.tolist(), rows.tolist(), checks)
+
+    def _gather_at(self, sources: list[ArrowRows], which: np.ndarray,
+                   rows: np.ndarray) -> Batch | None:
+        """The gather by address: each row's record batch found in one ``searchsorted`` (or
+        the first, where every shard has one), the record batches touched taken (and
+        checked, :meth:`chunk`) once each, then each column in one numpy pass. No check is
+        owed during it (:meth:`Checks.free <dataflow.readers.across.Checks.free>`); a ragged
+        column's offsets are checked against its values' size first."""
+        located = _locate(sources, which, rows)
+        if located is None:
+            return None
+        chunk_of, local, used = located
+        ats = [source.ats[i] for source, i in used]
+        if None in ats:  # record batches not taken yet, or not by address
+            for k, (source, i) in enumerate(used):
+                if ats[k] is None:
+                    if source.chunks[i] is None and source.chunk(i) is None:
+                        return None
+                    ats[k] = source.ats[i]
+            if None in ats:
+                return None
+        table = np.frombuffer(b"".join(cast(list[bytes], ats)), dtype=np.int64)
+        at = table.reshape(len(ats), -1)[chunk_of].T
+        n = len(rows)
+        nscalar = sum(1 for spec in self.schema if spec.ragged is None and _scalar(spec))
+        nfixed = sum(1 for spec in self.schema if spec.ragged is None) - nscalar
+        x_scalar, x_fixed, x_raw = 0, nscalar, nscalar + nfixed
+        out: Batch = {}
+        for spec in self.schema:
+            if spec.ragged is not None:
+                values_at, nvalues, offsets_at = at[x_raw : x_raw + 3]
+                x_raw += 3
+                cuts = int64_at(offsets_at + local * 8, 2)
+                starts, lengths = cuts[:, 0], cuts[:, 1] - cuts[:, 0]
+                if ((starts < 0) | (lengths < 0) | (starts + lengths > nvalues)).any():
+                    return None
+                out[spec.name] = Ragged(*ragged_at(values_at + starts, lengths), spec.ragged)
+                continue
+            dtype = np.dtype(spec.dtype)
+            size = dtype.itemsize * int(np.prod(spec.shape, dtype=np.int64))
+            if _scalar(spec):
+                column_at, x_scalar = at[x_scalar], x_scalar + 1
+            else:
+                column_at, x_fixed = at[x_fixed], x_fixed + 1
+            got = rows_at(column_at + local * size, size).view(dtype)
+            out[spec.name] = got.reshape(n, *spec.shape)
+        return out
+
+    def _gather_rows(self, sources: Sequence[RowSource], which: list[int], rows: list[int],
+                     checks: Checks) -> Batch | None:
+        """The gather row by row, checking the shards a few rows ahead."""
         n = len(rows)
         scalars: list[list[int]] = []
         fixed: list[memoryview] = []
@@ -171,6 +249,32 @@ class ArrowRows(RowSource):
                 out[spec.name] = Ragged(np.frombuffer(bytearray().join(pieces), dtype=np.uint8),
                                         offsets, spec.ragged)
         return out
+
+
+def _locate(sources: list[ArrowRows], which: np.ndarray,
+            rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[ArrowRows, int]]] | None:
+    """Where each row lies: the number of its record batch among those used, its row in it,
+    and the record batches used (source, number), each once.
+
+    Args:
+        sources: the gather's sources.
+        which: each row's source.
+        rows: each row's row in its source (in bounds).
+    """
+    if all(source.single for source in sources):
+        return which, rows, [(source, 0) for source in sources]
+    counts = [len(source.bounds) - 1 for source in sources]
+    starts = np.concatenate([np.asarray(source.bounds[:-1], dtype=np.int64)
+                             for source in sources])
+    owner = np.repeat(np.arange(len(sources), dtype=np.int64), counts)
+    if starts.max(initial=0) >= 1 << 40:
+        return None
+    found = np.searchsorted((owner << 40) | starts, (which << 40) | rows, side="right") - 1
+    used, chunk_of = np.unique(found, return_inverse=True)
+    firsts = np.cumsum([0, *counts])
+    pairs = [(sources[s], c - int(firsts[s])) for s, c in
+             zip(owner[used].tolist(), used.tolist(), strict=True)]
+    return chunk_of, rows - starts[found], pairs
 
 
 def _scalar(spec: FieldSpec) -> bool:

@@ -22,6 +22,7 @@ from dataflow.errors import SchemaError, ShardChangedError, ShardReadError
 from dataflow.plan import rank_batches
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.across import CHECK_ROWS, MAX_ROWS_PER_RUN, Checks, read_across
+from dataflow.readers.arrowrows import ArrowRows
 from dataflow.readers.guard import FileGuard
 from dataflow.readers.tar.rows import TarRows, address_table
 from dataflow.server.tasks import ReaderCache, WorkerSpec
@@ -63,18 +64,19 @@ def _close(readers: list[ShardReader]) -> None:
 
 @pytest.fixture(params=["fstat", "leases"])
 def checks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How the guards check the shards: ``fstat`` (a tar gathered row by row) or leases
-    (armed; a tar gathered by address). Counts the tar gathers by address."""
+    """How the guards check the shards: ``fstat`` (gathered row by row) or leases (armed;
+    gathered by address). Counts the gathers by address."""
     if request.param == "leases":
         request.getfixturevalue("armed")
     by_address = [0]
-    at = TarRows._gather_at
+    for kind in (TarRows, ArrowRows):
+        at = kind._gather_at
 
-    def counted(self, table, which, rows):
-        by_address[0] += 1
-        return at(self, table, which, rows)
+        def counted(self, *args, at=at):
+            by_address[0] += 1
+            return at(self, *args)
 
-    monkeypatch.setattr(TarRows, "_gather_at", counted)
+        monkeypatch.setattr(kind, "_gather_at", counted)
     return by_address
 
 
@@ -99,7 +101,7 @@ def test_a_shuffled_epoch_gathered_across_shards_equals_reads_by_range(
                 assert arr.flags.writeable, "the batch's columns are its own, not views"
             ids.append(got["id"])
         assert sorted(np.concatenate(ids).tolist()) == list(range(sum(map(len, readers))))
-        assert (checks[0] > 0) == (kind == "tar" and leased)
+        assert (checks[0] > 0) == (kind in GATHERED and leased)
     finally:
         _close(readers)
 
@@ -455,3 +457,48 @@ def test_checks_ahead_cover_the_sources_first_named_in_the_next_rows(tmp_path) -
     finally:
         for g in guards:
             g.close()
+
+
+def _typed_arrow_at(path: str, shard: int, chunk: int, large: bool) -> str:
+    """Columns a gather takes by address (no ragged list): scalars, fixed rows, bytes and
+    text with 32- or 64-bit offsets, in record batches of ``chunk`` rows."""
+    n = 12
+    ids = np.arange(n) + 100 * shard
+    table = pa.table({
+        "id": ids,
+        "small": pa.array(ids % 7 - 3, type=pa.int8()),
+        "flag": ids % 3 == 0,
+        "x": ids * 0.25,
+        "vec": pa.array([[float(i), -float(i)] for i in ids], type=pa.list_(pa.float32(), 2)),
+        "raw": pa.array([bytes([i % 256]) * (i % 5) for i in ids],
+                        type=pa.large_binary() if large else pa.binary()),
+        "txt": pa.array([f"t{i}" * (i % 3) for i in ids],
+                        type=pa.large_string() if large else pa.string()),
+    })
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table, max_chunksize=chunk)
+    return path
+
+
+@pytest.mark.parametrize("chunk", [12, 5, 1], ids=["one-batch", "batches-of-5", "rows"])
+@pytest.mark.parametrize("offsets", ["32", "64", "mixed"])
+def test_an_arrow_gather_by_address_equals_the_gather_row_by_row(tmp_path, chunk: int,
+                                                                 offsets: str) -> None:
+    paths = [_typed_arrow_at(str(tmp_path / f"t{s}.arrow"), s, chunk,
+                             large=offsets == "64" or (offsets == "mixed" and s % 2 == 1))
+             for s in range(6)]
+    readers = _open(paths, str(tmp_path / "c"))
+    try:
+        sources = [r._row_source() for r in readers]
+        rng = np.random.default_rng(chunk)
+        for n in (1, 9, 40):
+            which = rng.integers(0, len(sources), n)
+            rows = rng.integers(0, 12, n)
+            checks = Checks([s.guard for s in sources], [0] * len(sources))
+            want = sources[0]._gather_rows(sources, which.tolist(), rows.tolist(), checks)
+            got = sources[0]._gather_at(sources, which, rows)
+            assert want is not None and got is not None
+            _assert_batches_equal(got, want)
+            assert got["id"].tolist() == (which * 100 + rows).tolist()
+    finally:
+        _close(readers)

@@ -14,6 +14,7 @@ those of :class:`~dataflow.readers.tar.TarReader`'s own gather, byte for byte.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -211,9 +212,12 @@ class TarRows(RowSource):
         return out
 
 
+_AT = attrgetter("at")
+
+
 def address_table(sources: Sequence[RowSource]) -> np.ndarray | None:
     """Each of ``sources``' :attr:`TarRows.at` as a row of int64; ``None`` if one has none."""
-    at = [cast(TarRows, s).at for s in sources]
+    at = list(map(_AT, sources))
     if None in at:
         return None
     return np.frombuffer(b"".join(cast(list[bytes], at)), dtype=np.int64).reshape(len(at), -1)
