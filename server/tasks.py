@@ -18,6 +18,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from operator import attrgetter
+from typing import cast
 
 import numpy as np
 
@@ -146,6 +148,17 @@ class ReaderCache:
             self._open.popitem(last=False)[1].close()
         return reader
 
+    def get_many(self, shards: list[int]) -> list[ShardReader]:
+        """:meth:`get` of each of ``shards``, in order: one C loop where every shard stays
+        open (the default shuffle's batches ask for hundreds)."""
+        if self._lru:
+            return [self.get(shard) for shard in shards]
+        got = list(map(self._open.get, shards))
+        if None in got:
+            got = [reader if reader is not None else self.get(shard)
+                   for shard, reader in zip(shards, got, strict=True)]
+        return cast(list[ShardReader], got)
+
     def close(self) -> None:
         while self._open:
             self._open.popitem()[1].close()
@@ -170,12 +183,28 @@ class SkipMeter:
 
     def get(self, shard: int) -> ShardReader:
         reader = self._readers.get(shard)
+        self._note(shard, reader)
+        return reader
+
+    def get_many(self, shards: list[int]) -> list[ShardReader]:
+        """:meth:`get` of each of ``shards`` (distinct), in order; in C loops where the task
+        got none of them before (a batch of the default shuffle: hundreds)."""
+        readers = self._readers.get_many(shards)
+        if self._seen.keys().isdisjoint(shards):
+            self._seen.update(zip(shards, zip(readers, map(_SKIPPED, readers), strict=True),
+                                  strict=True))
+        else:
+            for shard, reader in zip(shards, readers, strict=True):
+                self._note(shard, reader)
+        return readers
+
+    def _note(self, shard: int, reader: ShardReader) -> None:
+        """Count from now the samples ``reader`` (got for ``shard``) skips."""
         seen = self._seen.get(shard)
         if seen is None or seen[0] is not reader:
             if seen is not None:
                 self._replaced.append((shard, *seen))
             self._seen[shard] = (reader, reader.skipped)
-        return reader
 
     def verify(self) -> None:
         """Check that no shard this task read changed since its reader opened it (after the
@@ -216,6 +245,9 @@ class SkipMeter:
             for shard, n in self.skips().items():
                 self._uncounted[shard] = self._uncounted.get(shard, 0) + n - before.get(shard,
                                                                                        0)
+
+
+_SKIPPED = attrgetter("skipped")
 
 
 def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> TransformContext:
@@ -370,13 +402,13 @@ def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges
     and selected, and which of its samples were left out as damaged (:func:`_left_out`)."""
     before = meter.skips()
     if transform is None:
-        batch = read_ranges(meter.get, ranges)
+        batch = read_ranges(meter.get, ranges, meter.get_many)
     else:
         ctx = transform_context(spec, ranges, tag)
         if transform.decode is None:
-            batch = read_ranges(meter.get, ranges)
+            batch = read_ranges(meter.get, ranges, meter.get_many)
         elif cache is None or not _samples(ranges):
-            batch = decode_batch(transform, read_ranges(meter.get, ranges), ctx)
+            batch = decode_batch(transform, read_ranges(meter.get, ranges, meter.get_many), ctx)
         else:
             batch = _decoded(meter, transform, ranges, ctx, cache)
         batch = apply_transform(transform, batch, ctx, columns)
@@ -429,7 +461,7 @@ def _decoded(meter: SkipMeter, transform: Transform, ranges: np.ndarray,
     decoded: dict[int, Sample] = {}
     if missing:
         skipped = sum(meter.skips().values())
-        raw = read_ranges(meter.get, _runs([keys[i] for i in missing]))
+        raw = read_ranges(meter.get, _runs([keys[i] for i in missing]), meter.get_many)
         if sum(meter.skips().values()) != skipped:
             raise _Damaged
         batch = decode_batch(transform, raw, ctx)

@@ -141,7 +141,9 @@ class Checks:
         return all_unchanged(self.guards)
 
 
-def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) -> Batch | None:
+def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
+                get_many: Callable[[list[int]], list[ShardReader]] | None = None
+                ) -> Batch | None:
     """The batch of ``ranges`` gathered row by row across their shards, or ``None`` where the
     shard-by-shard path must read it (see the module): a request of more than
     :data:`MAX_ROWS_PER_RUN` rows a run on average, or one this path does not serve exactly.
@@ -149,6 +151,8 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     Args:
         get_reader: the open reader of a shard, by shard number.
         ranges: int64 of shape ``(n, 3)``: ``(shard, start, stop)``, in request order.
+        get_many: ``get_reader`` of each of a list of distinct shards, in order (default:
+            one call of ``get_reader`` each).
 
     Raises:
         InternalError: a gather failed on anything but the data (a bug), naming the shards.
@@ -171,7 +175,8 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     rank[order] = np.arange(len(order))
     shards, which, firsts = shards[order], rank[which], first_at[order]
     # Per shard, C loops (map, attrgetter, sets): a batch has hundreds of shards.
-    readers = list(map(get_reader, shards.tolist()))
+    wanted = shards.tolist()
+    readers = get_many(wanted) if get_many is not None else list(map(get_reader, wanted))
     if any(map(_CLOSED, readers)):  # more shards than a cache of open readers holds
         return None
     got = [reader._row_source() for reader in readers]

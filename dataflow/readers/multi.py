@@ -35,7 +35,8 @@ def describe_ranges(starts: np.ndarray, stops: np.ndarray) -> str:
     return f"samples {named}" + (f" and {more} more ranges" if more > 0 else "")
 
 
-def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) -> Batch:
+def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
+                get_many: Callable[[list[int]], list[ShardReader]] | None = None) -> Batch:
     """Read rows ``(shard, start, stop)`` of ``ranges`` into one batch.
 
     The result equals concatenating ``get_reader(shard).read(start, stop)`` over the rows of
@@ -48,6 +49,8 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     Args:
         get_reader: the open reader of a shard, by shard number.
         ranges: int64 of shape ``(n, 3)``, ``n > 0``: ``(shard, start, stop)`` per row.
+        get_many: ``get_reader`` of each of a list of distinct shards, in order, where that
+            is cheaper than one call each (see :func:`~dataflow.readers.across.read_across`).
 
     Raises:
         ConfigError: ``ranges`` is empty or not of shape ``(n, 3)``.
@@ -65,7 +68,7 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray) ->
     cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(ranges)]
     if len(cuts) == 2:
         return _read_run(get_reader, ranges, None)
-    across = read_across(get_reader, ranges)
+    across = read_across(get_reader, ranges, get_many)
     if across is not None:
         return across
     sink = BatchSink(int(np.maximum(ranges[:, 2] - ranges[:, 1], 0).sum()))

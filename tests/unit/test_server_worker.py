@@ -46,6 +46,9 @@ class FakeCache(ReaderCache):
     def get(self, shard: int) -> ShardReader:
         return self.readers[shard]
 
+    def get_many(self, shards: list[int]) -> list[ShardReader]:
+        return [self.readers[shard] for shard in shards]
+
 
 def _spec(max_reply_bytes: int = 1 << 30) -> WorkerSpec:
     return WorkerSpec("ipc://@x", 8, ("/data/root/a", "/data/root/b"), None, None, "skip", 1,
@@ -224,6 +227,41 @@ def test_a_reader_keeps_at_most_max_open_shards_open_least_recently_used_closed_
     assert readers.get(1) is not got[1] and got[0].closed  # opened again; 0 least recent
     readers.close()
     assert all(r.closed for r in got.values())
+
+
+@pytest.mark.parametrize("capacity", [2, 16], ids=["lru", "all-open"])
+def test_a_reader_cache_gets_many_readers_as_it_gets_each(tmp_path, capacity: int) -> None:
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"{i}.arrow"))
+        table = pa.table({"x": np.arange(4) + 10 * i})
+        with pa.OSFile(paths[-1], "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+    spec = WorkerSpec("ipc://@x", 8, tuple(paths), None, None, "raise", 1, 20, 1 << 30,
+                      str(tmp_path) + "/", 16, max_open_shards=capacity)
+    readers = ReaderCache(spec)
+    first = readers.get(1)
+    got = readers.get_many([3, 1, 0])
+    assert got[1] is first
+    # With room for two, 3 was closed as 0 was opened (1 was got more recently), as by get.
+    assert [r.closed for r in got] == ([True, False, False] if capacity == 2 else [False] * 3)
+    assert [r.read(0, 1)["x"].tolist() for r in got if not r.closed] == (
+        [[10], [0]] if capacity == 2 else [[30], [10], [0]])
+    readers.close()
+
+
+def test_a_task_getting_many_shards_at_once_counts_their_skips_as_one_by_one() -> None:
+    readers = {0: LossyReader(10, {1}), 1: LossyReader(10, {0}), 2: LossyReader(10, set())}
+    readers[0].skipped = 5  # skips of earlier tasks do not count
+    meter = SkipMeter(FakeCache(readers))
+    got = meter.get_many([2, 0, 1])
+    assert got == [readers[2], readers[0], readers[1]]
+    got[1].read(0, 4)
+    got[2].read(0, 2)
+    assert meter.skips() == {0: 1, 1: 1}
+    assert meter.get_many([0, 2]) == [readers[0], readers[2]]  # counted from the first get
+    readers[0].read(0, 2)
+    assert meter.skips() == {0: 2, 1: 1}
 
 
 class ReopeningCache(ReaderCache):
