@@ -348,11 +348,14 @@ def test_more_shards_than_a_reader_keeps_open(tmp_path) -> None:
         _close(readers)
 
 
-def _typed_arrow(path: str, shard: int) -> str:
-    """Columns of many types: every gather kind (scalars, fixed rows, typed lists, bytes)."""
+def _typed_arrow(path: str, shard: int, chunk: int = 5, large: bool = False,
+                 lists: bool = True) -> str:
+    """Columns of many types, in record batches of ``chunk`` rows: every gather kind (scalars,
+    fixed rows, typed lists unless not ``lists``, bytes and text with 32-bit offsets, or
+    64-bit where ``large``)."""
     n = 12
     ids = np.arange(n) + 100 * shard
-    table = pa.table({
+    columns = {
         "id": ids,
         "small": pa.array(ids % 7 - 3, type=pa.int8()),
         "flag": ids % 3 == 0,
@@ -360,10 +363,16 @@ def _typed_arrow(path: str, shard: int) -> str:
         "big": pa.array(ids.astype(np.uint64) + np.uint64(2**63), type=pa.uint64()),
         "vec": pa.array([[float(i), -float(i)] for i in ids], type=pa.list_(pa.float32(), 2)),
         "seq": pa.array([list(range(i % 4)) for i in ids], type=pa.list_(pa.int16())),
-        "raw": pa.array([bytes([i % 256]) * (i % 5) for i in ids], type=pa.binary()),
-    })
+        "raw": pa.array([bytes([i % 256]) * (i % 5) for i in ids],
+                        type=pa.large_binary() if large else pa.binary()),
+        "txt": pa.array([f"t{i}" * (i % 3) for i in ids],
+                        type=pa.large_string() if large else pa.string()),
+    }
+    if not lists:
+        del columns["seq"]
+    table = pa.table(columns)
     with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-        w.write_table(table, max_chunksize=5)
+        w.write_table(table, max_chunksize=chunk)
     return path
 
 
@@ -459,33 +468,12 @@ def test_checks_ahead_cover_the_sources_first_named_in_the_next_rows(tmp_path) -
             g.close()
 
 
-def _typed_arrow_at(path: str, shard: int, chunk: int, large: bool) -> str:
-    """Columns a gather takes by address (no ragged list): scalars, fixed rows, bytes and
-    text with 32- or 64-bit offsets, in record batches of ``chunk`` rows."""
-    n = 12
-    ids = np.arange(n) + 100 * shard
-    table = pa.table({
-        "id": ids,
-        "small": pa.array(ids % 7 - 3, type=pa.int8()),
-        "flag": ids % 3 == 0,
-        "x": ids * 0.25,
-        "vec": pa.array([[float(i), -float(i)] for i in ids], type=pa.list_(pa.float32(), 2)),
-        "raw": pa.array([bytes([i % 256]) * (i % 5) for i in ids],
-                        type=pa.large_binary() if large else pa.binary()),
-        "txt": pa.array([f"t{i}" * (i % 3) for i in ids],
-                        type=pa.large_string() if large else pa.string()),
-    })
-    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-        w.write_table(table, max_chunksize=chunk)
-    return path
-
-
 @pytest.mark.parametrize("chunk", [12, 5, 1], ids=["one-batch", "batches-of-5", "rows"])
 @pytest.mark.parametrize("offsets", ["32", "64", "mixed"])
 def test_an_arrow_gather_by_address_equals_the_gather_row_by_row(tmp_path, chunk: int,
                                                                  offsets: str) -> None:
-    paths = [_typed_arrow_at(str(tmp_path / f"t{s}.arrow"), s, chunk,
-                             large=offsets == "64" or (offsets == "mixed" and s % 2 == 1))
+    paths = [_typed_arrow(str(tmp_path / f"t{s}.arrow"), s, chunk, lists=False,
+                          large=offsets == "64" or (offsets == "mixed" and s % 2 == 1))
              for s in range(6)]
     readers = _open(paths, str(tmp_path / "c"))
     try:
