@@ -42,8 +42,8 @@ class TarRows(RowSource):
             whether ``__key__`` is served; whether headers are checked (a plain tar's guard).
         row: what a gather takes a row from: the map, then the index's header offsets, field
             offsets, field sizes and integers, the keys' offsets and values, as flat
-            memoryviews (a row's field ``j`` at ``row * fields + j``; no keys: empty), indexed
-            at a third of the cost of ``ndarray.item``, with no copy of the index.
+            memoryviews (a row's field ``j`` at ``row * fields + j``; no keys: placeholders),
+            indexed at a third of the cost of ``ndarray.item``, with no copy of the index.
         at: the same as addresses, the map's size second, packed as 8 native int64 (a
             gather joins its sources' in one call); ``None`` where an index array is not
             native int64 (the gather is then row by row).
