@@ -5,10 +5,12 @@ Reading such a request shard by shard (:func:`~dataflow.readers.read_ranges` wit
 :meth:`~dataflow.readers.ShardReader.read_many` per run of a shard) pays each shard's fixed
 costs (range validation, numpy calls on one-element arrays, column views) for a sample or
 two: about 50 microseconds a shard, ten times the CPU of reading the same rows from one
-shard. Here the rows are taken one by one, in request order, straight from every shard's
-memory map or column views into the batch's columns, and the per-shard work is what the
-guards need: a shard's file is checked (``fstat``) once shortly before the batch reads its
-first row (:data:`CHECK_ROWS`) and once after the batch is read.
+shard. Here the rows come straight from every shard's memory map or column views into the
+batch's columns. Where no guard needs a check during the gather (:meth:`Checks.free`: every
+shard leased, or nothing to check), a format takes each field for all rows at once, by
+address (:mod:`dataflow.readers.addressed`); otherwise row by row, in request order, and the
+per-shard work is what the guards need: a shard's file is checked (``fstat``) once shortly
+before the batch reads its first row (:data:`CHECK_ROWS`) and once after the batch is read.
 
 A format takes part by giving an open reader's :class:`RowSource` (``_row_source()``): the
 reader's arrays and views, prepared once and kept while the reader is open. Whatever this
@@ -144,7 +146,7 @@ class Checks:
 def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
                 get_many: Callable[[list[int]], list[ShardReader]] | None = None
                 ) -> Batch | None:
-    """The batch of ``ranges`` gathered row by row across their shards, or ``None`` where the
+    """The batch of ``ranges`` gathered across their shards in one pass, or ``None`` where the
     shard-by-shard path must read it (see the module): a request of more than
     :data:`MAX_ROWS_PER_RUN` rows a run on average, or one this path does not serve exactly.
 
