@@ -18,7 +18,6 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from operator import attrgetter
 from typing import cast
 
 import numpy as np
@@ -187,16 +186,13 @@ class SkipMeter:
         return reader
 
     def get_many(self, shards: list[int]) -> list[ShardReader]:
-        """:meth:`get` of each of ``shards`` (distinct), in order; in C loops where the task
-        got none of them before (a batch of the default shuffle: hundreds)."""
-        readers = self._readers.get_many(shards)
-        if self._seen.keys().isdisjoint(shards):
-            self._seen.update(zip(shards, zip(readers, map(_SKIPPED, readers), strict=True),
-                                  strict=True))
-        else:
-            for shard, reader in zip(shards, readers, strict=True):
-                self._note(shard, reader)
-        return readers
+        """The readers of ``shards`` (distinct), in order, for a gather across shards
+        (:func:`~dataflow.readers.read_across`), not noted: that gather never changes what a
+        reader skipped (it leaves such rows to the shard-by-shard read, whose :meth:`get`
+        notes them before reading) and returns no views to verify, and noting hundreds of
+        readers a batch of the default shuffle would cost more than the rest of its
+        bookkeeping."""
+        return self._readers.get_many(shards)
 
     def _note(self, shard: int, reader: ShardReader) -> None:
         """Count from now the samples ``reader`` (got for ``shard``) skips."""
@@ -247,7 +243,6 @@ class SkipMeter:
                                                                                        0)
 
 
-_SKIPPED = attrgetter("skipped")
 
 
 def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> TransformContext:

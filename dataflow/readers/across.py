@@ -33,6 +33,7 @@ columns returned are copies, so nothing returned views a map and no later check 
 from __future__ import annotations
 
 import bisect
+import sys
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, cast
@@ -43,7 +44,7 @@ from dataflow.batch import Batch
 from dataflow.errors import DataflowError, InternalError
 from dataflow.readers import lease
 from dataflow.readers.gather import range_rows
-from dataflow.readers.guard import FileGuard, all_unchanged
+from dataflow.readers.guard import FileGuard, all_unchanged, every_guard_leased
 
 if TYPE_CHECKING:
     from dataflow.readers.base import ShardReader
@@ -63,17 +64,23 @@ gather as row by row (tar, batch 256: equal at 64 rows a run, 1.7x faster row by
 5x at 1)."""
 
 
-_CLOSED, _LAYOUT, _LENGTH, _GUARD, _LEASED = map(
-    attrgetter, ("closed", "layout", "length", "guard", "leased"))
+_CLOSED, _ROWS, _LAYOUT, _LENGTH, _GUARD, _LEASED = map(
+    attrgetter, ("closed", "_row_lent", "layout", "length", "guard", "leased"))
+
+
+def layout_of(source: RowSource, fields: object) -> str:
+    """:attr:`RowSource.layout` of ``source`` whose fields are described by ``fields``."""
+    return sys.intern(f"{type(source).__name__}{fields!r}")
 
 
 class RowSource:
     """What one open reader lends a gather across shards. Not thread-safe (one per reader).
 
     Attributes:
-        layout: what the batch's shards must share to be gathered together (field names,
-            dtypes, shapes, codecs, row sizes), as text: compared between the sources of
-            every batch, where comparing tuples of fields would cost microseconds a shard.
+        layout: what the batch's shards must share to be gathered together (the class,
+            field names, dtypes, shapes, codecs, row sizes), as interned text
+            (:func:`layout_of`): compared between the sources of every batch by identity
+            first, where comparing tuples of fields would cost microseconds a shard.
         length: the shard's samples.
         guard: the shard's open file, checked before and after a gather; None when nothing
             can change under the reader (a copy it made, bytes in memory).
@@ -133,10 +140,14 @@ class Checks:
         """Whether no guard needs a check during the gather: each holds its lease (no writer
         can get in before the reader's next turn between tasks) or there is nothing to check.
         The gather may then read every row at once."""
+        if lease.pending():
+            return False
+        if every_guard_leased():
+            return True
         guards = self.guards
         if None in guards:
             guards = [g for g in guards if g is not None]
-        return not lease.pending() and all(map(_LEASED, guards))
+        return all(map(_LEASED, guards))
 
     def after(self) -> bool:
         """Check every guard again, after the gather: whether none changed."""
@@ -153,8 +164,9 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
     Args:
         get_reader: the open reader of a shard, by shard number.
         ranges: int64 of shape ``(n, 3)``: ``(shard, start, stop)``, in request order.
-        get_many: ``get_reader`` of each of a list of distinct shards, in order (default:
-            one call of ``get_reader`` each).
+        get_many: the open readers of a list of distinct shards, in order (default: one
+            call of ``get_reader`` each); they are read by this gather only, which changes
+            nothing a reader counts.
 
     Raises:
         InternalError: a gather failed on anything but the data (a bug), naming the shards.
@@ -181,11 +193,13 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
     readers = get_many(wanted) if get_many is not None else list(map(get_reader, wanted))
     if any(map(_CLOSED, readers)):  # more shards than a cache of open readers holds
         return None
-    got = [reader._row_source() for reader in readers]
+    got = list(map(_ROWS, readers))  # each source once prepared (a C loop), else prepared now
     if None in got:
-        return None
+        got = [reader._row_source() for reader in readers]
+        if None in got:
+            return None
     sources = cast(list[RowSource], got)
-    if len(set(map(type, sources))) > 1 or len(set(map(_LAYOUT, sources))) > 1:
+    if len(set(map(_LAYOUT, sources))) > 1:
         return None
     rows = range_rows(starts, stops)
     lens = np.fromiter(map(_LENGTH, sources), dtype=np.int64, count=len(sources))

@@ -180,6 +180,7 @@ class _MappedReader(ArrowBatches):
         batches."""
         super().__init__(url, on_error, options)
         self._guard = guard
+        self._row_lent: ArrowRows | None = None
         try:
             self._source = pa.memory_map(guard.path, "r")
         except (OSError, ValueError) as e:
@@ -199,12 +200,12 @@ class _MappedReader(ArrowBatches):
 
     def _row_source(self) -> ArrowRows | None:
         """The record batches' column views (:mod:`dataflow.readers.arrowrows`)."""
-        if self._rows is None and not self.closed:
-            self._rows = ArrowRows(self)
-        return self._rows
+        if self._row_lent is None and not self.closed:
+            self._row_lent = ArrowRows(self)
+        return self._row_lent
 
     def close(self) -> None:
-        self._rows = None  # it views the map
+        self._row_lent = None  # it views the map
         super().close()
         self._source.close()
         if self._guard is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 import numpy as np
 
 from dataflow.batch import Batch, FieldSpec, Ragged
-from dataflow.readers.across import CHECK_ROWS, Checks, RowSource
+from dataflow.readers.across import CHECK_ROWS, Checks, RowSource, layout_of
 from dataflow.readers.addressed import int64_at, ragged_at, rows_at
 
 if TYPE_CHECKING:
@@ -67,7 +67,8 @@ class ArrowRows(RowSource):
         self.length = len(reader)
         self.guard = reader._guard
         self.bounds = reader._bounds
-        self.layout = repr(tuple((s.name, s.dtype, s.shape, s.ragged) for s in reader.schema))
+        self.layout = layout_of(self, tuple((s.name, s.dtype, s.shape, s.ragged)
+                                            for s in reader.schema))
         self.chunks: list[_Chunk | None] = [None] * (len(self.bounds) - 1)
         self.ats: list[bytes | None] = [None] * (len(self.bounds) - 1)
         self.single = len(self.bounds) == 2

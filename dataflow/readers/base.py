@@ -89,6 +89,9 @@ class ShardReader(ABC):
     _viewed = False
     """Whether a read returned rows since the last :meth:`verify`."""
     _skipped = 0
+    _row_lent: RowSource | None = None
+    """What :meth:`_row_source` prepared, where a format prepares one: a gather across shards
+    reads it without a call first."""
 
     @property
     def skipped(self) -> int:

@@ -35,6 +35,7 @@ from dataflow.storage.cache import stat_identity
 from dataflow.storage.sources import local_path
 
 _LEASED: dict[int, FileGuard] = {}
+_OPEN: dict[int, FileGuard] = {}
 """This process's guards that hold a lease, by descriptor."""
 
 
@@ -103,6 +104,7 @@ class FileGuard:
             self.fd = os.open(local_path(url), os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             raise ShardReadError(url, f"cannot open shard: {e}", offset=0) from e
+        _OPEN[self.fd] = self
         st = os.fstat(self.fd)
         if not stat.S_ISREG(st.st_mode):
             self.close()
@@ -193,6 +195,7 @@ class FileGuard:
             self._unlease()
         fd, self.fd = self.fd, -1
         if fd >= 0:
+            del _OPEN[fd]
             os.close(fd)
 
 
@@ -211,6 +214,13 @@ def settle() -> None:
             guard._unlease()
 
 
+def every_guard_leased() -> bool:
+    """Whether every open guard of this process holds its lease: then none needs an ``fstat``
+    until a lease breaks (:func:`~dataflow.readers.lease.pending`). One comparison, where
+    asking each guard of a batch of the sample shuffle costs tens of microseconds."""
+    return len(_OPEN) == len(_LEASED)
+
+
 def all_unchanged(guards: Iterable[FileGuard | None]) -> bool:
     """Whether every one of ``guards`` (``None``: nothing to check) still has its identity:
     :meth:`FileGuard.unchanged` of each, one ``fstat`` each, stopping at the first changed, at
@@ -220,6 +230,8 @@ def all_unchanged(guards: Iterable[FileGuard | None]) -> bool:
     after ``lease-break-time`` would let a writer in, so then every guard is checked. A
     broken guard first takes its lease again (:meth:`FileGuard.check`)."""
     every = lease.pending()
+    if not every and every_guard_leased():
+        return True
     fstat = os.fstat
     for guard in guards:
         if guard is not None and (every or not guard.leased):

@@ -49,8 +49,9 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
     Args:
         get_reader: the open reader of a shard, by shard number.
         ranges: int64 of shape ``(n, 3)``, ``n > 0``: ``(shard, start, stop)`` per row.
-        get_many: ``get_reader`` of each of a list of distinct shards, in order, where that
-            is cheaper than one call each (see :func:`~dataflow.readers.across.read_across`).
+        get_many: the open readers of a list of distinct shards, in order, for a gather
+            across shards (see :func:`~dataflow.readers.across.read_across`), where that is
+            cheaper than one call of ``get_reader`` each.
 
     Raises:
         ConfigError: ``ranges`` is empty or not of shape ``(n, 3)``.

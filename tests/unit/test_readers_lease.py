@@ -24,8 +24,9 @@ import pytest
 
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ShardChangedError
+from dataflow.readers import guard as guards
 from dataflow.readers import lease, open_shard
-from dataflow.readers.guard import FileGuard, all_unchanged, settle
+from dataflow.readers.guard import FileGuard, all_unchanged, every_guard_leased, settle
 from dataflow.readers.tar import sharedindex
 from dataflow.readers.tar.reader import TarReader
 
@@ -127,6 +128,31 @@ def test_a_writer_waits_for_a_leased_guard_and_its_write_is_seen_after(shard: st
         assert not all_unchanged([guard])
         with pytest.raises(ShardChangedError, match="shard.bin"):
             guard.check()
+
+
+@pytest.mark.timeout(60)
+def test_every_guard_leased_until_one_is_not(shard: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one comparison a gather asks first: false from a lease breaking (settled) until
+    the guard holds it again, and while a guard without a lease is open."""
+    monkeypatch.setattr(guards, "_OPEN", {})  # this test's guards only
+    monkeypatch.setattr(guards, "_LEASED", {})
+    with closing(FileGuard(shard)) as guard:
+        assert every_guard_leased()
+        with _child(WRITE, shard) as writer:
+            _wait(lease.pending)
+            settle()
+            assert not guard.leased and not every_guard_leased()
+            assert writer.wait(timeout=30) == 0
+        assert not all_unchanged([guard])  # written: taken again, and found changed
+        assert not every_guard_leased()
+    assert every_guard_leased()
+    with closing(FileGuard(shard)) as guard:
+        assert guard.leased and every_guard_leased()
+        monkeypatch.setattr(lease, "take", lambda fd, url: lease.Taken.NONE)
+        with closing(FileGuard(shard)) as unleased:
+            assert not unleased.leased and not every_guard_leased()
+            assert all_unchanged([guard, unleased])  # checked with fstat
+        assert every_guard_leased()
 
 
 @pytest.mark.timeout(60)

@@ -250,17 +250,20 @@ def test_a_reader_cache_gets_many_readers_as_it_gets_each(tmp_path, capacity: in
     readers.close()
 
 
-def test_a_task_getting_many_shards_at_once_counts_their_skips_as_one_by_one() -> None:
+def test_readers_got_for_a_gather_across_shards_count_from_their_get() -> None:
+    """A gather across shards changes nothing a reader counts, so the readers it gets are not
+    noted; a read of one of them counts from when the task got it to read (``get``), as the
+    shard-by-shard read does after a gather left the batch to it."""
     readers = {0: LossyReader(10, {1}), 1: LossyReader(10, {0}), 2: LossyReader(10, set())}
     readers[0].skipped = 5  # skips of earlier tasks do not count
     meter = SkipMeter(FakeCache(readers))
-    got = meter.get_many([2, 0, 1])
-    assert got == [readers[2], readers[0], readers[1]]
-    got[1].read(0, 4)
-    got[2].read(0, 2)
+    assert meter.get_many([2, 0, 1]) == [readers[2], readers[0], readers[1]]
+    assert meter.skips() == {}
+    meter.get(0).read(0, 4)
+    meter.get(1).read(0, 2)
     assert meter.skips() == {0: 1, 1: 1}
-    assert meter.get_many([0, 2]) == [readers[0], readers[2]]  # counted from the first get
-    readers[0].read(0, 2)
+    assert meter.get_many([0, 2]) == [readers[0], readers[2]]
+    meter.get(0).read(0, 2)
     assert meter.skips() == {0: 2, 1: 1}
 
 

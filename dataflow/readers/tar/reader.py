@@ -98,7 +98,7 @@ class TarReader(ShardReader):
         """
         super().__init__(url, on_error)
         self.tar = options
-        self._rows: TarRows | None = None
+        self._row_lent: TarRows | None = None
         self._mm: mmap.mmap | None = None
         self._buf = np.empty(0, dtype=np.uint8)
         self._index_file: SharedIndexFile | None = None
@@ -288,10 +288,10 @@ class TarReader(ShardReader):
     def _row_source(self) -> TarRows | None:
         """A local plain or gzipped tar's index and map (:mod:`dataflow.readers.tar.rows`);
         a remote tar takes no part."""
-        if self._rows is None and self._blob is None and self._mm is not None:
+        if self._row_lent is None and self._blob is None and self._mm is not None:
             keys = self._all_keys() if self.tar.keys and self._index.schema else None
-            self._rows = TarRows(self, keys)
-        return self._rows
+            self._row_lent = TarRows(self, keys)
+        return self._row_lent
 
     def _all_keys(self) -> Ragged:
         """Every sample's ``__key__``, read from the samples' tar headers on first use (a
@@ -339,7 +339,7 @@ class TarReader(ShardReader):
 
     def close(self) -> None:
         self.closed = True
-        self._rows = None  # it views the map
+        self._row_lent = None  # it views the map
         self._unmap()
         if self._guard is not None:
             self._guard.close()

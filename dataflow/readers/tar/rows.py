@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from dataflow.batch import Batch, Ragged
-from dataflow.readers.across import CHECK_ROWS, Checks, RowSource
+from dataflow.readers.across import CHECK_ROWS, Checks, RowSource, layout_of
 from dataflow.readers.addressed import int64_at, ragged_at, rows_at
 from dataflow.readers.tar.options import KEY_FIELD
 
@@ -57,11 +57,12 @@ class TarRows(RowSource):
         self.codecs = ix.codecs
         self.sizes = list(reader._field_size)
         self.filled = list(reader._filled)
-        self.layout = repr((tuple((spec.name, codec, spec.shape,
-                              size if codec.startswith("npy:") else 0, filled)
-                             for spec, codec, size, filled in zip(
-                                 ix.schema, ix.codecs, self.sizes, self.filled, strict=True)),
-                       keys is not None, self.guard is not None))
+        self.layout = layout_of(self, (tuple((spec.name, codec, spec.shape,
+                                              size if codec.startswith("npy:") else 0, filled)
+                                             for spec, codec, size, filled in zip(
+                                                 ix.schema, ix.codecs, self.sizes, self.filled,
+                                                 strict=True)),
+                                       keys is not None, self.guard is not None))
         self.ints_dtype = ix.ints.dtype
         self.keys = keys is not None
         nothing = np.zeros(1, dtype=np.int64)
