@@ -139,7 +139,10 @@ class Checks:
     def free(self) -> bool:
         """Whether no guard needs a check during the gather: each holds its lease (no writer
         can get in before the reader's next turn between tasks) or there is nothing to check.
-        The gather may then read every row at once."""
+        The gather may then read every row at once. Where every open guard of the process
+        holds its lease, one comparison says so
+        (:func:`~dataflow.readers.guard.every_guard_leased`), without asking each of the
+        batch's."""
         if lease.pending():
             return False
         if every_guard_leased():
@@ -150,7 +153,8 @@ class Checks:
         return all(map(_LEASED, guards))
 
     def after(self) -> bool:
-        """Check every guard again, after the gather: whether none changed."""
+        """Check every guard again, after the gather: whether none changed (at once where
+        every open guard holds its lease, :func:`~dataflow.readers.guard.all_unchanged`)."""
         return all_unchanged(self.guards)
 
 
