@@ -91,7 +91,8 @@ class FileGuard:
             url: a local shard.
             expect: the identity it must have (the index's); ``None``: whatever it has now.
             on_break: called when the guard's lease breaks, before the guard lets go of it
-                (the file is still unchanged then).
+                (the file is still unchanged then); the guard is then closed, what it guarded
+                no longer read from the file (a private copy of a mapped index).
 
         Raises:
             ShardReadError: the file cannot be opened.
@@ -201,17 +202,20 @@ class FileGuard:
 
 def settle() -> None:
     """After a lease broke (:func:`~dataflow.readers.lease.take_pending`): the guards whose
-    lease broke let go of it, so the writers waiting go on, and are broken from then on.
-    Called by a reader's serving loop at every turn, between tasks, never during a read: a
-    writer let in then could cut a file short under a map a read is using (SIGBUS); the next
-    task reads the file only once its guard holds the lease again."""
+    lease broke let go of it, so the writers waiting go on, and are broken from then on
+    (those with an ``on_break`` are closed after it). Called by a reader's serving loop at
+    every turn, between tasks, never during a read: a writer let in then could cut a file
+    short under a map a read is using (SIGBUS); the next task reads the file only once its
+    guard holds the lease again."""
     if not lease.take_pending():
         return
     for fd, guard in list(_LEASED.items()):
         if not lease.held(fd):
-            if guard.on_break is not None:
+            if guard.on_break is None:
+                guard._unlease()
+            else:
                 guard.on_break()
-            guard._unlease()
+                guard.close()
 
 
 def every_guard_leased() -> bool:

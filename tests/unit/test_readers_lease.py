@@ -286,7 +286,10 @@ def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(
     """A reader maps a tar's saved member index under a lease (the host's readers share its
     pages); a writer rewriting the index file in place waits, the reader copies what it
     mapped into its own memory at the same addresses before letting go, and reads on with
-    the index it verified."""
+    the index it verified; the index's guard is closed, so the shard's lease alone again
+    spares the reader every per-guard check."""
+    monkeypatch.setattr(guards, "_OPEN", {})  # this test's guards only
+    monkeypatch.setattr(guards, "_LEASED", {})
     root = os.path.dirname(shard)
     path = str(make_demo(root, DemoSpec(fmt="tar", shards=1, samples_per_shard=20,
                                         image_shape=(3, 4, 4)), progress=None).paths[0])
@@ -304,6 +307,7 @@ def test_a_shared_tar_index_keeps_its_values_when_its_file_is_rewritten(
             _wait(lease.pending)
             settle()
             assert writer.wait(timeout=30) == 0
+        assert every_guard_leased() and len(guards._OPEN) == 1  # the shard's
         assert not _maps(path + ".dfidx")  # the copy is the reader's own memory
         assert (reader._index.offsets == offsets).all()
         assert reader.read(0, len(reader))["id"].tolist() == ids
