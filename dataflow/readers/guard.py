@@ -35,8 +35,9 @@ from dataflow.storage.cache import stat_identity
 from dataflow.storage.sources import local_path
 
 _LEASED: dict[int, FileGuard] = {}
-_OPEN: dict[int, FileGuard] = {}
 """This process's guards that hold a lease, by descriptor."""
+_OPEN: dict[int, FileGuard] = {}
+"""This process's open guards, by descriptor (:func:`every_guard_leased`)."""
 
 
 @dataclass(frozen=True)
