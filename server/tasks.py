@@ -243,8 +243,6 @@ class SkipMeter:
                                                                                        0)
 
 
-
-
 def transform_context(spec: WorkerSpec, ranges: np.ndarray, tag: BatchTag) -> TransformContext:
     """The context of the transform of the batch ``ranges`` tagged ``tag``."""
     shards = tuple((spec.shards[shard].removeprefix(spec.root), start, stop)
