@@ -4,6 +4,8 @@ tested across hosts in test_multihost.py."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from srvtools import RawClient, repo_env, wait_for
 
@@ -27,6 +29,15 @@ def _count(endpoint: str, name: str = "replies") -> int:
         c.close()
 
 
+def _publish(reg, text: str) -> None:
+    """Replace the registry file at once, as docs/deploy.md asks: a lookup that read a file
+    being rewritten in place could find it empty, and a member it finds missing while it is
+    lost by the liveness rules leaves at once."""
+    tmp = reg.with_name(reg.name + ".new")
+    tmp.write_text(text)
+    os.replace(tmp, reg)
+
+
 @pytest.mark.timeout(60)
 def test_registry_file_with_no_server_fails_after_the_timeout(tmp_path) -> None:
     reg = tmp_path / "servers.txt"
@@ -48,10 +59,10 @@ def test_registry_servers_join_and_leave_mid_epoch(demo_data, servers, tmp_path)
                     prefetch=2, timeout=20, resolve_interval=0.2) as dl:
         it = iter(dl)
         ids = [i for _ in range(3) for i in next(it)["id"].tolist()]
-        reg.write_text(f"{a.endpoint}\n{b.endpoint}\n")
+        _publish(reg, f"{a.endpoint}\n{b.endpoint}\n")
         wait_for(lambda: dl.stats()["joined"] == 1, 30, "b to join")
         ids += [i for _ in range(3) for i in next(it)["id"].tolist()]
-        reg.write_text(f"{b.endpoint}\n")
+        _publish(reg, f"{b.endpoint}\n")
         wait_for(lambda: dl.stats()["left"] == 1, 30, "a to leave")
         asked_of_a = _count(a.endpoint, "requests")
         ids += [i for batch in it for i in batch["id"].tolist()]
