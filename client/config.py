@@ -123,6 +123,7 @@ class LoaderConfig:
     shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES
     batches_per_request: int | str = "auto"
     lineage: bool = False
+    tune_malloc: bool = True
 
     @classmethod
     def of(cls, servers: ServerSource, *, batch_size: int, rank: int | None = None,
@@ -139,7 +140,8 @@ class LoaderConfig:
            collate_fn: Callable[[dict[str, torch.Tensor]], Any] | None = None,
            decode: Any = None, io_threads: int = DEFAULT_IO_THREADS,
            shared_memory: str = "auto", shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES,
-           batches_per_request: int | str = "auto", lineage: bool = False) -> LoaderConfig:
+           batches_per_request: int | str = "auto", lineage: bool = False,
+           tune_malloc: bool = True) -> LoaderConfig:
         """The configuration of a DataLoader's arguments (the same names and defaults; see
         :class:`client.DataLoader`): ``rank`` and ``world_size`` from the environment when
         None (:func:`dist_env`), the shuffle's knobs as one :class:`~dataflow.shuffle.Shuffle`,
@@ -154,7 +156,7 @@ class LoaderConfig:
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
             collate_fn=collate_fn, decode=as_decode(decode), io_threads=io_threads,
             shared_memory=shared_memory, shared_memory_slot_bytes=shared_memory_slot_bytes,
-            batches_per_request=batches_per_request, lineage=lineage)
+            batches_per_request=batches_per_request, lineage=lineage, tune_malloc=tune_malloc)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode", as_decode(self.decode))
@@ -180,7 +182,7 @@ class LoaderConfig:
             object.__setattr__(self, "batches_per_request",
                                check_int("batches_per_request", self.batches_per_request, 1,
                                          MAX_GROUP))
-        for flag in ("read_ahead", "lineage"):
+        for flag in ("read_ahead", "lineage", "tune_malloc"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"`{flag}` must be True or False. Found: "
                                   f"{getattr(self, flag)!r}")

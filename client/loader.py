@@ -39,6 +39,7 @@ from dataflow.client.planner import Planner
 from dataflow.client.state import make_state, read_state
 from dataflow.client.stream import Stream
 from dataflow.errors import ConfigError, LoaderClosedError
+from dataflow.heap import THREAD_HEAP_BYTES, keep_freed_memory
 from dataflow.index import DatasetIndex
 from dataflow.plan import EpochSize, consumed, epoch_size
 from dataflow.shuffle import (
@@ -249,6 +250,11 @@ class DataLoader:
             ``lineage.shard`` (the shard's number in :attr:`index`) and ``lineage.row`` of
             shape ``(batch,)``, read by :meth:`lineage`; samples a server left out as damaged
             are not in them. Off (the default): no cost.
+        tune_malloc: on Linux with glibc, set the process's malloc (once, process-wide) to
+            keep freed buffers of up to 32 MiB rather than return them to the kernel, so each
+            received batch's memory is not faulted in afresh (:mod:`dataflow.heap`;
+            19 MB batches: ~1,100 page faults each without, 3.7-4.0 GB/s with against 2.6-3.1
+            without, docs/using.md, "Receive path"). False leaves malloc as it is.
 
     torch's DataLoader arguments that have no place here (``num_workers``,
     ``prefetch_factor``, ``persistent_workers``, ``sampler``, ``generator``, ...) raise
@@ -298,6 +304,7 @@ class DataLoader:
         shared_memory_slot_bytes: int = DEFAULT_SLOT_BYTES,
         batches_per_request: int | str = "auto",
         lineage: bool = False,
+        tune_malloc: bool = True,
         **torch_only: object,
     ) -> None:
         refuse_torch_arguments(torch_only)
@@ -310,7 +317,8 @@ class DataLoader:
             columns=columns, read_ahead=read_ahead, request_timeout=request_timeout,
             collate_fn=collate_fn, decode=decode, io_threads=io_threads,
             shared_memory=shared_memory, shared_memory_slot_bytes=shared_memory_slot_bytes,
-            batches_per_request=batches_per_request, lineage=lineage)
+            batches_per_request=batches_per_request, lineage=lineage,
+            tune_malloc=tune_malloc)
         self._start(metrics)
 
     @classmethod
@@ -333,6 +341,8 @@ class DataLoader:
 
     def _start(self, metrics: int | str | CollectorRegistry | None) -> None:
         cfg = self.config
+        if cfg.tune_malloc:
+            keep_freed_memory(top_pad=THREAD_HEAP_BYTES)
         self._io = start_io(cfg)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._metrics: LoaderMetrics | None = None

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dataflow.heap import TRIM_BYTES
 from dataflow.server.config import ServerConfig
 from dataflow.server.guard import ZMTP_ALLOWANCE
-from dataflow.server.heap import TRIM_BYTES
 from dataflow.server.worker import MAX_DATA_INBOUND_TOTAL
 
 KiB = 1024
@@ -59,7 +59,7 @@ def memory_bound(config: ServerConfig) -> MemoryBound:
     * readers: unsent bytes + W x (Q + 1) x R + W x (33 x 1 MiB + C x H x 1 KiB) + the
       decoded-sample caches (``cache_memory``, shared equally) + W x S x 256 B x P (each
       reader's announced windows) + W x 128 MiB (the freed heap a reader keeps for its next
-      batch, :mod:`~dataflow.server.heap`).
+      batch, :mod:`~dataflow.heap`).
     """
     s, c, h = config.max_sessions, config.max_connections, config.peer_queue
     w, q = config.workers, config.worker_queue

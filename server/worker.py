@@ -40,7 +40,7 @@ The data socket is client-facing: it has the options and the
 :class:`DataCaps`. When a reply is handed to ZeroMQ its last frame carries a tracker, which
 tells when ZeroMQ let go of the whole reply.
 
-A worker keeps its freed batch memory for the next batch (:mod:`~dataflow.server.heap`). Each
+A worker keeps its freed batch memory for the next batch (:mod:`~dataflow.heap`). Each
 worker keeps an LRU of open shard readers, and with ``--cache-memory`` and a ``Stages``
 transform an LRU of decoded samples (its share of the flag:
 :mod:`~dataflow.server.samplecache`). It exits when its parent dies (checked twice a second) or
@@ -59,6 +59,7 @@ import zmq
 
 from dataflow import wire
 from dataflow.errors import InternalError, ProtocolError
+from dataflow.heap import keep_freed_memory
 from dataflow.readers import lease
 from dataflow.readers.guard import settle
 from dataflow.readers.tar import sharedindex
@@ -79,7 +80,6 @@ from dataflow.server.guard import (
     client_socket_options,
     message_fd,
 )
-from dataflow.server.heap import keep_freed_memory
 from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.samplecache import Key, SampleCache, rows_of
 from dataflow.server.sender import DataSender

@@ -41,6 +41,7 @@ def _cfg(**kw) -> LoaderConfig:
     (dict(resolve_interval=float("inf")), "resolve_interval"),
     (dict(read_ahead=1), "read_ahead"),
     (dict(lineage="yes"), "lineage"),
+    (dict(tune_malloc=1), "tune_malloc"),
     (dict(request_timeout=0), "request_timeout"),
     (dict(request_timeout=-1.0), "request_timeout"),
     (dict(request_timeout=float("inf")), "request_timeout"),
