@@ -38,11 +38,12 @@ DEFAULT_IO_THREADS = 1
 MAX_IO_THREADS = 64
 
 # batches_per_request="auto": requests carry up to AUTO_GROUP batches, as many as make a reply of
-# at most GROUP_BYTES, for batches small enough that 4 fit (bench/RESULTS.md, "Several batches
-# a request": for larger ones the per-batch costs saved are small, and on 2 cores replies of
-# two or more 4 MiB batches moved 0.54 -> 0.41 of raw pyzmq's rate).
+# at most GROUP_BYTES, for batches small enough that 4 fit (bench/RESULTS.md, "Page faults in
+# the receive": 4 MiB batches 4 a request moved 0.61 -> 0.76 of raw pyzmq's rate on 2 cores;
+# 8, a 32 MiB reply split over two frames that the client copies together, 0.49; for larger
+# batches the per-batch costs saved are small).
 AUTO_GROUP = 8
-GROUP_BYTES = 8 * 2**20
+GROUP_BYTES = 16 * 2**20
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:

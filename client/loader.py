@@ -239,7 +239,7 @@ class DataLoader:
         batches_per_request: how many consecutive batches of a pass one request to a server
             carries (one credit, one reply, each batch handed over on its own: the order,
             exactly-once and resume are the same). ``"auto"`` (the default): one at first,
-            then as many as make a reply of at most 8 MiB (at most 8, and at most a shared
+            then as many as make a reply of at most 16 MiB (at most 8, and at most a shared
             memory slot), sized from the first batch received, for batches of which 4 or
             more fit (larger ones travel alone); an integer from 1 to 64: that many. More
             per request divides the per-batch cost of requests, replies and wake-ups on both

@@ -29,6 +29,7 @@ from dataflow.errors import DataflowError, InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.base import TALLY
+from dataflow.readers.multi import joined_ranges
 from dataflow.readers.tar.options import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
 from dataflow.server.samplecache import Sample, SampleCache, assemble, split
@@ -329,7 +330,8 @@ def _batch_with(readers: ReaderCache, transform: Transform | None, spec: WorkerS
         msg = wire.batch_to_message(task.req_id, batch, len(left))
         return _checked(spec, _saying(msg, left)), meter
     if transform is None:
-        batch, left = _one(meter, None, spec, task.ranges, task.tag, task.columns, None)
+        batch, left = _one(meter, None, spec, joined_ranges(task.ranges), task.tag,
+                           task.columns, None)
         if not len(left):
             sizes = [_samples(rows) for rows in _part_rows(task)]
             return _checked(spec, wire.parts_to_message(task.req_id, batch, sizes)), meter

@@ -2,7 +2,10 @@
 
 For each batch size (``--sizes``: ``4mib``, 64 samples of 64 KiB; ``19mb``, 128 samples of
 3x224x224 uint8 = 150,528 bytes), writes an Arrow dataset of one fixed-size binary field
-``x`` (one record batch per batch, so a reader sends each batch zero-copy from its map), serves
+``x`` (``--record-batch-rows``: by default one record batch per batch, so a reader sends each
+batch zero-copy from its map and a request of several batches is joined by a copy; 1000, the
+rows of a record batch as Hugging Face ``datasets`` writes them, keeps a run of batches in one
+record batch, read zero-copy), serves
 it with the real loader server (``--workers`` reader processes, each sending its batches
 straight to the client's data connection to it) and reads it with the real DataLoader over
 loopback TCP, once per ``--io-threads`` value of the loader's ZeroMQ context. The same bytes
@@ -13,10 +16,12 @@ receiving context. Every measurement is repeated ``--repeats`` times, interleave
 runs every configuration in turn), and reported as the median with its range; the ratio of
 each dataflow row is to the raw configuration with the highest median at that size (the
 issue's goal: >= 0.8). The receiving process's CPU seconds per GiB (all its threads) is the
-load-insensitive figure beside it.
+load-insensitive figure beside it. The process's malloc is set as a DataLoader sets it
+(:mod:`dataflow.heap`) before anything is received, so raw pyzmq's receives get the same.
 
 Usage: python -m dataflow.bench.experiments.transport [--sizes 4mib 19mb] [--gib 0.5]
 [--workers 1 2] [--io-threads 1 2] [--raw 1x1x1 1x1x2 1x1x4 2x2x2] [--repeats 3]
+[--record-batch-rows N]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import zmq
 
 from dataflow.bench.experiments.args import per_request
 from dataflow.client import DataLoader
+from dataflow.heap import THREAD_HEAP_BYTES, keep_freed_memory
 from dataflow.server import launch
 
 # name -> (bytes per sample, samples per batch)
@@ -88,9 +94,10 @@ class Raw:
                 f"io_threads={self.io_threads}")
 
 
-def write_dataset(out: str, sample_bytes: int, batch: int) -> list[str]:
+def write_dataset(out: str, sample_bytes: int, batch: int,
+                  record_batch_rows: int | None = None) -> list[str]:
     """Arrow IPC files with one ``fixed_size_binary(sample_bytes)`` field ``x``, one record
-    batch per ``batch`` samples."""
+    batch per ``record_batch_rows`` samples (default: ``batch``)."""
     rng = np.random.default_rng(0)
     samples = BATCHES_PER_SHARD * batch
     paths = []
@@ -101,7 +108,7 @@ def write_dataset(out: str, sample_bytes: int, batch: int) -> list[str]:
         table = pa.table({"x": arr})
         path = os.path.join(out, f"big-{sample_bytes}-{s:04d}.arrow")
         with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
-            w.write_table(table, max_chunksize=batch)
+            w.write_table(table, max_chunksize=record_batch_rows or batch)
         paths.append(path)
     return paths
 
@@ -206,17 +213,23 @@ def main(argv: list[str] | None = None) -> None:
                    default=[Raw(1, 1, 1), Raw(1, 1, 2), Raw(1, 1, 4), Raw(2, 2, 2)],
                    help="raw pyzmq configurations SxKxT: S senders, K PULL sockets (1 or S), "
                         "T receiving io_threads (default: 1x1x1 1x1x2 1x1x4 2x2x2)")
+    p.add_argument("--record-batch-rows", type=int, default=None,
+                   help="rows of each record batch of the dataset written (default: one "
+                        "record batch per batch; 1000 as Hugging Face `datasets` writes)")
     p.add_argument("--repeats", type=int, default=3,
                    help="interleaved rounds; medians and ranges are reported "
                         "(default: %(default)s)")
     args = p.parse_args(argv)
+    if args.record_batch_rows is not None and args.record_batch_rows < 1:
+        p.error(f"--record-batch-rows must be >= 1. Found: {args.record_batch_rows}")
+    keep_freed_memory(top_pad=THREAD_HEAP_BYTES)
     rows: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as tmp:
         for name in args.sizes:
             sample_bytes, batch = SIZES[name]
             size = sample_bytes * batch
             n_raw = max(2 * max(r.senders for r in args.raw), int(args.gib * 2**30 // size))
-            paths = write_dataset(tmp, sample_bytes, batch)
+            paths = write_dataset(tmp, sample_bytes, batch, args.record_batch_rows)
             servers = {w: launch(paths, workers=w, timeout=120) for w in args.workers}
             try:
                 for _ in range(args.repeats):
@@ -235,9 +248,10 @@ def main(argv: list[str] | None = None) -> None:
                 for server in servers.values():
                     server.close()
     command = " ".join(argv if argv is not None else sys.argv[1:])
+    batch_word = "a batch's"
     print(f"command: python -m dataflow.bench.experiments.transport {command}".rstrip())
     print(f"loopback tcp, {os.cpu_count()} CPUs, {args.repeats} interleaved rounds: median "
-          "(min-max)")
+          f"(min-max); a record batch: {args.record_batch_rows or batch_word} rows")
     print()
     print("| batch | path | configuration | GB/s | ratio to best raw | receiver CPU s / GiB |")
     print("| --- | --- | --- | --- | --- | --- |")

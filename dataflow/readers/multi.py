@@ -35,6 +35,26 @@ def describe_ranges(starts: np.ndarray, stops: np.ndarray) -> str:
     return f"samples {named}" + (f" and {more} more ranges" if more > 0 else "")
 
 
+def joined_ranges(ranges: np.ndarray) -> np.ndarray:
+    """``ranges`` (int64 ``(shard, start, stop)`` rows) with every run of rows that continue one
+    another (the same shard, each starting where the one before stops, none of them reversed)
+    as one row: the same rows of the same shards in the same order, fewer ranges. The runs of
+    batches a request carries (``parts``) are then one read: a slice of a shard's map where one
+    record batch holds them, instead of a gather copying each row.
+    """
+    if len(ranges) < 2:
+        return ranges
+    shard, start, stop = ranges[:, 0], ranges[:, 1], ranges[:, 2]
+    forward = start <= stop
+    joins = ((shard[1:] == shard[:-1]) & (start[1:] == stop[:-1])
+             & forward[1:] & forward[:-1])
+    if not joins.any():
+        return ranges
+    firsts = np.flatnonzero(np.concatenate(([True], ~joins)))
+    lasts = np.append(firsts[1:], len(ranges)) - 1
+    return np.stack([shard[firsts], start[firsts], stop[lasts]], axis=1)
+
+
 def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
                 get_many: Callable[[list[int]], list[ShardReader]] | None = None) -> Batch:
     """Read rows ``(shard, start, stop)`` of ``ranges`` into one batch.

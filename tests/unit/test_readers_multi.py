@@ -15,7 +15,7 @@ from dataflow.batch import Ragged, concat
 from dataflow.demo import DemoSpec, make_demo
 from dataflow.errors import ConfigError, InternalError, SchemaError, ShardReadError
 from dataflow.readers import LostShard, ShardReader, open_shard, read_ranges
-from dataflow.readers.multi import describe_ranges
+from dataflow.readers.multi import describe_ranges, joined_ranges
 from dataflow.readers.sink import BatchSink
 from dataflow.readers.tar.indexfile import load_tar_index, save_tar_index
 
@@ -218,3 +218,56 @@ def test_a_batch_sink_refuses_parts_that_disagree() -> None:
         sink.rows("x", np.dtype(np.float32), (3,), 3)
     batch = sink.batch([part])
     assert batch["x"].shape == (2, 3) and batch["x"].sum() == 6 and len(batch["t"]) == 2
+
+
+def _rows(ranges: np.ndarray) -> list[tuple[int, int]]:
+    return [(s, r) for s, a, b in ranges.tolist() for r in range(a, b)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_joined_ranges_name_the_same_rows_in_the_same_order(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 12))
+    rows, shard, at = [], 0, 0
+    for _ in range(n):  # runs that continue one another, or jump, or change shard
+        if rng.random() < 0.3:
+            shard = int(rng.integers(0, 3))
+        if rng.random() < 0.3:
+            at = int(rng.integers(0, 50))
+        size = int(rng.integers(0, 6))
+        rows.append((shard, at, at + size))
+        at += size
+    ranges = np.array(rows, dtype=np.int64)
+    joined = joined_ranges(ranges)
+    assert _rows(joined) == _rows(ranges)
+    assert len(joined) <= len(ranges)
+    # none of the rows left continues the one before it
+    assert not ((joined[1:, 0] == joined[:-1, 0]) & (joined[1:, 1] == joined[:-1, 2])).any()
+
+
+def test_joined_ranges_keep_reversed_ranges_apart() -> None:
+    ranges = np.array([[0, 5, 3], [0, 3, 7], [0, 7, 9]], dtype=np.int64)
+    # [5, 3) stays (a reader refuses it, naming it); the two after it are one
+    np.testing.assert_array_equal(joined_ranges(ranges), [[0, 5, 3], [0, 3, 9]])
+    one = np.array([[1, 0, 4]], dtype=np.int64)
+    assert joined_ranges(one) is one
+
+
+def test_a_run_of_batches_in_one_record_batch_is_read_without_a_copy(tmp_path) -> None:
+    path = str(tmp_path / "one.arrow")
+    table = pa.table({"x": np.arange(256, dtype=np.int64)})
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        w.write_table(table)  # one record batch
+    reader = open_shard(path)
+    try:
+        parts = np.array([[0, 0, 64], [0, 64, 128], [0, 128, 192]], dtype=np.int64)
+        whole = read_ranges(lambda _: reader, joined_ranges(parts))["x"]
+        np.testing.assert_array_equal(whole, np.arange(192))
+        first = read_ranges(lambda _: reader, parts[:1])["x"]
+        # both views of the shard's map (the record batch's buffer), not gathered copies
+        assert np.shares_memory(whole, first)
+        gathered = read_ranges(lambda _: reader, parts)["x"]  # three ranges: gathered
+        np.testing.assert_array_equal(gathered, whole)
+        assert not np.shares_memory(gathered, first)
+    finally:
+        reader.close()
