@@ -235,10 +235,12 @@ class MetricsExporter:
                 wait = (max(0.0, min(c.deadline for c in conns.values()) - time.monotonic())
                         if conns else None)
                 for key, _ in sel.select(wait):
+                    conn: _Conn | None = key.data  # None: the listener, the wake-up
                     if key.fileobj is self._listener:
                         self._accept(sel, conns)
-                    elif key.fileobj is not self._wake_r:
-                        self._step(sel, conns, key.data)
+                    elif conn is not None and conns.get(conn.sock) is conn:
+                        # (not a connection closed earlier this round to make room)
+                        self._step(sel, conns, conn)
                 now = time.monotonic()
                 for conn in [c for c in conns.values() if c.deadline <= now]:
                     self._drop(sel, conns, conn)

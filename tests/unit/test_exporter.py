@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -131,6 +132,43 @@ def test_a_failing_collector_fails_its_scrape_only(registry: CollectorRegistry) 
         assert status == 500 and b"RuntimeError: boom" in body
         registry.unregister(broken)
         assert _get(ex.port)[0] == 200
+
+
+class Slow(Collector):
+    """Holds the endpoint's thread in a scrape, so what peers do meanwhile is seen at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def collect(self) -> Iterator:
+        time.sleep(self.seconds)
+        return iter(())
+
+
+def test_a_connection_dropped_for_a_newer_one_while_it_had_data_keeps_the_endpoint_up(
+        registry: CollectorRegistry) -> None:
+    """A new connection that closes the oldest one (``max_connections``) in the same round of
+    events as that one's data: the data is not read from the closed socket, and the endpoint
+    keeps serving."""
+    with MetricsExporter(registry, 0, "127.0.0.1", max_connections=2, timeout=30) as ex:
+        oldest = socket.create_connection(("127.0.0.1", ex.port), timeout=10)
+        oldest.sendall(b"GET /metrics HTTP/1.1\r\n")  # unfinished: the endpoint waits for more
+        _get(ex.port)  # the endpoint has read it (it answers in order)
+        slow = Slow(0.5)
+        registry.register(slow)
+        scrape = socket.create_connection(("127.0.0.1", ex.port), timeout=10)
+        scrape.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # the thread is in the slow scrape
+        time.sleep(0.2)
+        newer = socket.create_connection(("127.0.0.1", ex.port), timeout=10)  # listener ready
+        oldest.sendall(b"Host: x\r\n")  # then the oldest connection
+        try:
+            assert scrape.recv(12) == b"HTTP/1.1 200"
+            assert _closed_by_peer(oldest)  # closed to make room for the newer one
+            registry.unregister(slow)
+            assert _get(ex.port)[0] == 200
+        finally:
+            for s in (oldest, scrape, newer):
+                s.close()
 
 
 def test_close_releases_the_port_and_is_idempotent(registry: CollectorRegistry) -> None:
