@@ -14,6 +14,7 @@ from dataflow.client.buffers import CudaSink, HostSink
 from dataflow.client.config import LoaderConfig
 from dataflow.client.discovery import first_lookup, lookup
 from dataflow.client.iothread import IOThread
+from dataflow.heap import THREAD_HEAP_BYTES, keep_freed_memory
 
 GET_POLL_S = 0.5
 
@@ -21,11 +22,15 @@ GET_POLL_S = 0.5
 def start_io(cfg: LoaderConfig, what: str = "") -> IOThread:
     """A started I/O thread for ``cfg``'s servers: it connects to them, says HELLO and keeps
     the sessions (:mod:`dataflow.client.iothread`); ``what`` is added to the client's
-    description the servers see (``rank 0/2 on HOST``), e.g. a mixture source's name.
+    description the servers see (``rank 0/2 on HOST``), e.g. a mixture source's name. With
+    ``cfg.tune_malloc`` the process's malloc keeps freed receive buffers first
+    (:mod:`dataflow.heap`).
 
     Raises:
         ServerUnavailable: a name or a registry named no server within ``cfg.timeout``.
     """
+    if cfg.tune_malloc:
+        keep_freed_memory(top_pad=THREAD_HEAP_BYTES)
     source = cfg.servers
     find = functools.partial(lookup, source)
     endpoints = first_lookup(source, find, cfg.timeout)

@@ -39,7 +39,6 @@ from dataflow.client.planner import Planner
 from dataflow.client.state import make_state, read_state
 from dataflow.client.stream import Stream
 from dataflow.errors import ConfigError, LoaderClosedError
-from dataflow.heap import THREAD_HEAP_BYTES, keep_freed_memory
 from dataflow.index import DatasetIndex
 from dataflow.plan import EpochSize, consumed, epoch_size
 from dataflow.shuffle import (
@@ -341,8 +340,6 @@ class DataLoader:
 
     def _start(self, metrics: int | str | CollectorRegistry | None) -> None:
         cfg = self.config
-        if cfg.tune_malloc:
-            keep_freed_memory(top_pad=THREAD_HEAP_BYTES)
         self._io = start_io(cfg)
         self._finalizer = weakref.finalize(self, self._io.stop)
         self._metrics: LoaderMetrics | None = None
