@@ -16,6 +16,8 @@ from dataflow.server.config import ServerConfig
 from dataflow.subset import unmatched
 from dataflow.wire import ErrorKind, Hello
 
+FEW_RANGES = 8  # a request of at most this many ranges is checked without numpy
+
 
 @dataclass(frozen=True)
 class Grant:
@@ -147,7 +149,33 @@ def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
                 f"{max_samples} samples a request")
     if len(ranges) == 1:  # a batch of consecutive samples: checked without numpy's ufuncs
         return _one_range_problem(ranges[0].tolist(), sizes, shards, max_samples)
+    if len(ranges) <= FEW_RANGES:  # a run of such batches (``parts``): the same, row by row
+        return _few_ranges_problem(ranges.tolist(), sizes, shards, max_samples)
     return _ranges_problem(ranges, sizes, shards, max_samples)
+
+
+def _few_ranges_problem(rows: list[list[int]], sizes: np.ndarray, shards: Sequence[str],
+                        max_samples: int) -> str | None:
+    """:func:`_ranges_problem` of a few ``rows``, with Python ints (the same checks in the
+    same order, so the same message)."""
+    for i, (shard, _, _) in enumerate(rows):
+        if not 0 <= shard < len(sizes):
+            return _shard_problem(i, shard, len(sizes))
+    for i, (shard, start, stop) in enumerate(rows):
+        size = int(sizes[shard])
+        if start < 0 or stop <= start or stop > size:
+            return _row_problem(i, start, stop, shards[shard], size)
+    total = sum(stop - start for _, start, stop in rows)
+    if total > max_samples:
+        return _total_problem(total, max_samples)
+    order = sorted(range(len(rows)), key=lambda k: (rows[k][0], rows[k][1]))  # stable
+    for a, b in zip(order, order[1:], strict=False):
+        if rows[b][0] == rows[a][0] and rows[b][1] < rows[a][2]:
+            i, j = sorted((a, b))
+            return (f"ranges {i} [{rows[i][1]}, {rows[i][2]}) and {j} [{rows[j][1]}, "
+                    f"{rows[j][2]}) of shard {shards[rows[i][0]]} overlap: a request names "
+                    "each sample at most once")
+    return None
 
 
 def _one_range_problem(row: list[int], sizes: np.ndarray, shards: Sequence[str],

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dataflow.plan import rank_batches
-from dataflow.server.admission import _ranges_problem, range_problem
+from dataflow.server.admission import FEW_RANGES, _ranges_problem, range_problem
 from dataflow.shuffle import Shuffle
 
 SIZES = np.array([10, 0, 7], dtype=np.int64)
@@ -53,6 +53,22 @@ def test_one_range_gets_the_answer_of_the_general_check(max_samples) -> None:
                 row = np.array([[shard, start, stop]], dtype=np.int64)
                 assert range_problem(row, SIZES, NAMES, max_samples) == _ranges_problem(
                     row, SIZES, NAMES, max_samples), row
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_few_ranges_get_the_answer_of_the_general_check(seed) -> None:
+    """A request of up to FEW_RANGES ranges (a run of batches) is checked without numpy: the
+    same decision and message, bad shards, bad bounds, totals and overlaps alike."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        n = int(rng.integers(2, FEW_RANGES + 1))
+        shard = rng.integers(-1, 4, n)
+        start = rng.integers(-1, 12, n)
+        stop = start + rng.integers(-1, 6, n)
+        rows = np.stack([shard, start, stop], axis=1).astype(np.int64)
+        for max_samples in (FEW_RANGES, 12, 64):  # never fewer than the ranges
+            assert range_problem(rows, SIZES, NAMES, max_samples) == _ranges_problem(
+                rows, SIZES, NAMES, max_samples), rows
 
 
 def test_overlap_is_found_wherever_it_hides() -> None:
