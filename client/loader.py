@@ -249,8 +249,8 @@ class DataLoader:
             ``lineage.shard`` (the shard's number in :attr:`index`) and ``lineage.row`` of
             shape ``(batch,)``, read by :meth:`lineage`; samples a server left out as damaged
             are not in them. Off (the default): no cost.
-        tune_malloc: on Linux with glibc, set the process's malloc (once, process-wide) to
-            keep freed buffers of up to 32 MiB rather than return them to the kernel, so each
+        tune_malloc: on Linux with glibc, set the process's malloc (process-wide) to keep
+            freed buffers of up to 32 MiB rather than return them to the kernel, so each
             received batch's memory is not faulted in afresh (:mod:`dataflow.heap`;
             19 MB batches: ~1,100 page faults each without, 3.7-4.0 GB/s with against 2.6-3.1
             without, docs/using.md, "Receive path"). False leaves malloc as it is.
