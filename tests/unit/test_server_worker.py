@@ -323,3 +323,30 @@ def test_a_cached_batch_whose_misses_had_damaged_samples_is_served_again_uncache
     assert (msg.size, msg.skipped) == (3, 1) and sent.skips == ((0, 1),)
     assert msg.data[0].tolist() == [0, 2, 3] and msg.data[1].tolist() == [0, 4, 9]
     assert (sent.cache_hits, sent.cache_misses) == (2, 2)
+
+
+class CountingReader(LossyReader):
+    """A :class:`LossyReader` that remembers each range it was asked to read."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n, set())
+        self.reads: list[tuple[int, int]] = []
+
+    def _read(self, start: int, stop: int) -> Batch:
+        self.reads.append((start, stop))
+        return super()._read(start, stop)
+
+
+def test_the_batches_of_a_task_that_continue_one_another_are_one_read() -> None:
+    """A run of consecutive batches is read as one range (a slice of a map where one record
+    batch holds it), not range by range or gathered, and cut back into its batches."""
+    reader = CountingReader(20)
+    rows = np.array([[0, 0, 4], [0, 4, 8], [0, 8, 10]], dtype=np.int64)
+    tags = [wire.BatchTag(3, 1, b) for b in (0, 4, 8)]
+    task = Task(b"tok", 5, rows, parts=tuple(wire.Part(1, t) for t in tags))
+    frames, _ = serve_task(FakeCache({0: reader}), None, _spec(), task)
+    msg = wire.decode(frames)
+    assert isinstance(msg, wire.BatchMsg)
+    assert [b["x"].tolist() for b in wire.message_to_batches(msg)] == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert reader.reads == [(0, 10)]
