@@ -472,13 +472,8 @@ def _decoded(meter: SkipMeter, transform: Transform, ranges: np.ndarray,
 def _runs(keys: list[tuple[int, int]]) -> np.ndarray:
     """``(shard, row)`` keys as int64 ``(shard, start, stop)`` ranges, consecutive rows of one
     shard joined, in order."""
-    out: list[list[int]] = []
-    for shard, row in keys:
-        if out and out[-1][0] == shard and out[-1][2] == row:
-            out[-1][2] += 1
-        else:
-            out.append([shard, row, row + 1])
-    return np.asarray(out, dtype=np.int64).reshape(-1, 3)
+    rows = np.asarray(keys, dtype=np.int64).reshape(-1, 2)
+    return joined_ranges(np.column_stack([rows, rows[:, 1] + 1]))
 
 
 def _failed(spec: WorkerSpec, task: Task, e: Exception) -> tuple[list[wire.Buffer], Sent]:
