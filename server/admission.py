@@ -147,9 +147,7 @@ def range_problem(ranges: np.ndarray, sizes: np.ndarray, shards: Sequence[str],
     if len(ranges) > max_samples:
         return (f"request of {len(ranges)} ranges exceeds this session's "
                 f"{max_samples} samples a request")
-    if len(ranges) == 1:  # a batch of consecutive samples: checked without numpy's ufuncs
-        return _one_range_problem(ranges[0].tolist(), sizes, shards, max_samples)
-    if len(ranges) <= FEW_RANGES:  # a run of such batches (``parts``): the same, row by row
+    if len(ranges) <= FEW_RANGES:  # a batch of consecutive samples, or a run of them
         return _few_ranges_problem(ranges.tolist(), sizes, shards, max_samples)
     return _ranges_problem(ranges, sizes, shards, max_samples)
 
@@ -175,20 +173,6 @@ def _few_ranges_problem(rows: list[list[int]], sizes: np.ndarray, shards: Sequen
             return (f"ranges {i} [{rows[i][1]}, {rows[i][2]}) and {j} [{rows[j][1]}, "
                     f"{rows[j][2]}) of shard {shards[rows[i][0]]} overlap: a request names "
                     "each sample at most once")
-    return None
-
-
-def _one_range_problem(row: list[int], sizes: np.ndarray, shards: Sequence[str],
-                       max_samples: int) -> str | None:
-    """:func:`_ranges_problem` of the one range ``row``."""
-    shard, start, stop = row
-    if not 0 <= shard < len(sizes):
-        return _shard_problem(0, shard, len(sizes))
-    size = int(sizes[shard])
-    if start < 0 or stop <= start or stop > size:
-        return _row_problem(0, start, stop, shards[shard], size)
-    if stop - start > max_samples:
-        return _total_problem(stop - start, max_samples)
     return None
 
 
