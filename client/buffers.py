@@ -37,6 +37,7 @@ import torch
 import zmq
 
 from dataflow import wire
+from dataflow.client.parts import split, split_pieces
 
 RING_SLOTS = 3
 
@@ -176,8 +177,9 @@ class Landing(ABC):
         """
 
     @abstractmethod
-    def finish(self, msg: wire.BatchMsg) -> Received:
-        """The batch, once its frames passed ``BatchLayout.check_frames``."""
+    def finish(self, msg: wire.BatchMsg, bounds: dict[str, tuple[int, ...]]) -> list[Received]:
+        """The batches (one, or one per ``parts`` entry), once the frames passed
+        ``BatchLayout.check_frames``, which returned ``bounds``."""
 
 
 class MessageLanding(Landing):
@@ -188,8 +190,9 @@ class MessageLanding(Landing):
         self.frames.append(frame)
         return len(frame), frame.more
 
-    def finish(self, msg: wire.BatchMsg) -> Received:
-        return Received(frame_views(msg, self.layout, self.frames))
+    def finish(self, msg: wire.BatchMsg, bounds: dict[str, tuple[int, ...]]) -> list[Received]:
+        return [Received(t) for t in
+                split_pieces(frame_views(msg, self.layout, self.frames), msg, bounds)]
 
 
 class BufferLanding(Landing):
@@ -210,17 +213,20 @@ class BufferLanding(Landing):
         self.frames.append(place)
         return sock.recv_into(place), bool(sock.getsockopt(zmq.RCVMORE))
 
-    def finish(self, msg: wire.BatchMsg) -> Received:
-        return Received(typed_views(self.host, msg.arrays, self.layout.offsets))
+    def finish(self, msg: wire.BatchMsg, bounds: dict[str, tuple[int, ...]]) -> list[Received]:
+        return split(Received(typed_views(self.host, msg.arrays, self.layout.offsets)), msg,
+                     bounds)
 
 
 def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
-                frames: Sequence[zmq.Frame]) -> dict[str, torch.Tensor]:
-    """Typed tensors of ``msg``'s arrays over its received buffer frames, by name.
+                frames: Sequence[zmq.Frame]) -> list[list[torch.Tensor]]:
+    """Typed tensors of each piece of ``msg``'s arrays (``layout.pieces``: each array whole,
+    or each batch's rows of it for a BATCH sent ``apart``) over its received buffer frames, in
+    array order.
 
-    An array of at least ``ZERO_COPY_MIN_BYTES`` that travelled in one frame is viewed in
+    A piece of at least ``ZERO_COPY_MIN_BYTES`` that travelled in one frame is viewed in
     place: the tensor keeps ZeroMQ's message alive and writes go to that message, which no
-    one else uses. Smaller arrays, arrays split over several frames (> 24 MiB) and frames not
+    one else uses. Smaller pieces, pieces split over several frames (> 24 MiB) and frames not
     aligned for their dtype are copied into fresh memory.
 
     Args:
@@ -228,25 +234,32 @@ def frame_views(msg: wire.BatchMsg, layout: wire.BatchLayout,
         layout: ``BatchLayout.of(msg)``.
         frames: the buffer frames, checked by ``layout.check_frames``.
     """
-    out: dict[str, torch.Tensor] = {}
+    out: list[list[torch.Tensor]] = []
     i = 0
-    for spec, count in zip(msg.arrays, layout.counts, strict=True):
-        if count == 1 and spec.nbytes >= wire.ZERO_COPY_MIN_BYTES:
-            dtype = TORCH_DTYPES[spec.dtype]
-            typed = torch.frombuffer(frames[i], dtype=torch.uint8)
-            if dtype is not torch.uint8:
-                if typed.data_ptr() % dtype.itemsize:
-                    typed = typed.clone()
-                typed = typed.view(dtype)
-        elif count == 1:
-            typed = torch.from_numpy(np.frombuffer(frames[i].buffer, dtype=spec.dtype).copy())
-        else:
-            typed = torch.from_numpy(np.concatenate(
-                [np.frombuffer(f.buffer, dtype=np.uint8) for f in frames[i : i + count]]
-            ).view(spec.dtype))
-        i += count
-        out[spec.name] = typed.view(spec.shape)
+    for spec, pieces in zip(msg.arrays, layout.pieces, strict=True):
+        views = []
+        for rows, count in pieces:
+            typed = _piece_view(spec, frames[i : i + count])
+            views.append(typed.view((rows, *spec.shape[1:])))
+            i += count
+        out.append(views)
     return out
+
+
+def _piece_view(spec: wire.ArraySpec, frames: Sequence[zmq.Frame]) -> torch.Tensor:
+    """One piece of an array of ``spec``, flat, over the frames it travelled in."""
+    if len(frames) == 1 and len(frames[0]) >= wire.ZERO_COPY_MIN_BYTES:
+        dtype = TORCH_DTYPES[spec.dtype]
+        typed = torch.frombuffer(frames[0], dtype=torch.uint8)
+        if dtype is not torch.uint8:
+            if typed.data_ptr() % dtype.itemsize:
+                typed = typed.clone()
+            typed = typed.view(dtype)
+        return typed
+    if len(frames) == 1:
+        return torch.from_numpy(np.frombuffer(frames[0].buffer, dtype=spec.dtype).copy())
+    return torch.from_numpy(np.concatenate(
+        [np.frombuffer(f.buffer, dtype=np.uint8) for f in frames]).view(spec.dtype))
 
 
 class HostSink:
@@ -289,9 +302,10 @@ class RingLanding(BufferLanding):
         self._copier = copier
         self.event: CopyEvent | None = None
 
-    def finish(self, msg: wire.BatchMsg) -> Received:
+    def finish(self, msg: wire.BatchMsg, bounds: dict[str, tuple[int, ...]]) -> list[Received]:
         dev, self.event = self._copier.copy(self.host)
-        return Received(typed_views(dev, msg.arrays, self.layout.offsets), self.event, dev)
+        return split(Received(typed_views(dev, msg.arrays, self.layout.offsets), self.event,
+                              dev), msg, bounds)
 
 
 class CudaSink:

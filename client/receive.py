@@ -14,7 +14,6 @@ import zmq
 
 from dataflow import wire
 from dataflow.client.buffers import CudaSink, HostSink, Received
-from dataflow.client.parts import split
 from dataflow.errors import ProtocolError
 
 
@@ -57,7 +56,7 @@ def receive_header(sock: zmq.Socket, endpoint: str) -> wire.Message | None:
 def receive_batch(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
                   sink: HostSink | CudaSink) -> list[Received]:
     """Receive the array frames of ``msg`` where ``sink`` lands them and finish its batches
-    (one, or one per ``parts`` entry: :func:`dataflow.client.parts.split`).
+    (one, or one per ``parts`` entry: :mod:`dataflow.client.parts`).
 
     Every frame of the message is received (those beyond the announced ones are discarded), so
     the socket is at the next message whatever arrived.
@@ -82,4 +81,4 @@ def receive_batch(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg,
         bounds = layout.check_frames(msg, sizes, landing.frames)
     except ProtocolError as e:
         raise ProtocolError(f"{endpoint}: {e}") from e
-    return split(landing.finish(msg), msg, bounds)
+    return landing.finish(msg, bounds)

@@ -318,7 +318,7 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
     count("shm_batches", max(1, len(msg.parts)))
     if isinstance(landing, BufferLanding):
         landing.frames = frames
-        return split(landing.finish(msg), msg, bounds)
+        return landing.finish(msg, bounds)
     return split(Received(typed_views(own, msg.arrays, layout.offsets)), msg, bounds)
 
 

@@ -31,8 +31,6 @@ import time
 from collections import OrderedDict
 from dataclasses import replace
 
-import numpy as np
-
 from dataflow import wire
 from dataflow.errors import SegmentError
 from dataflow.server.peerlog import quote
@@ -133,9 +131,11 @@ class Segments:
         try:
             mapped = self._get(task.shm, time.monotonic())
             mapped.reserve(task.slot, layout.nbytes)
-            for arr, offset in zip(msg.data, layout.offsets, strict=True):
-                flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-                mapped.write(task.slot, offset, flat.data)
+            for pieces, offset in zip(wire.array_pieces(msg, layout), layout.offsets,
+                                      strict=True):
+                for piece in pieces:
+                    mapped.write(task.slot, offset, piece.data)
+                    offset += piece.nbytes
         except SegmentError as e:
             if isinstance(e.__cause__, FileNotFoundError):  # the client closed it: not news
                 log.debug("request %d: the client removed its shared-memory segment (%s); TCP "
@@ -145,7 +145,7 @@ class Segments:
                             quote(str(e), 400))
             return msg
         self.written += 1
-        return replace(msg, data=(), shm=wire.ShmRef(task.slot, layout.nbytes))
+        return replace(msg, data=(), shm=wire.ShmRef(task.slot, layout.nbytes), apart=False)
 
     def sweep(self, now: float) -> None:
         """Unmap the segments their client unlinked, and those unused for ``idle_s``."""

@@ -42,6 +42,11 @@ from dataflow.wire import BatchTag, ErrorKind
 from dataflow.wire.internal import Sent, Task
 
 log = logging.getLogger("dataflow.server.worker")
+# A request of at most this many batches is read batch by batch and sent apart: a batch is
+# never copied to join another (a client's automatic sizing asks for 4 MiB batches 4 at a
+# time, bench/RESULTS.md, "Batches sent apart"); more batches are small ones, read as one and
+# joined, which costs fewer reads and frames than it copies.
+APART_PARTS = 4
 
 
 @dataclass(frozen=True)
@@ -319,17 +324,19 @@ def _batch_with(readers: ReaderCache, transform: Transform | None, spec: WorkerS
     out as damaged, the shards to verify).
 
     A task with ``parts`` is each batch read, transformed and selected alone (its transform's
-    seed and context are the batch's own), answered in one BATCH. Without a transform the
-    batches are read as one (one read, no copy to join them) and cut by their sizes; when
-    samples were left out as damaged that read cannot say of which batch, and each batch is
-    read again alone."""
+    seed and context are the batch's own), answered in one BATCH: sent apart (each batch's
+    arrays in frames of their own, never joined by a copy) for at most :data:`APART_PARTS`
+    batches. Without a transform, more batches are read as one (one read, no copy where their
+    rows lie in one record batch) and cut by their sizes; when samples were left out as
+    damaged that read cannot say of which batch, and each batch is read again alone."""
     meter = SkipMeter(readers)
     if not task.parts:
         batch, left = _one(meter, transform, spec, task.ranges, task.tag, task.columns,
                            cache)
         msg = wire.batch_to_message(task.req_id, batch, len(left))
         return _checked(spec, _saying(msg, left)), meter
-    if transform is None:
+    apart = len(task.parts) <= APART_PARTS
+    if transform is None and not apart:
         batch, left = _one(meter, None, spec, joined_ranges(task.ranges), task.tag,
                            task.columns, None)
         if not len(left):
@@ -343,7 +350,7 @@ def _batch_with(readers: ReaderCache, transform: Transform | None, spec: WorkerS
         lefts.append(np.where(left < 0, -1, left + before))
         before += _samples(rows)
     left = np.concatenate(lefts)
-    msg = wire.batches_to_message(task.req_id, batches, len(left))
+    msg = wire.batches_to_message(task.req_id, batches, len(left), apart=apart)
     return _checked(spec, _saying(msg, left)), meter
 
 

@@ -17,6 +17,7 @@ This package never imports pyarrow or torch.
 
 from dataflow.wire.arrays import (
     ZERO_COPY_MIN_BYTES,
+    array_pieces,
     batch_to_message,
     batches_to_message,
     message_to_batch,
@@ -81,5 +82,5 @@ __all__ = [
     "OFFSETS_SUFFIX", "ZERO_COPY_MIN_BYTES", "ShmOffer", "ShmRef", "MAX_SHM_SLOTS",
     "Stats", "StatsReply", "batch_to_message", "batches_to_message", "decode",
     "decode_header", "encode", "kind_of", "message_to_batch", "message_to_batches",
-    "parts_to_message", "parse_header",
+    "parts_to_message", "parse_header", "array_pieces",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,7 +21,7 @@ from dataflow.wire.fields import (
     check_sizes,
     frame_sizes,
 )
-from dataflow.wire.layout import BatchLayout, chunk_sizes
+from dataflow.wire.layout import BatchLayout, chunk_sizes, piece_bytes
 from dataflow.wire.messages import DTYPES, OFFSETS_SUFFIX, ArraySpec, BatchMsg, Buffer
 
 ZERO_COPY_MIN_BYTES = 64 * 1024
@@ -84,6 +85,9 @@ def check_batch(msg: BatchMsg) -> None:
     if msg.parts and (len(msg.parts) < 2 or sum(msg.parts) != msg.size):
         raise ProtocolError(f"BATCH header field `parts`: 2 or more batches adding up to "
                             f"`size` {msg.size}. Found: {list(msg.parts)}"[:400])
+    if msg.apart and not msg.parts:
+        raise ProtocolError("BATCH header field `apart`: only a BATCH with `parts` is sent "
+                            "apart")
     runs = msg.left_out
     if runs and (sum(runs[1::2]) - sum(runs[::2]) != msg.skipped
                  or runs[-1] > msg.size + msg.skipped):
@@ -117,8 +121,32 @@ def check_batch(msg: BatchMsg) -> None:
                             f"{msg.shm.nbytes}")
 
 
-def _array_frames(arr: np.ndarray) -> list[Buffer]:
-    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+def array_pieces(msg: BatchMsg, layout: BatchLayout) -> list[list[np.ndarray]]:
+    """The pieces each of ``msg``'s arrays travels in (``layout``: ``BatchLayout.of(msg)``),
+    as flat uint8 arrays: an array given whole is cut (views), one given in pieces is taken
+    as it is.
+
+    Raises:
+        ProtocolError: an array's data does not have the bytes its spec and the layout say
+            (naming it).
+    """
+    out = []
+    for spec, arr, rows in zip(msg.arrays, msg.data, layout.pieces, strict=True):
+        given = [arr] if isinstance(arr, np.ndarray) else list(arr)
+        flats = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in given]
+        wanted = [piece_bytes(spec, n) for n, _ in rows]
+        if len(flats) == 1 < len(wanted) and flats[0].nbytes == spec.nbytes:
+            bounds = np.cumsum([0, *wanted]).tolist()
+            flats = [flats[0][a:b] for a, b in itertools.pairwise(bounds)]
+        if [f.nbytes for f in flats] != wanted:
+            raise ProtocolError(f"BATCH {msg.req_id} array {spec.name!r}: data in pieces of "
+                                f"{[f.nbytes for f in flats]} bytes; its spec and layout say "
+                                f"{wanted}"[:400])
+        out.append(flats)
+    return out
+
+
+def _piece_frames(flat: np.ndarray) -> list[Buffer]:
     out: list[Buffer] = []
     pos = 0
     for n in chunk_sizes(flat.nbytes):
@@ -144,7 +172,8 @@ class ArraysBody(BodyCodec):
         total = sum(s.nbytes for s in msg.arrays)
         if total > MAX_MESSAGE_BYTES:
             raise ProtocolError(f"BATCH of {total} bytes exceeds {MAX_MESSAGE_BYTES}")
-        return {}, [f for arr in msg.data for f in _array_frames(arr)]
+        return {}, [f for pieces in array_pieces(msg, BatchLayout.of(msg))
+                    for piece in pieces for f in _piece_frames(piece)]
 
     def decode(self, head: BatchMsg, described: dict[str, Any],
                frames: Sequence[Any]) -> BatchMsg:
@@ -201,11 +230,12 @@ def batch_to_message(req_id: int, batch: Batch, skipped: int = 0) -> BatchMsg:
     return BatchMsg(req_id, size, tuple(specs), tuple(ragged), tuple(data), skipped)
 
 
-def batches_to_message(req_id: int, batches: Sequence[Batch],
-                       skipped: int = 0) -> BatchMsg:
+def batches_to_message(req_id: int, batches: Sequence[Batch], skipped: int = 0, *,
+                       apart: bool = False) -> BatchMsg:
     """The BATCH message carrying ``batches`` (2 or more) as the reply to request ``req_id``
     with as many ``parts``: each field's arrays one after the other, a ragged field's offsets
-    each batch's own (see :class:`BatchMsg`).
+    each batch's own (see :class:`BatchMsg`). With ``apart`` the batches' arrays are not
+    joined (but a ragged field's values): each travels in frames of its own.
 
     Raises:
         ProtocolError: the batches do not have the same fields, of the same kinds, dtypes and
@@ -222,12 +252,17 @@ def batches_to_message(req_id: int, batches: Sequence[Batch],
             raise ProtocolError(f"batch {j} of request {req_id} does not have the fields of "
                                 f"batch 0 (names, kinds, dtypes, sample shapes): "
                                 f"{_fields(msg)} vs {_fields(first)}"[:1000])
-    merged = [np.concatenate(parts) for parts in zip(*(m.data for m in msgs), strict=True)]
+    values = {name for name, _ in first.ragged}
+    data: list[np.ndarray | tuple[np.ndarray, ...]] = []
+    specs = []
+    for k, spec in enumerate(first.arrays):
+        pieces = tuple(_whole(m)[k] for m in msgs)
+        rows = sum(len(p) for p in pieces)
+        specs.append(ArraySpec(spec.name, spec.dtype, (rows, *spec.shape[1:])))
+        data.append(pieces if apart and spec.name not in values else np.concatenate(pieces))
     sizes = tuple(m.size for m in msgs)
-    specs = tuple(ArraySpec(s.name, s.dtype, tuple(a.shape))
-                  for s, a in zip(first.arrays, merged, strict=True))
-    return BatchMsg(req_id, sum(sizes), specs, first.ragged, tuple(merged), skipped,
-                    parts=sizes)
+    return BatchMsg(req_id, sum(sizes), tuple(specs), first.ragged, tuple(data), skipped,
+                    parts=sizes, apart=apart)
 
 
 def parts_to_message(req_id: int, batch: Batch, sizes: Sequence[int]) -> BatchMsg:
@@ -247,7 +282,7 @@ def parts_to_message(req_id: int, batch: Batch, sizes: Sequence[int]) -> BatchMs
     starts = np.cumsum([0, *sizes])
     offsets = {name + OFFSETS_SUFFIX for name, _ in msg.ragged}
     data = []
-    for spec, arr in zip(msg.arrays, msg.data, strict=True):
+    for spec, arr in zip(msg.arrays, _whole(msg), strict=True):
         if spec.name in offsets:
             arr = np.concatenate([arr[a : b + 1] - arr[a]
                                   for a, b in zip(starts[:-1], starts[1:], strict=True)])
@@ -255,6 +290,21 @@ def parts_to_message(req_id: int, batch: Batch, sizes: Sequence[int]) -> BatchMs
     specs = tuple(ArraySpec(s.name, s.dtype, tuple(a.shape))
                   for s, a in zip(msg.arrays, data, strict=True))
     return replace(msg, arrays=specs, data=tuple(data), parts=tuple(int(n) for n in sizes))
+
+
+def _whole(msg: BatchMsg) -> list[np.ndarray]:
+    """``msg``'s arrays, each whole (as :func:`batch_to_message` and a decode make them).
+
+    Raises:
+        ProtocolError: an array is given in pieces.
+    """
+    out = []
+    for spec, arr in zip(msg.arrays, msg.data, strict=True):
+        if not isinstance(arr, np.ndarray):
+            raise ProtocolError(f"BATCH {msg.req_id} array {spec.name!r} is given in pieces; "
+                                "expected it whole")
+        out.append(arr)
+    return out
 
 
 def _fields(msg: BatchMsg) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -266,7 +316,7 @@ def message_to_batch(msg: BatchMsg) -> Batch:
     ``parts``: see :func:`message_to_batches`)."""
     if msg.parts:
         raise ProtocolError(f"BATCH {msg.req_id} carries {len(msg.parts)} batches")
-    return _batch_of(msg, dict(zip((s.name for s in msg.arrays), msg.data, strict=True)))
+    return _batch_of(msg, dict(zip((s.name for s in msg.arrays), _whole(msg), strict=True)))
 
 
 def message_to_batches(msg: BatchMsg) -> list[Batch]:
@@ -274,7 +324,7 @@ def message_to_batches(msg: BatchMsg) -> list[Batch]:
     entry (views of the message's arrays)."""
     if not msg.parts:
         return [message_to_batch(msg)]
-    arrays = dict(zip((s.name for s in msg.arrays), msg.data, strict=True))
+    arrays = dict(zip((s.name for s in msg.arrays), _whole(msg), strict=True))
     ragged = {name for name, _ in msg.ragged}
     out = []
     row = 0

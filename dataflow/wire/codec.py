@@ -38,6 +38,7 @@ from dataflow.wire.fields import (
     MAX_WORKERS,
     BodyCodec,
     FieldSpec,
+    boolean,
     check_sizes,
     choice,
     column_names,
@@ -250,6 +251,7 @@ SPECS: dict[Kind, MessageSpec] = {
         FieldSpec("shm", shm_ref, dump=lambda r: [r.slot, r.nbytes], optional=True),
         FieldSpec("parts", batch_parts, dump=list, optional=True, omit=()),
         FieldSpec("left_out", sample_runs, dump=list, optional=True, omit=()),
+        FieldSpec("apart", boolean, optional=True, omit=False),
     ), ArraysBody(), check_batch, varies="req_id"),
     Kind.ERROR: MessageSpec(ErrorMsg, (
         FieldSpec("req_id", integer(-1, INT64_MAX)),

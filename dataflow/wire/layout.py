@@ -1,16 +1,20 @@
 """The one layout of a BATCH's arrays in a receive buffer, shared by encoder and receivers.
 
-An array of ``nbytes`` bytes travels in ``ceil(nbytes / MAX_FRAME_BYTES)`` frames (one empty
-frame when ``nbytes == 0``), so no frame exceeds 24 MiB. A receiver lands all arrays of one
-BATCH in one uint8 buffer of :attr:`BatchLayout.nbytes` bytes, each array starting at a
-multiple of :data:`ALIGN`. Every receiver of a BATCH (:func:`dataflow.wire.decode` and each
-of the client's sinks, whether its frames stay ZeroMQ messages or are received with
-``recv_into`` at their :attr:`BatchLayout.frames` slots) checks them with the one
-:meth:`BatchLayout.check_frames`.
+An array travels in pieces: the whole array, or for a BATCH with ``parts`` sent ``apart``, each
+batch's rows of it (a ragged field's offsets: each batch's own ``n + 1``; its values stay one
+piece, their bounds known only from the offsets). A piece of ``nbytes`` bytes travels in
+``ceil(nbytes / MAX_FRAME_BYTES)`` frames (one empty frame when ``nbytes == 0``), so no frame
+exceeds 24 MiB, and a receiver can view each batch's piece where it arrived. A receiver lands
+all arrays of one BATCH in one uint8 buffer of :attr:`BatchLayout.nbytes` bytes, each array
+starting at a multiple of :data:`ALIGN`. Every receiver of a BATCH
+(:func:`dataflow.wire.decode` and each of the client's sinks, whether its frames stay ZeroMQ
+messages or are received with ``recv_into`` at their :attr:`BatchLayout.frames` slots) checks
+them with the one :meth:`BatchLayout.check_frames`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -20,7 +24,7 @@ import numpy as np
 
 from dataflow.errors import ProtocolError
 from dataflow.wire.fields import check_sizes
-from dataflow.wire.messages import OFFSETS_SUFFIX, ArraySpec, BatchMsg
+from dataflow.wire.messages import ITEMSIZE, OFFSETS_SUFFIX, ArraySpec, BatchMsg
 
 ALIGN = 64
 # A client with CPU tensors views an array that travelled in one frame in place and copies one
@@ -52,6 +56,10 @@ class BatchLayout:
             order.
         sizes: the size of each of those frames, in frame order.
         counts: how many of those frames each array travels in, in array order.
+        pieces: ``(rows, frames)`` of each piece each array travels in, in array order: its
+            first-dimension length and how many frames it travels in. One piece of
+            ``shape[0]`` rows; each batch's rows (``n + 1`` for ragged offsets) for a BATCH
+            with ``parts`` sent ``apart``.
     """
 
     nbytes: int
@@ -59,13 +67,17 @@ class BatchLayout:
     frames: tuple[tuple[int, int], ...]
     sizes: tuple[int, ...]
     counts: tuple[int, ...]
+    pieces: tuple[tuple[tuple[int, int], ...], ...]
 
     @classmethod
     def of(cls, msg: BatchMsg) -> BatchLayout:
         """The layout of ``msg``'s arrays (a header-only message is enough); computed once
-        per distinct ``arrays`` of the latest :data:`LAYOUTS` (the batches of a stream of
-        fixed-size samples share theirs: the client asks once per batch or more)."""
-        return _layout(tuple(msg.arrays))
+        per distinct ``arrays`` (and ``parts``, sent ``apart``) of the latest :data:`LAYOUTS`
+        (the batches of a stream of fixed-size samples share theirs: the client asks once per
+        batch or more)."""
+        if msg.apart:
+            return _layout(tuple(msg.arrays), msg.parts, tuple(n for n, _ in msg.ragged))
+        return _layout(tuple(msg.arrays), (), ())
 
     def check_frames(self, msg: BatchMsg, sizes: Sequence[int],
                      frames: Sequence[Any]) -> dict[str, tuple[int, ...]]:
@@ -123,26 +135,49 @@ class BatchLayout:
                 for s, off in zip(msg.arrays, self.offsets, strict=True)}
 
 
+def piece_bytes(spec: ArraySpec, rows: int) -> int:
+    """Bytes of ``rows`` rows (first-dimension entries) of an array of ``spec``."""
+    return rows * math.prod(spec.shape[1:]) * ITEMSIZE[spec.dtype]
+
+
 @lru_cache(maxsize=LAYOUTS)
-def _layout(arrays: tuple[ArraySpec, ...]) -> BatchLayout:
-    """:meth:`BatchLayout.of` a BATCH whose ``arrays`` these are (immutable: shared)."""
+def _layout(arrays: tuple[ArraySpec, ...], parts: tuple[int, ...],
+            ragged: tuple[str, ...]) -> BatchLayout:
+    """:meth:`BatchLayout.of` a BATCH whose ``arrays`` these are, sent apart by ``parts`` (a
+    ragged field's values, named by ``ragged``, whole) or whole (no ``parts``); immutable:
+    shared."""
     offsets: list[int] = []
     frames: list[tuple[int, int]] = []
     sizes: list[int] = []
     counts: list[int] = []
+    pieces: list[tuple[tuple[int, int], ...]] = []
     pos = 0
     for spec in arrays:
         offsets.append(pos)
         start = pos
-        nbytes = spec.nbytes
-        chunks = chunk_sizes(nbytes)
-        counts.append(len(chunks))
-        sizes += chunks
-        for n in chunks:
-            frames.append((start, n))
-            start += n
-        pos += -(-nbytes // ALIGN) * ALIGN
-    return BatchLayout(pos, tuple(offsets), tuple(frames), tuple(sizes), tuple(counts))
+        own = []
+        for rows in _piece_rows(spec, parts, ragged):
+            chunks = chunk_sizes(piece_bytes(spec, rows))
+            own.append((rows, len(chunks)))
+            sizes += chunks
+            for n in chunks:
+                frames.append((start, n))
+                start += n
+        pieces.append(tuple(own))
+        counts.append(sum(n for _, n in own))
+        pos += -(-spec.nbytes // ALIGN) * ALIGN
+    return BatchLayout(pos, tuple(offsets), tuple(frames), tuple(sizes), tuple(counts),
+                       tuple(pieces))
+
+
+def _piece_rows(spec: ArraySpec, parts: tuple[int, ...],
+                ragged: tuple[str, ...]) -> tuple[int, ...]:
+    """The rows of each piece an array of ``spec`` travels in (see the module docstring)."""
+    if not parts or spec.name in ragged:
+        return (spec.shape[0],)
+    if spec.name.endswith(OFFSETS_SUFFIX) and spec.name[: -len(OFFSETS_SUFFIX)] in ragged:
+        return tuple(n + 1 for n in parts)
+    return parts
 
 
 def _part_bounds(msg: BatchMsg, name: str, offsets: np.ndarray,

@@ -17,7 +17,7 @@ import numpy as np
 from dataflow.errors import ErrorKind, ProtocolError
 
 MAGIC = "dataflow"
-VERSION = 1
+VERSION = 2
 DTYPES = frozenset(
     ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
      "float16", "float32", "float64"]
@@ -265,6 +265,9 @@ class BatchMsg:
             field ``f`` is two: ``f`` (1-D values) then ``f.offsets`` (int64, ``size + 1``).
         ragged: ``(field, kind)`` for every ragged field.
         data: the arrays (C-contiguous, matching ``arrays``); empty in a header-only decode.
+            When sent ``apart``, an array may also be given as the sequence of its pieces
+            (:class:`~dataflow.wire.BatchLayout`: each batch's rows), never joined by the
+            sender; a decoded message holds whole arrays.
         skipped: samples of the request not served because they were damaged (server
             ``--on-error skip``); ``size + skipped`` is the request's sample count. Not on the
             wire when 0.
@@ -274,6 +277,9 @@ class BatchMsg:
             (one entry each; they add up to ``size``); a ragged field's offsets then start
             again at 0 for each batch (``size + len(parts)`` of them: each batch's own
             ``n + 1``), its values follow one another. Empty (not on the wire): one batch.
+        apart: each batch's rows of every array but a ragged field's values travel in frames of
+            their own (needs ``parts``), so the receiver views each batch where it arrived and
+            the sender never joins them. False (not on the wire): each array whole.
         left_out: which of the request's samples are the ``skipped`` ones, as runs
             ``(start, stop, start, stop, ...)`` of positions in the request's samples (in the
             order its ranges name them, over all its parts), increasing and disjoint, adding
@@ -285,11 +291,12 @@ class BatchMsg:
     size: int
     arrays: tuple[ArraySpec, ...]
     ragged: tuple[tuple[str, str], ...] = ()
-    data: tuple[np.ndarray, ...] = field(default=(), compare=False)
+    data: tuple[np.ndarray | Sequence[np.ndarray], ...] = field(default=(), compare=False)
     skipped: int = 0
     shm: ShmRef | None = None
     parts: tuple[int, ...] = ()
     left_out: tuple[int, ...] = ()
+    apart: bool = False
 
 
 @dataclass(frozen=True, init=False)

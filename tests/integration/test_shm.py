@@ -6,6 +6,7 @@ once, and that no segment of this process is left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -201,7 +202,8 @@ def test_malformed_or_unproved_shared_memory_requests_never_hurt_the_server(
         reply = c.call(wire.Request(1, [[0, 0, 2]], slot=slot))
         assert isinstance(reply, wire.ErrorMsg) and reply.kind is wire.ErrorKind.PROTOCOL
         assert match in reply.message
-    header = b'{"magic":"dataflow","version":1,"kind":3,"req_id":2,"slot":-2,"n":1}'
+    header = json.dumps({"magic": wire.MAGIC, "version": wire.VERSION, "kind": 3, "req_id": 2,
+                         "slot": -2, "n": 1}).encode()
     c.send_raw([header, np.array([[0, 0, 2]], dtype="<i8").tobytes()])
     reply = c.recv()
     assert isinstance(reply, wire.ErrorMsg) and "REQUEST header field `slot`" in reply.message

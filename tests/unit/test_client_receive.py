@@ -25,6 +25,7 @@ from dataflow.client.buffers import (
     CudaSink,
     HostSink,
     Received,
+    frame_views,
     hand_over,
     typed_views,
 )
@@ -152,9 +153,9 @@ def test_every_sink_lands_a_batch(pair, sink):
     _assert_batch(_receive(b, sink), batch)
 
 
-def _part(first: int, texts: list[bytes]) -> dict:
+def _part(first: int, texts: list[bytes], width: int = 3000) -> dict:
     n = len(texts)
-    return {"image": np.full((n, 3000), first % 251, dtype=np.uint8),
+    return {"image": np.full((n, width), first % 251, dtype=np.uint8),
             "id": np.arange(first, first + n, dtype=np.int64),
             "text": Ragged(np.frombuffer(b"".join(texts) or b"", dtype=np.uint8).copy(),
                            np.cumsum([0, *map(len, texts)]).astype(np.int64), "bytes")}
@@ -178,6 +179,41 @@ def test_every_sink_cuts_a_batch_of_several_into_views_of_each(pair, sink):
         assert got["text.offsets"].tolist() == want["text"].offsets.tolist()
     base = readies[0].tensors["image"].untyped_storage().data_ptr()
     assert all(r.tensors["image"].untyped_storage().data_ptr() == base for r in readies)
+
+
+def test_every_sink_receives_batches_sent_apart_and_views_each_batch_s_own_frames(pair, sink):
+    """A message whose batches travelled apart: the same batches; without pinning each batch's
+    image is a view of the frame it arrived in (no batch was joined to another)."""
+    a, b = pair
+    parts = [_part(0, [b"ab", b"", b"cde"], width=40_000), _part(3, [], width=40_000),
+             _part(3, [b"fghij", b"k"], width=40_000)]
+    msg = wire.batches_to_message(7, parts, apart=True)
+    a.send_multipart([bytes(f) for f in wire.encode(msg)])
+    assert b.poll(10_000)
+    head = receive_header(b, ENDPOINT)
+    assert isinstance(head, wire.BatchMsg) and head.apart
+    readies = receive_batch(b, ENDPOINT, head, sink)
+    for ready, want in zip(readies, parts, strict=True):
+        got = hand_over(ready)
+        assert torch.equal(got["image"], torch.from_numpy(want["image"]))
+        assert torch.equal(got["id"], torch.from_numpy(want["id"]))
+        assert bytes(got["text"].numpy()) == bytes(want["text"].values)
+        assert got["text.offsets"].tolist() == want["text"].offsets.tolist()
+    bases = {r.tensors["image"].untyped_storage().data_ptr() for r in (readies[0], readies[2])}
+    assert len(bases) == (2 if isinstance(sink, HostSink) and not sink.pin else 1)
+
+
+def test_each_large_piece_of_a_batch_sent_apart_is_a_view_of_its_frame():
+    parts = [_part(0, [b"ab", b"", b"cde"], width=40_000), _part(3, [b"fghij", b"k"],
+                                                                  width=40_000)]
+    msg = wire.batches_to_message(7, parts, apart=True)
+    frames = [zmq.Frame(bytes(f)) for f in wire.encode(msg)[1:]]
+    layout = wire.BatchLayout.of(msg)
+    assert [s.name for s in msg.arrays][:2] == ["image", "id"] and layout.counts[:2] == (2, 2)
+    images = frame_views(msg, layout, frames)[0]
+    for image, frame, want in zip(images, frames[:2], parts, strict=True):
+        assert image.data_ptr() == np.frombuffer(frame.buffer, dtype=np.uint8).ctypes.data
+        assert torch.equal(image, torch.from_numpy(want["image"]))
 
 
 def test_an_array_over_several_frames_is_joined(pair, sink):

@@ -12,7 +12,7 @@ from dataflow.batch import Batch, Ragged
 from dataflow.errors import ProtocolError, ShardReadError
 from dataflow.readers import ShardReader
 from dataflow.server.samplecache import SampleCache
-from dataflow.server.tasks import ReaderCache, SkipMeter, WorkerSpec, serve_task
+from dataflow.server.tasks import APART_PARTS, ReaderCache, SkipMeter, WorkerSpec, serve_task
 from dataflow.server.transform import Transform
 from dataflow.transform import TransformContext, batch_seed
 from dataflow.wire.internal import Sent, Task
@@ -337,16 +337,34 @@ class CountingReader(LossyReader):
         return super()._read(start, stop)
 
 
-def test_the_batches_of_a_task_that_continue_one_another_are_one_read() -> None:
-    """A run of consecutive batches is read as one range (a slice of a map where one record
-    batch holds it), not range by range or gathered, and cut back into its batches."""
-    reader = CountingReader(20)
-    rows = np.array([[0, 0, 4], [0, 4, 8], [0, 8, 10]], dtype=np.int64)
-    tags = [wire.BatchTag(3, 1, b) for b in (0, 4, 8)]
-    task = Task(b"tok", 5, rows, parts=tuple(wire.Part(1, t) for t in tags))
-    frames, _ = serve_task(FakeCache({0: reader}), None, _spec(), task)
+def _run_task(reader: CountingReader, stops: list[int]) -> wire.BatchMsg:
+    """The BATCH answering one task of consecutive batches of shard 0 ending at ``stops``."""
+    starts = [0, *stops[:-1]]
+    rows = np.array([[0, a, b] for a, b in zip(starts, stops, strict=True)], dtype=np.int64)
+    parts = tuple(wire.Part(1, wire.BatchTag(3, 1, a)) for a in starts)
+    frames, _ = serve_task(FakeCache({0: reader}), None, _spec(), Task(b"tok", 5, rows,
+                                                                        parts=parts))
     msg = wire.decode(frames)
     assert isinstance(msg, wire.BatchMsg)
     assert [b["x"].tolist() for b in wire.message_to_batches(msg)] == [
-        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert reader.reads == [(0, 10)]
+        list(range(a, b)) for a, b in zip(starts, stops, strict=True)]
+    return msg
+
+
+def test_the_batches_of_a_task_of_many_that_continue_one_another_are_one_read() -> None:
+    """A run of more than APART_PARTS consecutive (small) batches is read as one range (a
+    slice of a map where one record batch holds it), not range by range or gathered, and cut
+    back into its batches."""
+    reader = CountingReader(20)
+    stops = [2, 4, 6, 8, 10, 11][: APART_PARTS + 1]
+    msg = _run_task(reader, stops)
+    assert reader.reads == [(0, stops[-1])] and not msg.apart
+
+
+def test_the_batches_of_a_task_of_a_few_are_each_read_and_sent_apart() -> None:
+    """At most APART_PARTS batches: each read alone (no copy joins them, wherever their rows
+    lie) and sent apart, in frames of their own."""
+    reader = CountingReader(20)
+    stops = [4, 8, 10, 13][:APART_PARTS]
+    msg = _run_task(reader, stops)
+    assert reader.reads == list(zip([0, *stops[:-1]], stops, strict=True)) and msg.apart

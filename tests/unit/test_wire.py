@@ -168,7 +168,7 @@ _INVALID: dict[Kind, dict[str, Any]] = {
     Kind.STATS: {},
     Kind.STATS_REPLY: {"counters": {"a": "b"}},
 }
-_COMMON_INVALID = {"magic": "dataflow2", "version": 2, "kind": 99}
+_COMMON_INVALID = {"magic": "dataflow2", "version": wire.VERSION + 1, "kind": 99}
 
 
 def _wrong_types(value: Any) -> list[Any]:

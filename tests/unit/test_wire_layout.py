@@ -160,3 +160,16 @@ def test_arrays_rejects_a_buffer_too_small_or_not_uint8() -> None:
     for buf in (np.zeros(layout.nbytes - 1, np.uint8), np.zeros(layout.nbytes, np.int8)):
         with pytest.raises(ProtocolError, match="receive buffer"):
             layout.arrays(msg, buf)
+
+
+def test_each_batch_s_piece_travels_in_frames_of_its_own_up_to_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layout_module, "MAX_FRAME_BYTES", 1000)
+    batches = [{"x": np.full((n, 600), k, np.uint8)} for k, n in enumerate((3, 1))]
+    msg = wire.batches_to_message(2, batches, apart=True)
+    layout = wire.BatchLayout.of(msg)
+    assert layout.pieces == (((3, 2), (1, 1)),)
+    assert layout.frames == ((0, 1000), (1000, 800), (1800, 600))
+    assert layout.counts == (3,)
+    out = _decode_batch(wire.encode(msg))
+    np.testing.assert_array_equal(out.data[0], np.concatenate([b["x"] for b in batches]))

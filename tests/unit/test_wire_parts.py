@@ -4,6 +4,7 @@ fields, and each batch's ragged offsets checked on its own."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -138,3 +139,66 @@ def test_a_request_s_parts_are_checked(change: dict, match: str) -> None:
 def test_a_hello_s_group_is_checked(group: object) -> None:
     with pytest.raises(ProtocolError, match="`group`"):
         wire.decode(_header(_frames(wire.Hello(2, "r")), group=group))
+
+
+def _sizes(msg: wire.BatchMsg) -> list[int]:
+    return [len(f) for f in _frames(msg)[1:]]
+
+
+def test_batches_sent_apart_travel_in_frames_of_their_own_and_round_trip() -> None:
+    """Each batch's piece of every array in frames of its own (a ragged field's values whole,
+    its offsets each batch's own); decoded, the same batches as joined."""
+    msg = wire.batches_to_message(9, BATCHES, skipped=2, apart=True)
+    joined = wire.batches_to_message(9, BATCHES, skipped=2)
+    assert msg.apart and msg.arrays == joined.arrays and msg.parts == joined.parts
+    assert [s.name for s in msg.arrays] == ["id", "image", "text", "text.offsets"]
+    assert _sizes(msg) == [8 * 3, 8, 8 * 2, 0,  # id: each batch's rows
+                           6 * 3, 6, 6 * 2, 0,  # image: 2x3 uint8 a sample
+                           6,  # text's values, whole
+                           8 * 4, 8 * 2, 8 * 3, 8]  # text's offsets: each batch's n + 1
+    assert json.loads(_frames(msg)[0])["apart"] is True
+    assert "apart" not in json.loads(_frames(joined)[0])
+    out = wire.decode(_frames(msg))
+    assert out == msg
+    assert b"".join(_frames(out)[1:]) == b"".join(_frames(joined)[1:])
+    for got, want in zip(wire.message_to_batches(out), BATCHES, strict=True):
+        _equal(got, want)
+
+
+def test_an_array_given_whole_is_cut_into_each_batch_s_frames_without_a_copy() -> None:
+    big = [{"x": np.full((n, 70_000), k, dtype=np.uint8)} for k, n in enumerate((2, 1, 3))]
+    whole = wire.parts_to_message(4, {"x": np.concatenate([b["x"] for b in big])}, (2, 1, 3))
+    cut = wire.encode(replace(whole, apart=True))
+    given = wire.encode(wire.batches_to_message(4, big, apart=True))
+    assert [bytes(f) for f in cut[1:]] == [bytes(f) for f in given[1:]]
+    assert [np.asarray(f).nbytes for f in cut[1:]] == [140_000, 70_000, 210_000]
+    for frame, batch in zip(given[1:], big, strict=True):
+        assert np.shares_memory(np.asarray(frame), batch["x"])
+    (data,) = whole.data
+    assert all(np.shares_memory(np.asarray(f), data) for f in cut[1:])
+
+
+def test_pieces_of_other_sizes_than_the_layout_s_are_refused_naming_the_array() -> None:
+    msg = wire.batches_to_message(9, BATCHES, apart=True)
+    image = tuple(np.zeros((n, 2, 3), np.uint8) for n in (3, 2, 1, 0))
+    with pytest.raises(ProtocolError, match=r"BATCH 9 array 'image': data in pieces of "
+                                            r"\[18, 12, 6, 0\] bytes; .* \[18, 6, 12, 0\]"):
+        wire.encode(replace(msg, data=(msg.data[0], image, *msg.data[2:])))
+    with pytest.raises(ProtocolError, match="BATCH 9 array 'id' is given in pieces; expected"):
+        wire.message_to_batches(msg)
+
+
+def test_only_a_batch_of_parts_is_sent_apart() -> None:
+    frames = _header(_frames(wire.batch_to_message(1, BATCHES[0])), apart=True)
+    with pytest.raises(ProtocolError, match="`apart`: only a BATCH with `parts`"):
+        wire.decode(frames)
+    frames = _header(_frames(wire.batches_to_message(9, BATCHES)), apart=1)
+    with pytest.raises(ProtocolError, match="`apart`"):
+        wire.decode(frames)
+
+
+def test_a_frame_of_a_batch_sent_apart_of_another_size_is_refused() -> None:
+    frames = _frames(wire.batches_to_message(9, BATCHES, apart=True))
+    frames[1], frames[2] = frames[1] + frames[2], b""
+    with pytest.raises(ProtocolError, match="BATCH 9"):
+        wire.decode(frames)
