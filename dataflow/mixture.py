@@ -54,7 +54,7 @@ from dataflow.plan import (
     CHUNK,
     Batches,
     EpochSize,
-    _batch_positions,
+    batch_positions,
     epoch_size,
     ranges_of,
     sort_within,
@@ -455,7 +455,7 @@ def mixture_batches(
             raise ConfigError(f"`sources[{k}]` must hold at least one sample. Found: none")
     size = mixture_size(samples_per_epoch, world_size=world_size, batch_size=batch_size,
                         drop_last=drop_last, start=start)
-    heads, tail = _batch_positions(size, start=start, world_size=world_size, rank=rank,
+    heads, tail = batch_positions(size, start=start, world_size=world_size, rank=rank,
                                    batch_size=batch_size, total=samples_per_epoch)
     heads += epoch * samples_per_epoch
     lo, hi = _taken(weights, heads), _taken(weights, heads + batch_size)

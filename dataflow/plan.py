@@ -62,6 +62,7 @@ __all__ = [
     "EpochSize",
     "Range",
     "batch_bounds",
+    "batch_positions",
     "consumed",
     "epoch_order",
     "epoch_size",
@@ -193,7 +194,7 @@ def rank_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
                  batch_size=batch_size, total=total, dtype=np.int64)
 
 
-def _batch_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
+def batch_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
                      batch_size: int, total: int) -> tuple[np.ndarray, np.ndarray]:
     """Where rank ``rank``'s batches of the rest of an epoch lie in its order, without a
     position a sample.
@@ -227,7 +228,7 @@ def _take(order: np.ndarray | None, size: EpochSize, *, start: int, world_size: 
     strided view copied once; its last batch is the few positions of the module's rule 3.
     """
     ids = np.empty(size.samples_per_rank, dtype=dtype)
-    heads, tail = _batch_positions(size, start=start, world_size=world_size, rank=rank,
+    heads, tail = batch_positions(size, start=start, world_size=world_size, rank=rank,
                                    batch_size=batch_size, total=total)
     full = len(heads)
     body = ids[: full * batch_size].reshape(full, batch_size)
