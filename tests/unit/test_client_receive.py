@@ -10,6 +10,7 @@ copy) are checked on the CPU: breaking one of them lands wrong bytes in a batch.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 
@@ -296,6 +297,42 @@ def test_malformed_batches_are_named_and_the_socket_stays_usable(pair, sink, man
     batch = _batch(seed=1)
     a.send_multipart(_frames(batch, req_id=8))
     _assert_batch(_receive(b, sink), batch)
+
+
+def _apart_frames() -> list[bytes]:
+    parts = [_part(0, [b"ab", b"", b"cde"], width=40_000), _part(3, [b"fghij", b"k"],
+                                                                  width=40_000)]
+    return [bytes(f) for f in wire.encode(wire.batches_to_message(7, parts, apart=True))]
+
+
+@pytest.mark.parametrize("mangle, message", [
+    (lambda f: [f[0], f[1] + f[2], *f[3:]], "BATCH 7 message must have 7 buffer frame(s) after "
+                                            "the header. Found: 6"),
+    (lambda f: [f[0], f[1][:-1], f[2] + b"x", *f[3:]], "BATCH 7 buffer frame 0 must be "
+                                                       "120000 bytes. Found: 119999"),
+    (lambda f: [*f[:-2], np.array([0, 3, 2, 5], np.int64).tobytes(), f[-1]],
+     "BATCH 7 ragged field 'text': each batch's offsets must start at 0 and never decrease"),
+    (lambda f: [json.dumps({**json.loads(f[0]), "parts": [2, 3]}).encode(), *f[1:]],
+     "BATCH 7 buffer frame 0 must be 80000 bytes. Found: 120000"),
+])
+def test_malformed_batches_sent_apart_are_named_and_the_socket_stays_usable(pair, sink, mangle,
+                                                                             message):
+    """A message sent apart whose frames, offsets or parts do not fit: an error naming the
+    endpoint and the request, nothing made of it, and the next message is received whole."""
+    a, b = pair
+    a.send_multipart(mangle(_apart_frames()))
+    with pytest.raises(ProtocolError, match=f"^{re.escape(ENDPOINT)}: {re.escape(message)}$"):
+        _receive_all(b, sink)
+    batch = _batch(seed=1)
+    a.send_multipart(_frames(batch, req_id=8))
+    _assert_batch(_receive(b, sink), batch)
+
+
+def _receive_all(b: zmq.Socket, sink: HostSink | CudaSink) -> list[Received]:
+    assert b.poll(10_000)
+    msg = receive_header(b, ENDPOINT)
+    assert isinstance(msg, wire.BatchMsg)
+    return receive_batch(b, ENDPOINT, msg, sink)
 
 
 def _ring() -> tuple[CudaSink, LateCopier]:
