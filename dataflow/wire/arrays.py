@@ -13,6 +13,7 @@ from dataflow.batch import RAGGED_KINDS, Batch, Ragged, batch_len
 from dataflow.errors import FieldError, ProtocolError
 from dataflow.wire.fields import (
     INT64_MAX,
+    MAX_APART_PIECES,
     MAX_ARRAYS,
     MAX_MESSAGE_BYTES,
     MAX_NAME,
@@ -88,6 +89,10 @@ def check_batch(msg: BatchMsg) -> None:
     if msg.apart and not msg.parts:
         raise ProtocolError("BATCH header field `apart`: only a BATCH with `parts` is sent "
                             "apart")
+    if msg.apart and len(msg.arrays) * len(msg.parts) > MAX_APART_PIECES:
+        raise ProtocolError(f"BATCH header field `apart`: a BATCH sent apart has at most "
+                            f"{MAX_APART_PIECES} pieces (arrays x parts). Found: "
+                            f"{len(msg.arrays)} x {len(msg.parts)}")
     runs = msg.left_out
     if runs and (sum(runs[1::2]) - sum(runs[::2]) != msg.skipped
                  or runs[-1] > msg.size + msg.skipped):
@@ -109,6 +114,9 @@ def check_batch(msg: BatchMsg) -> None:
             raise ProtocolError(f"BATCH header field `ragged`: field {name!r}: offsets must be "
                                 f"int64 of shape ({rows},). Found: {offsets.dtype} "
                                 f"{offsets.shape}")
+        if {name, name + OFFSETS_SUFFIX} & paired:
+            raise ProtocolError(f"BATCH header field `ragged`: field {name!r}: its arrays "
+                                f"are another ragged field's"[:400])
         paired.update((name, name + OFFSETS_SUFFIX))
     for s in msg.arrays:
         if s.name not in paired and s.shape[0] != msg.size:
@@ -235,7 +243,8 @@ def batches_to_message(req_id: int, batches: Sequence[Batch], skipped: int = 0, 
     """The BATCH message carrying ``batches`` (2 or more) as the reply to request ``req_id``
     with as many ``parts``: each field's arrays one after the other, a ragged field's offsets
     each batch's own (see :class:`BatchMsg`). With ``apart`` the batches' arrays are not
-    joined (but a ragged field's values): each travels in frames of its own.
+    joined (but a ragged field's values): each travels in frames of its own, unless that
+    makes more than :data:`~dataflow.wire.fields.MAX_APART_PIECES` pieces (then joined).
 
     Raises:
         ProtocolError: the batches do not have the same fields, of the same kinds, dtypes and
@@ -253,10 +262,12 @@ def batches_to_message(req_id: int, batches: Sequence[Batch], skipped: int = 0, 
                                 f"batch 0 (names, kinds, dtypes, sample shapes): "
                                 f"{_fields(msg)} vs {_fields(first)}"[:1000])
     values = {name for name, _ in first.ragged}
+    apart = apart and len(first.arrays) * len(msgs) <= MAX_APART_PIECES
+    wholes = [_whole(m) for m in msgs]
     data: list[np.ndarray | tuple[np.ndarray, ...]] = []
     specs = []
     for k, spec in enumerate(first.arrays):
-        pieces = tuple(_whole(m)[k] for m in msgs)
+        pieces = tuple(arrays[k] for arrays in wholes)
         rows = sum(len(p) for p in pieces)
         specs.append(ArraySpec(spec.name, spec.dtype, (rows, *spec.shape[1:])))
         data.append(pieces if apart and spec.name not in values else np.concatenate(pieces))

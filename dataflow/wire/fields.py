@@ -33,6 +33,7 @@ MAX_COLUMNS = 1024
 MAX_COLUMNS_BYTES = 32 * 1024
 MAX_SHM_SLOTS = 4096
 MAX_GROUP = 64
+MAX_APART_PIECES = MAX_ARRAYS  # arrays x parts of a BATCH sent apart: its frames stay few
 MAX_LEFT_OUT_RUNS = 1024
 INT64_MAX = 2**63 - 1
 

@@ -12,6 +12,7 @@ import pytest
 from dataflow import wire
 from dataflow.batch import Ragged
 from dataflow.errors import ProtocolError
+from dataflow.wire import arrays as arrays_module
 
 
 def _frames(msg: wire.Message) -> list[bytes]:
@@ -201,4 +202,36 @@ def test_a_frame_of_a_batch_sent_apart_of_another_size_is_refused() -> None:
     frames = _frames(wire.batches_to_message(9, BATCHES, apart=True))
     frames[1], frames[2] = frames[1] + frames[2], b""
     with pytest.raises(ProtocolError, match="BATCH 9"):
+        wire.decode(frames)
+
+
+def test_a_batch_sent_apart_has_few_pieces_else_it_is_joined(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A header sent apart may name at most MAX_APART_PIECES pieces (arrays x parts): a peer
+    cannot make a receiver lay out (and remember) tens of thousands of frames; a sender with
+    more joins the batches instead."""
+    batches = BATCHES[1:]  # a header no other test decodes (a codec remembers the latest)
+    frames = _frames(wire.batches_to_message(11, batches, apart=True))
+    monkeypatch.setattr(arrays_module, "MAX_APART_PIECES", 11)
+    with pytest.raises(ProtocolError, match=r"`apart`: a BATCH sent apart has at most 11 "
+                                            r"pieces \(arrays x parts\). Found: 4 x 3"):
+        wire.decode(frames)
+    msg = wire.batches_to_message(11, batches, apart=True)
+    assert not msg.apart
+    for got, want in zip(wire.message_to_batches(wire.decode(_frames(msg))), batches,
+                         strict=True):
+        _equal(got, want)
+
+
+def test_a_ragged_field_may_not_use_another_ragged_field_s_arrays() -> None:
+    batch = {"a": Ragged(np.zeros(2, np.uint8), np.array([0, 2], np.int64), "bytes"),
+             "a.offsets": Ragged(np.zeros(3, np.uint8), np.array([0, 3], np.int64), "bytes")}
+    head = json.loads(_frames(wire.batch_to_message(1, {"a": batch["a"]}))[0])
+    head["ragged"] = [["a", "bytes"], ["a.offsets", "bytes"]]
+    head["arrays"] = [["a", "uint8", [2]], ["a.offsets", "int64", [2]],
+                      ["a.offsets.offsets", "int64", [2]]]
+    frames = [json.dumps(head).encode(), bytes(2), np.array([0, 2], np.int64).tobytes(),
+              np.array([0, 2], np.int64).tobytes()]
+    with pytest.raises(ProtocolError, match="`ragged`: field 'a.offsets': its arrays are "
+                                            "another ragged field's"):
         wire.decode(frames)
