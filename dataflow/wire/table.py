@@ -4,7 +4,7 @@ A message is one small JSON header frame followed by zero or more raw buffer fra
 
     [header, buffer_0, buffer_1, ...]
 
-The header is ``{"magic": "dataflow", "version": 1, "kind": K, ...}`` plus the fields the
+The header is ``{"magic": "dataflow", "version": VERSION, "kind": K, ...}`` plus the fields the
 kind's :class:`MessageSpec` lists, each checked by its validator. Nothing is pickled. A kind is
 one entry in its table: its dataclass, its header fields, an optional rule between fields and
 an optional :class:`~dataflow.wire.fields.BodyCodec` for its buffer frames. A :class:`Codec`
@@ -144,7 +144,7 @@ SEEN_MAX_BYTES = 4096
 class Codec:
     """Encoder and validating decoder of one table of message kinds.
 
-    A message is a JSON header frame ``{"magic": "dataflow", "version": 1, "kind": K, ...}``
+    A message is a JSON header frame ``{"magic": "dataflow", "version": VERSION, "kind": K, ...}``
     with the fields the kind's :class:`MessageSpec` lists, then its body's buffer frames.
 
     Args:
