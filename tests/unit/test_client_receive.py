@@ -162,6 +162,17 @@ def _part(first: int, texts: list[bytes], width: int = 3000) -> dict:
                            np.cumsum([0, *map(len, texts)]).astype(np.int64), "bytes")}
 
 
+def _assert_parts(readies: list[Received], parts: list[dict]) -> None:
+    """Each received batch has its part's rows, values and offsets from 0."""
+    assert len(readies) == len(parts)
+    for ready, want in zip(readies, parts, strict=True):
+        got = hand_over(ready)
+        assert torch.equal(got["image"], torch.from_numpy(want["image"]))
+        assert torch.equal(got["id"], torch.from_numpy(want["id"]))
+        assert bytes(got["text"].numpy()) == bytes(want["text"].values)
+        assert got["text.offsets"].tolist() == want["text"].offsets.tolist()
+
+
 def test_every_sink_cuts_a_batch_of_several_into_views_of_each(pair, sink):
     """One message of three batches (one of them empty): three batches of the message's
     memory, each with its own rows, values and offsets from 0."""
@@ -171,13 +182,7 @@ def test_every_sink_cuts_a_batch_of_several_into_views_of_each(pair, sink):
     assert b.poll(10_000)
     msg = receive_header(b, ENDPOINT)
     readies = receive_batch(b, ENDPOINT, msg, sink)
-    assert len(readies) == 3
-    for ready, want in zip(readies, parts, strict=True):
-        got = hand_over(ready)
-        assert torch.equal(got["image"], torch.from_numpy(want["image"]))
-        assert torch.equal(got["id"], torch.from_numpy(want["id"]))
-        assert bytes(got["text"].numpy()) == bytes(want["text"].values)
-        assert got["text.offsets"].tolist() == want["text"].offsets.tolist()
+    _assert_parts(readies, parts)
     base = readies[0].tensors["image"].untyped_storage().data_ptr()
     assert all(r.tensors["image"].untyped_storage().data_ptr() == base for r in readies)
 
@@ -194,12 +199,7 @@ def test_every_sink_receives_batches_sent_apart_and_views_each_batch_s_own_frame
     head = receive_header(b, ENDPOINT)
     assert isinstance(head, wire.BatchMsg) and head.apart
     readies = receive_batch(b, ENDPOINT, head, sink)
-    for ready, want in zip(readies, parts, strict=True):
-        got = hand_over(ready)
-        assert torch.equal(got["image"], torch.from_numpy(want["image"]))
-        assert torch.equal(got["id"], torch.from_numpy(want["id"]))
-        assert bytes(got["text"].numpy()) == bytes(want["text"].values)
-        assert got["text.offsets"].tolist() == want["text"].offsets.tolist()
+    _assert_parts(readies, parts)
     bases = {r.tensors["image"].untyped_storage().data_ptr() for r in (readies[0], readies[2])}
     assert len(bases) == (2 if isinstance(sink, HostSink) and not sink.pin else 1)
 
