@@ -9,33 +9,16 @@ import subprocess
 import sys
 
 import pytest
+from heapfaults import RECEIVING_THREAD
 
 TRAINER = """
-import json, resource, sys, threading
-import numpy as np
+import json, sys
 from dataflow.client import DataLoader
 
 with DataLoader(sys.argv[1], batch_size=8, rank=0, world_size=1, shuffle=False, timeout=30,
                 tune_malloc=sys.argv[2] == "on") as loader:
     ids = [i for batch in loader for i in batch["id"].tolist()]
-faults = []
-
-
-def receive():  # four 19 MB messages held at once, freed; three times
-    for _ in range(3):
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        held = []
-        for _ in range(4):
-            a = np.empty(19 * 2**20, np.uint8)
-            a.fill(1)
-            held.append(a)
-        del held, a
-        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
-
-
-t = threading.Thread(target=receive)
-t.start()
-t.join()
+""" + RECEIVING_THREAD + """
 print(json.dumps({"ids": ids, "faults": faults}))
 """
 

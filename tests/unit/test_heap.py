@@ -9,33 +9,16 @@ import subprocess
 import sys
 
 import pytest
+from heapfaults import RECEIVING_THREAD
 
 from dataflow.heap import MMAP_THRESHOLD_MAX, THREAD_HEAP_BYTES
 
 THREADED = """
-import json, resource, sys, threading
-import numpy as np
+import json, sys
 from dataflow.heap import THREAD_HEAP_BYTES, keep_freed_memory
 
 kept = keep_freed_memory(top_pad=THREAD_HEAP_BYTES) if sys.argv[1] == "kept" else None
-faults = []
-
-
-def receive():  # four 19 MB messages held at once, as a trainer's prefetch, freed; three times
-    for _ in range(3):
-        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-        held = []
-        for _ in range(4):
-            a = np.empty(19 * 2**20, np.uint8)
-            a.fill(1)
-            held.append(a)
-        del held, a
-        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
-
-
-t = threading.Thread(target=receive)
-t.start()
-t.join()
+""" + RECEIVING_THREAD + """
 print(json.dumps({"kept": kept, "faults": faults}))
 """
 
