@@ -456,7 +456,7 @@ def mixture_batches(
     size = mixture_size(samples_per_epoch, world_size=world_size, batch_size=batch_size,
                         drop_last=drop_last, start=start)
     heads, tail = batch_positions(size, start=start, world_size=world_size, rank=rank,
-                                   batch_size=batch_size, total=samples_per_epoch)
+                                  batch_size=batch_size, total=samples_per_epoch)
     heads += epoch * samples_per_epoch
     lo, hi = _taken(weights, heads), _taken(weights, heads + batch_size)
     tail += epoch * samples_per_epoch

@@ -195,7 +195,7 @@ def rank_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
 
 
 def batch_positions(size: EpochSize, *, start: int, world_size: int, rank: int,
-                     batch_size: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+                    batch_size: int, total: int) -> tuple[np.ndarray, np.ndarray]:
     """Where rank ``rank``'s batches of the rest of an epoch lie in its order, without a
     position a sample.
 
@@ -229,7 +229,7 @@ def _take(order: np.ndarray | None, size: EpochSize, *, start: int, world_size: 
     """
     ids = np.empty(size.samples_per_rank, dtype=dtype)
     heads, tail = batch_positions(size, start=start, world_size=world_size, rank=rank,
-                                   batch_size=batch_size, total=total)
+                                  batch_size=batch_size, total=total)
     full = len(heads)
     body = ids[: full * batch_size].reshape(full, batch_size)
     if order is None:
