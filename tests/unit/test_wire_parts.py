@@ -216,6 +216,8 @@ def test_a_batch_sent_apart_has_few_pieces_else_it_is_joined(
     with pytest.raises(ProtocolError, match=r"`apart`: a BATCH sent apart has at most 11 "
                                             r"pieces \(arrays x parts\). Found: 4 x 3"):
         wire.decode(frames)
+    with pytest.raises(ProtocolError, match="`apart`: a BATCH sent apart has at most 11"):
+        wire.decode_header(frames[0])  # what a client reads before it lays out any frame
     msg = wire.batches_to_message(11, batches, apart=True)
     assert not msg.apart
     for got, want in zip(wire.message_to_batches(wire.decode(_frames(msg))), batches,
