@@ -29,6 +29,7 @@ from dataflow.errors import DataflowError, InternalError, ReplyTooLarge
 from dataflow.index import DatasetIndex
 from dataflow.readers import IndexedShard, ShardReader, TarOptions, open_shard, read_ranges
 from dataflow.readers.base import TALLY
+from dataflow.readers.book import AddressBook
 from dataflow.readers.multi import joined_ranges
 from dataflow.readers.tar.options import DEFAULT_OPTIONS
 from dataflow.security import ServerCurve
@@ -136,6 +137,7 @@ class ReaderCache:
         self._capacity = spec.max_open_shards
         self._lru = self._capacity < len(spec.shards)  # else nothing is ever closed
         self._open: OrderedDict[int, ShardReader] = OrderedDict()
+        self.book = None if self._lru else AddressBook(len(spec.shards))
 
     def get(self, shard: int) -> ShardReader:
         reader = self._open.get(shard)
@@ -165,6 +167,8 @@ class ReaderCache:
         return cast(list[ShardReader], got)
 
     def close(self) -> None:
+        if self.book is not None:
+            self.book.clear()
         while self._open:
             self._open.popitem()[1].close()
 
@@ -199,6 +203,11 @@ class SkipMeter:
         readers a batch of the default shuffle would cost more than the rest of its
         bookkeeping."""
         return self._readers.get_many(shards)
+
+    def read(self, ranges: np.ndarray) -> Batch:
+        """:func:`~dataflow.readers.read_ranges` of ``ranges`` with the readers got here (and
+        the cache's :class:`~dataflow.readers.book.AddressBook`)."""
+        return read_ranges(self.get, ranges, self.get_many, self._readers.book)
 
     def _note(self, shard: int, reader: ShardReader) -> None:
         """Count from now the samples ``reader`` (got for ``shard``) skips."""
@@ -404,13 +413,13 @@ def _one(meter: SkipMeter, transform: Transform | None, spec: WorkerSpec, ranges
     and selected, and which of its samples were left out as damaged (:func:`_left_out`)."""
     before = meter.skips()
     if transform is None:
-        batch = read_ranges(meter.get, ranges, meter.get_many)
+        batch = meter.read(ranges)
     else:
         ctx = transform_context(spec, ranges, tag)
         if transform.decode is None:
-            batch = read_ranges(meter.get, ranges, meter.get_many)
+            batch = meter.read(ranges)
         elif cache is None or not _samples(ranges):
-            batch = decode_batch(transform, read_ranges(meter.get, ranges, meter.get_many), ctx)
+            batch = decode_batch(transform, meter.read(ranges), ctx)
         else:
             batch = _decoded(meter, transform, ranges, ctx, cache)
         batch = apply_transform(transform, batch, ctx, columns)
@@ -463,7 +472,7 @@ def _decoded(meter: SkipMeter, transform: Transform, ranges: np.ndarray,
     decoded: dict[int, Sample] = {}
     if missing:
         skipped = sum(meter.skips().values())
-        raw = read_ranges(meter.get, _runs([keys[i] for i in missing]), meter.get_many)
+        raw = meter.read(_runs([keys[i] for i in missing]))
         if sum(meter.skips().values()) != skipped:
             raise _Damaged
         batch = decode_batch(transform, raw, ctx)

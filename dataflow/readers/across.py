@@ -48,6 +48,7 @@ from dataflow.readers.guard import FileGuard, all_unchanged, every_guard_leased
 
 if TYPE_CHECKING:
     from dataflow.readers.base import ShardReader
+    from dataflow.readers.book import AddressBook
 
 CHECK_ROWS = 32
 """Rows a gather reads between two rounds of checks that their shards did not change (see
@@ -105,6 +106,19 @@ class RowSource:
         :func:`read_across` checks every guard again after the gather."""
         raise NotImplementedError
 
+    def standing(self) -> bytes | None:
+        """This source's addresses as :meth:`gather_table` takes them (native int64s, packed),
+        valid while the source is kept, where that gather can take any of its rows; else
+        ``None`` (:mod:`dataflow.readers.book`)."""
+        raise NotImplementedError
+
+    def gather_table(self, table: np.ndarray, which: np.ndarray, rows: np.ndarray) -> Batch | None:
+        """Rows ``rows[k]`` of the source whose :meth:`standing` addresses are
+        ``table[which[k]]``, for every ``k``, in order, by address, as :meth:`gather` does
+        them; ``None`` when one cannot be served so. Every source named is of this class and
+        layout, and every row in bounds; no check of a guard is owed (:meth:`Checks.free`)."""
+        raise NotImplementedError
+
 
 class Checks:
     """The checks of one gather's shards (see :meth:`RowSource.gather`). Not thread-safe.
@@ -159,8 +173,8 @@ class Checks:
 
 
 def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
-                get_many: Callable[[list[int]], list[ShardReader]] | None = None
-                ) -> Batch | None:
+                get_many: Callable[[list[int]], list[ShardReader]] | None = None,
+                book: AddressBook | None = None) -> Batch | None:
     """The batch of ``ranges`` gathered across their shards in one pass, or ``None`` where the
     shard-by-shard path must read it (see the module): a request of more than
     :data:`MAX_ROWS_PER_RUN` rows a run on average, or one this path does not serve exactly.
@@ -171,6 +185,9 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
         get_many: the open readers of a list of distinct shards, in order (default: one
             call of ``get_reader`` each); they are read by this gather only, which changes
             nothing a reader counts.
+        book: the standing addresses of shards that stay open until it is cleared
+            (:mod:`dataflow.readers.book`): a request whose shards are all in it is gathered
+            from it, and the shards of a request gathered otherwise are noted in it.
 
     Raises:
         InternalError: a gather failed on anything but the data (a bug), naming the shards.
@@ -183,6 +200,11 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
     runs = int(np.count_nonzero(ranges[1:, 0] != ranges[:-1, 0])) + 1
     if total > MAX_ROWS_PER_RUN * runs:
         return None
+    if book is not None:
+        batch = _gathered(lambda: book.gather(ranges), total, lambda: [
+            f"#{shard}" for shard in dict.fromkeys(ranges[:, 0].tolist())])
+        if batch is not None:
+            return batch
     shards, first_at, which = np.unique(np.repeat(ranges[:, 0], lengths), return_index=True,
                                         return_inverse=True)
     # Sources are numbered, and readers got, in the order the request first names their
@@ -210,15 +232,29 @@ def read_across(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
     if (rows < 0).any() or (rows >= lens[which]).any():
         return None
     checks = Checks(list(map(_GUARD, sources)), firsts.tolist())
+    batch = _gathered(lambda: sources[0].gather(sources, which, rows, checks), total,
+                      lambda: [reader.url for reader in readers])
+    if batch is None or not checks.after():
+        return None
+    if book is not None:
+        book.note(wanted, sources)
+    return batch
+
+
+def _gathered(gather: Callable[[], Batch | None], total: int,
+              names: Callable[[], list[str]]) -> Batch | None:
+    """What ``gather`` returns, ``None`` if it raised a :class:`DataflowError` (the data's:
+    the shard-by-shard path raises or counts it).
+
+    Raises:
+        InternalError: it raised anything else, naming the shards (``names``).
+    """
     try:
-        batch = sources[0].gather(sources, which, rows, checks)
+        return gather()
     except DataflowError:
         return None
     except Exception as e:
-        names = ", ".join(r.url for r in readers[:4])
-        raise InternalError(f"gathering {total} rows across {len(readers)} shards ({names}"
-                            f"{', ...' if len(readers) > 4 else ''}) failed: "
-                            f"{type(e).__name__}: {e}") from e
-    if batch is None or not checks.after():
-        return None
-    return batch
+        shards = names()
+        raise InternalError(f"gathering {total} rows across {len(shards)} shards "
+                            f"({', '.join(shards[:4])}{', ...' if len(shards) > 4 else ''}) "
+                            f"failed: {type(e).__name__}: {e}") from e

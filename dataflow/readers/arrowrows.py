@@ -140,9 +140,9 @@ class ArrowRows(RowSource):
                    rows: np.ndarray) -> Batch | None:
         """The gather by address: each row's record batch found in one ``searchsorted`` (or
         the first, where every shard has one), the record batches touched taken (and
-        checked, :meth:`chunk`) once each, then each column in one numpy pass. No check is
-        owed during it (:meth:`Checks.free <dataflow.readers.across.Checks.free>`); a ragged
-        column's offsets are checked against its values' size first."""
+        checked, :meth:`chunk`) once each, then each column in one numpy pass
+        (:meth:`gather_table`). No check is owed during it (:meth:`Checks.free
+        <dataflow.readers.across.Checks.free>`)."""
         located = _locate(sources, which, rows)
         if located is None:
             return None
@@ -157,7 +157,18 @@ class ArrowRows(RowSource):
             if None in ats:
                 return None
         table = np.frombuffer(b"".join(cast(list[bytes], ats)), dtype=np.int64)
-        at = table.reshape(len(ats), -1)[chunk_of].T
+        return self.gather_table(table.reshape(len(ats), -1), chunk_of, local)
+
+    def standing(self) -> bytes | None:
+        """The addresses of the shard's one record batch, once a gather took it (:attr:`ats`);
+        ``None`` for a shard of several."""
+        return self.ats[0] if self.single else None
+
+    def gather_table(self, table: np.ndarray, which: np.ndarray, rows: np.ndarray) -> Batch | None:
+        """Each column in one numpy pass, ``table`` holding the addresses of record batches
+        (rows of :attr:`ats`): row ``rows[k]`` of record batch ``which[k]``; a ragged
+        column's offsets checked against its values' size first."""
+        at = table[which].T
         n = len(rows)
         nscalar = sum(1 for spec in self.schema if spec.ragged is None and _scalar(spec))
         nfixed = sum(1 for spec in self.schema if spec.ragged is None) - nscalar
@@ -167,7 +178,7 @@ class ArrowRows(RowSource):
             if spec.ragged is not None:
                 values_at, nvalues, offsets_at = at[x_raw : x_raw + 3]
                 x_raw += 3
-                cuts = int64_at(offsets_at + local * 8, 2)
+                cuts = int64_at(offsets_at + rows * 8, 2)
                 starts, lengths = cuts[:, 0], cuts[:, 1] - cuts[:, 0]
                 if ((starts < 0) | (lengths < 0) | (starts + lengths > nvalues)).any():
                     return None
@@ -179,7 +190,7 @@ class ArrowRows(RowSource):
                 column_at, x_scalar = at[x_scalar], x_scalar + 1
             else:
                 column_at, x_fixed = at[x_fixed], x_fixed + 1
-            got = rows_at(column_at + local * size, size).view(dtype)
+            got = rows_at(column_at + rows * size, size).view(dtype)
             out[spec.name] = got.reshape(n, *spec.shape)
         return out
 

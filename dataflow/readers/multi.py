@@ -13,6 +13,7 @@ so every row is copied once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from dataflow.errors import ConfigError, DataflowError, InternalError
 from dataflow.readers.across import read_across
 from dataflow.readers.base import ShardReader
 from dataflow.readers.sink import BatchSink
+
+if TYPE_CHECKING:
+    from dataflow.readers.book import AddressBook
 
 MAX_NAMED_RANGES = 4
 
@@ -56,7 +60,8 @@ def joined_ranges(ranges: np.ndarray) -> np.ndarray:
 
 
 def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
-                get_many: Callable[[list[int]], list[ShardReader]] | None = None) -> Batch:
+                get_many: Callable[[list[int]], list[ShardReader]] | None = None,
+                book: AddressBook | None = None) -> Batch:
     """Read rows ``(shard, start, stop)`` of ``ranges`` into one batch.
 
     The result equals concatenating ``get_reader(shard).read(start, stop)`` over the rows of
@@ -72,6 +77,8 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
         get_many: the open readers of a list of distinct shards, in order, for a gather
             across shards (see :func:`~dataflow.readers.across.read_across`), where that is
             cheaper than one call of ``get_reader`` each.
+        book: the standing addresses of the shards, for that gather (see
+            :func:`~dataflow.readers.across.read_across`).
 
     Raises:
         ConfigError: ``ranges`` is empty or not of shape ``(n, 3)``.
@@ -89,7 +96,7 @@ def read_ranges(get_reader: Callable[[int], ShardReader], ranges: np.ndarray,
     cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(ranges)]
     if len(cuts) == 2:
         return _read_run(get_reader, ranges, None)
-    across = read_across(get_reader, ranges, get_many)
+    across = read_across(get_reader, ranges, get_many, book)
     if across is not None:
         return across
     sink = BatchSink(int(np.maximum(ranges[:, 2] - ranges[:, 1], 0).sum()))

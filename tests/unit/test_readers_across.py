@@ -70,13 +70,13 @@ def checks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> l
         request.getfixturevalue("armed")
     by_address = [0]
     for kind in (TarRows, ArrowRows):
-        at = kind._gather_at
+        at = kind.gather_table
 
         def counted(self, *args, at=at):
             by_address[0] += 1
             return at(self, *args)
 
-        monkeypatch.setattr(kind, "_gather_at", counted)
+        monkeypatch.setattr(kind, "gather_table", counted)
     return by_address
 
 
@@ -190,7 +190,7 @@ def test_a_tar_gather_by_address_equals_the_gather_row_by_row(tmp_path, keys: bo
             rows = rng.integers(0, [len(readers[w]) for w in which.tolist()])
             checks = Checks([s.guard for s in sources], [0] * len(sources))
             want = sources[0]._gather_rows(sources, which.tolist(), rows.tolist(), checks)
-            got = sources[0]._gather_at(table, which, rows)
+            got = sources[0].gather_table(table, which, rows)
             assert want is not None and got is not None
             _assert_batches_equal(got, want)
     finally:
@@ -209,11 +209,11 @@ def test_a_tar_index_past_its_map_leaves_the_rows_to_the_row_by_row_gather(
         sources = [r._row_source() for r in readers]
         table = address_table(sources)
         which, rows = np.array([0, 3, 1], dtype=np.int64), np.array([5, 1, 0], dtype=np.int64)
-        assert sources[0]._gather_at(table, which, rows) is not None
+        assert sources[0].gather_table(table, which, rows) is not None
         for size in (1, 600):  # before the first header's magic; inside the first sample
             short = table.copy()
             short[:, 1] = size
-            assert sources[0]._gather_at(short, which, rows) is None
+            assert sources[0].gather_table(short, which, rows) is None
     finally:
         _close(readers)
 

@@ -78,7 +78,7 @@ class TarRows(RowSource):
 
     def gather(self, sources: Sequence[RowSource], which: np.ndarray, rows: np.ndarray,
                checks: Checks) -> Batch | None:
-        """By address, one numpy pass a field (:meth:`_gather_at`), where the checks are free;
+        """By address, one numpy pass a field (:meth:`gather_table`), where the checks are free;
         else one pass over the rows, each row's fields taken together (its index entries and
         map pages touched once), shards checked a few rows ahead (see
         :meth:`RowSource.gather <dataflow.readers.across.RowSource.gather>`). Most of the
@@ -87,11 +87,15 @@ class TarRows(RowSource):
         if self.at is not None and checks.free():
             table = address_table(sources)
             if table is not None:
-                return self._gather_at(table, which, rows)
+                return self.gather_table(table, which, rows)
         return self._gather_rows(sources, which.tolist(), rows.tolist(), checks)
 
-    def _gather_at(self, table: np.ndarray, which: np.ndarray, rows: np.ndarray) -> Batch | None:
-        """The gather by address, one numpy pass a field: ``table`` holds every source's
+    def standing(self) -> bytes | None:
+        """:attr:`at`."""
+        return self.at
+
+    def gather_table(self, table: np.ndarray, which: np.ndarray, rows: np.ndarray) -> Batch | None:
+        """The gather by address, one numpy pass a field: ``table`` holds the sources'
         :attr:`at`. No check is owed during it (:meth:`Checks.free
         <dataflow.readers.across.Checks.free>`); every address is checked against its map's
         size first (the index was checked against the map on open), and anything out of

@@ -1,0 +1,233 @@
+"""The standing addresses of a process's open shards (dataflow.readers.book): once a gather
+across shards noted a request's shards, the next requests of those shards are gathered from
+the book alone, byte for byte as before; and it serves nothing while a lease is broken or
+missing, a row or shard is out of bounds, or a shard is not of its one layout. Real files,
+real leases, a real writer process."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dataflow.errors import ShardChangedError
+from dataflow.readers import ShardReader, lease, read_ranges
+from dataflow.readers import guard as guards
+from dataflow.readers.across import read_across
+from dataflow.readers.arrowrows import ArrowRows
+from dataflow.readers.book import AddressBook
+from dataflow.readers.guard import settle
+from dataflow.readers.tar.rows import TarRows
+from dataflow.server.tasks import ReaderCache, WorkerSpec
+from tests.unit.test_readers_across import (
+    GATHERED,
+    SHARDS,
+    _by_range,
+    _close,
+    _demo,
+    _open,
+    _shuffled,
+    _typed_arrow,
+)
+from tests.unit.test_readers_lease import (
+    WRITE,
+    _child,
+    _leasable_dir,
+    _wait,
+    armed,  # noqa: F401 (a fixture)
+)
+from tests.unit.test_readers_multi import _assert_batches_equal
+
+
+@pytest.fixture
+def root(tmp_path: Path, request: pytest.FixtureRequest,
+         monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A directory on a filesystem leases are taken on, leases armed, and only this test's
+    guards counted."""
+    request.getfixturevalue("armed")
+    monkeypatch.setattr(guards, "_OPEN", {})
+    monkeypatch.setattr(guards, "_LEASED", {})
+    d = _leasable_dir(tmp_path) / f"book-{time.monotonic_ns()}"
+    d.mkdir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+def _not_gathered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on, a gather across shards other than the book's fails the test."""
+    for kind in (TarRows, ArrowRows):
+        def refuse(*args: object) -> None:
+            raise AssertionError("gathered shard by shard, not from the book")
+
+        monkeypatch.setattr(kind, "gather", refuse)
+
+
+def _epoch(readers: list[ShardReader], book: AddressBook, epoch: int) -> np.ndarray:
+    """Every batch of one epoch read with ``book``, checked against reads by range; the ids."""
+    ids = []
+    for ranges in _shuffled(readers, epoch):
+        got = read_ranges(readers.__getitem__, ranges, None, book)
+        _assert_batches_equal(got, _by_range(readers, ranges))
+        ids.append(got["id"])
+    return np.concatenate(ids)
+
+
+@pytest.mark.parametrize("kind", GATHERED)
+def test_a_second_epoch_comes_from_the_book_exactly_once(root: Path, kind: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    readers = _open(_demo(root, kind), str(root / "c"))
+    book = AddressBook(len(readers))
+    try:
+        assert all(r._guard is not None and r._guard.leased for r in readers)
+        everything = list(range(sum(map(len, readers))))
+        assert sorted(_epoch(readers, book, 0).tolist()) == everything
+        assert len(book) == SHARDS
+        _not_gathered(monkeypatch)
+        assert sorted(_epoch(readers, book, 1).tolist()) == everything
+    finally:
+        book.clear()
+        _close(readers)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["tar", "arrow-file"])
+def test_nothing_from_the_book_while_a_lease_is_broken(root: Path, kind: str) -> None:
+    """A writer opening shard 5 breaks its lease: the book serves no request (not only those
+    of shard 5) until every guard holds its lease again; the usual read then finds shard 5
+    changed, naming it."""
+    paths = _demo(root, kind)
+    readers = _open(paths, str(root / "c"))
+    book = AddressBook(len(readers))
+    try:
+        _epoch(readers, book, 0)
+        batches = _shuffled(readers, 1)
+        with_five = next(b for b in batches if 5 in b[:, 0])
+        without = next(b for b in batches if 5 not in b[:, 0])
+        assert book.gather(with_five) is not None and book.gather(without) is not None
+        with _child(WRITE, paths[5]) as writer:
+            _wait(lease.pending)
+            assert book.gather(with_five) is None and book.gather(without) is None
+            settle()
+            assert writer.wait(timeout=30) == 0
+        assert book.gather(without) is None
+        _assert_batches_equal(read_ranges(readers.__getitem__, without, None, book),
+                              _by_range(readers, without))
+        with pytest.raises(ShardChangedError, match="changed since the dataset index") as e:
+            read_ranges(readers.__getitem__, with_five, None, book)
+        assert e.value.shard == paths[5]
+    finally:
+        book.clear()
+        _close(readers)
+
+
+def test_nothing_from_the_book_where_a_guard_holds_no_lease(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = _demo(root, "tar")
+    readers = _open(paths, str(root / "c"))
+    monkeypatch.setattr(lease, "take", lambda fd, url: lease.Taken.NONE)
+    unleased = _open(paths[:1], str(root / "c"))
+    book = AddressBook(len(readers))
+    try:
+        _epoch(readers, book, 0)
+        assert len(book) == SHARDS
+        assert all(book.gather(ranges) is None for ranges in _shuffled(readers, 1))
+    finally:
+        book.clear()
+        _close(readers + unleased)
+
+
+def test_rows_and_shards_out_of_bounds_are_left_to_the_usual_read(root: Path) -> None:
+    readers = _open(_demo(root, "arrow-file"), str(root / "c"))
+    book = AddressBook(len(readers))
+    try:
+        _epoch(readers, book, 0)
+        ranges = _shuffled(readers, 1)[0]
+        assert book.gather(ranges) is not None
+        for shard, row in ((0, len(readers[0])), (SHARDS, 0), (-1, 0), (0, -1)):
+            bad = ranges.copy()
+            bad[3] = [shard, row, row + 1]
+            assert book.gather(bad) is None
+        longer = ranges.copy()
+        longer[3, 2] += 1  # a range of two rows: still served, rows in bounds
+        if longer[3, 2] <= len(readers[longer[3, 0]]):
+            _assert_batches_equal(book.gather(longer), _by_range(readers, longer))
+    finally:
+        book.clear()
+        _close(readers)
+
+
+def test_one_layout_and_a_bounded_table(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The book keeps the first layout it is shown and no shard of another; a table over
+    :data:`MAX_CELLS` keeps nothing."""
+    tars = _open(_demo(root, "tar"), str(root / "c"))
+    arrows = _open(_demo(root, "arrow-file"), str(root / "c"))
+    try:
+        for first, second in ((tars, arrows), (arrows, tars)):
+            book = AddressBook(SHARDS)
+            shards = list(range(SHARDS))
+            book.note(shards, [r._row_source() for r in first])
+            assert len(book) == SHARDS or first is arrows  # Arrow: once a gather took them
+            read_across(first.__getitem__, _shuffled(first)[0], None, book)
+            held = len(book)
+            assert held > 0
+            book.clear()
+            book.note(shards[:1], [first[0]._row_source()])
+            book.note(shards[1:], [r._row_source() for r in second[1:]])
+            assert len(book) == 1
+            book.clear()
+        monkeypatch.setattr("dataflow.readers.book.MAX_CELLS", SHARDS)
+        book = AddressBook(SHARDS)
+        book.note([0], [tars[0]._row_source()])
+        assert len(book) == 0 and book.gather(_shuffled(tars)[0]) is None
+    finally:
+        _close(tars + arrows)
+
+
+@pytest.mark.parametrize(("chunk", "lists", "kept"), [(12, False, True), (5, False, False),
+                                                      (12, True, False)],
+                         ids=["one-record-batch", "several", "a-list-column"])
+def test_only_arrow_shards_of_one_record_batch_gathered_by_address(
+        root: Path, chunk: int, lists: bool, kept: bool) -> None:
+    paths = [_typed_arrow(str(root / f"t{s}.arrow"), s, chunk=chunk, lists=lists)
+             for s in range(6)]
+    readers = _open(paths, str(root / "c"))
+    book = AddressBook(len(readers))
+    try:
+        ranges = np.array([[s, r, r + 1] for r in (3, 0, 11) for s in (4, 1, 5, 0)],
+                          dtype=np.int64)
+        assert read_across(readers.__getitem__, ranges, None, book) is not None
+        assert len(book) == (4 if kept else 0)  # shards 2 and 3 not read
+        got = read_ranges(readers.__getitem__, ranges, None, book)
+        _assert_batches_equal(got, _by_range(readers, ranges))
+        assert (book.gather(ranges) is not None) == kept
+    finally:
+        book.clear()
+        _close(readers)
+
+
+def test_a_reader_cache_keeps_a_book_only_while_no_reader_is_closed(root: Path) -> None:
+    paths = _demo(root, "tar")
+    every = WorkerSpec("ipc://@x", 8, tuple(paths), str(root / "c"), None, "raise", 1, 20,
+                       1 << 30, str(root) + "/", 16, max_open_shards=SHARDS)
+    some = WorkerSpec("ipc://@x", 8, tuple(paths), str(root / "c"), None, "raise", 1, 20,
+                      1 << 30, str(root) + "/", 16, max_open_shards=SHARDS - 1)
+    assert ReaderCache(some).book is None
+    cache = ReaderCache(every)
+    book = cache.book
+    assert book is not None
+    readers = _open(paths, str(root / "c"))
+    try:
+        for ranges in _shuffled(readers):
+            _assert_batches_equal(read_ranges(cache.get, ranges, cache.get_many, book),
+                                  _by_range(readers, ranges))
+        assert len(book) == SHARDS
+    finally:
+        cache.close()
+        _close(readers)
+    assert len(book) == 0
