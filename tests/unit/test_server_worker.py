@@ -42,6 +42,7 @@ class LossyReader(ShardReader):
 class FakeCache(ReaderCache):
     def __init__(self, readers: dict[int, ShardReader]) -> None:
         self.readers = readers
+        self.book = None
 
     def get(self, shard: int) -> ShardReader:
         return self.readers[shard]
