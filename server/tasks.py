@@ -140,18 +140,26 @@ class ReaderCache:
         self.book = None if self._lru else AddressBook(len(spec.shards))
 
     def get(self, shard: int) -> ShardReader:
+        """The open reader of ``shard`` (opened now if it is not).
+
+        Raises:
+            InternalError: ``shard`` is not a shard number of the dataset (the frontend
+                admits no such request).
+        """
         reader = self._open.get(shard)
         if reader is not None:
             if self._lru:
                 self._open.move_to_end(shard)
             return reader
         spec = self._spec
+        if not 0 <= shard < len(spec.shards):
+            raise InternalError(f"no shard {shard} in a dataset of {len(spec.shards)}")
         reader = open_shard(spec.shards[shard], cache_dir=spec.cache_dir,
                             on_error=spec.on_error, options=spec.read, tar=spec.tar,
                             remote=spec.remote,
                             indexed=spec.indexed[shard] if spec.indexed else None)
         self._open[shard] = reader
-        while len(self._open) > self._capacity:
+        while len(self._open) > self._capacity:  # never with a book: shards fit, numbers checked
             self._open.popitem(last=False)[1].close()
         return reader
 

@@ -247,10 +247,13 @@ def _gathered(gather: Callable[[], Batch | None], total: int,
     the shard-by-shard path raises or counts it).
 
     Raises:
-        InternalError: it raised anything else, naming the shards (``names``).
+        InternalError: it raised one (a bug), or anything else, naming the shards
+            (``names``).
     """
     try:
         return gather()
+    except InternalError:
+        raise
     except DataflowError:
         return None
     except Exception as e:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dataflow.batch import Batch
+from dataflow.errors import InternalError
 from dataflow.readers import lease
 from dataflow.readers.gather import range_rows
 from dataflow.readers.guard import every_guard_leased
@@ -72,9 +73,9 @@ class AddressBook:
     def gather(self, ranges: np.ndarray) -> Batch | None:
         """The batch of ``ranges`` (int64 ``(n, 3)``: shard, start, stop; in request order)
         gathered by the addresses the book holds, as :func:`~dataflow.readers.read_across`
-        would; ``None`` when one of its shards is not in the book, a row is out of its
-        shard's bounds, a lease broke or a guard holds none, or the format leaves the rows
-        to another path.
+        would; ``None`` when one of its shards is not in the book, a range is empty or a row
+        out of its shard's bounds, a lease broke or a guard holds none, or the format leaves
+        the rows to another path.
 
         Raises:
             DataflowError: as the format's gather (the caller leaves the request to the usual
@@ -85,6 +86,8 @@ class AddressBook:
             return None
         shards, starts, stops = ranges[:, 0], ranges[:, 1], ranges[:, 2]
         lengths = stops - starts
+        if not len(ranges) or (lengths <= 0).any():
+            return None
         if (lengths == 1).all():
             which, rows = shards, starts
         else:
@@ -100,10 +103,18 @@ class AddressBook:
 
     def note(self, shards: Sequence[int], sources: Sequence[RowSource]) -> None:
         """Keep the address rows of ``sources`` (the row sources of ``shards``, just gathered
-        from by address) that are not in the book yet and have one, of the book's layout."""
+        from) that are not in the book yet and have one, of the book's layout.
+
+        Raises:
+            InternalError: a shard number outside ``[0, shards)``.
+        """
         if self._full:
             return
-        todo = np.flatnonzero(~self._ready[np.asarray(shards, dtype=np.int64)]).tolist()
+        numbers = np.asarray(shards, dtype=np.int64)
+        if len(numbers) and (numbers.min() < 0 or numbers.max() >= self._shards):
+            raise InternalError(f"shard numbers {numbers.min()}-{numbers.max()} noted in a book "
+                                f"of {self._shards} shards")
+        todo = np.flatnonzero(~self._ready[numbers]).tolist()
         for k in todo:
             source, shard = sources[k], shards[k]
             row = source.standing()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dataflow.errors import ShardChangedError
+from dataflow.errors import InternalError, ShardChangedError
 from dataflow.readers import ShardReader, lease, read_ranges
 from dataflow.readers import guard as guards
 from dataflow.readers.across import read_across
@@ -231,3 +231,49 @@ def test_a_reader_cache_keeps_a_book_only_while_no_reader_is_closed(root: Path) 
         cache.close()
         _close(readers)
     assert len(book) == 0
+
+
+def test_a_shard_number_out_of_the_dataset_is_an_internal_error(root: Path) -> None:
+    """Never another shard's reader under that number (shard -1 would open the last one,
+    one reader more than the cache holds, and close the first under the book)."""
+    paths = _demo(root, "tar", shards=4)
+    spec = WorkerSpec("ipc://@x", 8, tuple(paths), str(root / "c"), None, "raise", 1, 20,
+                      1 << 30, str(root) + "/", 16, max_open_shards=4)
+    cache = ReaderCache(spec)
+    book = cache.book
+    assert book is not None
+    try:
+        for shard in (-1, 4):
+            with pytest.raises(InternalError, match=f"no shard {shard} in a dataset of 4"):
+                cache.get(shard)
+        with pytest.raises(InternalError, match="shard numbers -1-0 noted in a book of 4"):
+            book.note([-1, 0], [cache.get(0)._row_source()] * 2)
+        assert len(book) == 0
+        ranges = np.array([[0, 0, 1], [1, 0, 1]], dtype=np.int64)
+        read_ranges(cache.get, ranges, cache.get_many, book)
+        assert len(book) == 2
+        for bad in ([[0, 0, 0], [1, 0, 1]], [[0, 1, 1], [1, 0, 1]]):
+            assert book.gather(np.array(bad, dtype=np.int64)) is None
+        assert book.gather(np.zeros((0, 3), dtype=np.int64)) is None
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("noted", [False, True], ids=["usual", "book"])
+def test_a_bug_in_a_gather_raises_and_is_not_left_to_the_usual_read(
+        root: Path, noted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    readers = _open(_demo(root, "tar"), str(root / "c"))
+    book = AddressBook(len(readers))
+    try:
+        if noted:
+            _epoch(readers, book, 0)
+
+        def bug(*args: object) -> None:
+            raise InternalError("a bug")
+
+        monkeypatch.setattr(TarRows, "gather_table", bug)
+        with pytest.raises(InternalError, match="a bug"):
+            read_across(readers.__getitem__, _shuffled(readers, 1)[0], None, book)
+    finally:
+        book.clear()
+        _close(readers)
