@@ -12,7 +12,8 @@ as columnar batches; :func:`read_ranges` reads the ranges of one request across 
   and checked), :mod:`~dataflow.readers.gather` (rows out of chunks),
   :mod:`~dataflow.readers.lost` (a shard that serves nothing),
   :mod:`~dataflow.readers.multi` (many ranges at once),
-  :mod:`~dataflow.readers.across` (a few rows of each of many shards, in one pass).
+  :mod:`~dataflow.readers.across` (a few rows of each of many shards, in one pass),
+  :mod:`~dataflow.readers.book` (the addresses of the shards a process keeps open, for it).
 """
 
 from __future__ import annotations
