@@ -106,17 +106,20 @@ class RowSource:
         :func:`read_across` checks every guard again after the gather."""
         raise NotImplementedError
 
-    def standing(self) -> bytes | None:
-        """This source's addresses as :meth:`gather_table` takes them (native int64s, packed),
-        valid while the source is kept, where that gather can take any of its rows; else
-        ``None`` (:mod:`dataflow.readers.book`)."""
+    def standing(self) -> tuple[Sequence[int], list[bytes | None]] | None:
+        """Where :meth:`gather_table` can take any of this source's rows, valid while the
+        source is kept: its chunks' first rows and its length (``chunks + 1`` ascending
+        values from 0), and each chunk's addresses as that gather takes them (native
+        int64s, packed), ``None`` for a chunk not known yet; ``None`` where that gather
+        never takes this source's rows (:mod:`dataflow.readers.book`)."""
         raise NotImplementedError
 
     def gather_table(self, table: np.ndarray, which: np.ndarray, rows: np.ndarray) -> Batch | None:
-        """Rows ``rows[k]`` of the source whose :meth:`standing` addresses are
-        ``table[which[k]]``, for every ``k``, in order, by address, as :meth:`gather` does
-        them; ``None`` when one cannot be served so. Every source named is of this class and
-        layout, and every row in bounds; no check of a guard is owed (:meth:`Checks.free`)."""
+        """Rows ``rows[k]`` of the chunk whose :meth:`standing` addresses are
+        ``table[which[k]]`` (rows counted from the chunk's first), for every ``k``, in order,
+        by address, as :meth:`gather` does them; ``None`` when one cannot be served so. Every
+        chunk named is of a source of this class and layout, and every row in bounds; no
+        check of a guard is owed (:meth:`Checks.free`)."""
         raise NotImplementedError
 
 

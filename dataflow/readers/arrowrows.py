@@ -59,6 +59,7 @@ class ArrowRows(RowSource):
             then for each ragged column of bytes or text its values' address and size and
             its (int64) offsets' address; ``None`` where a column is a ragged list (gathered
             row by row).
+        lists: whether a column is a ragged list (the gather is then row by row).
     """
 
     def __init__(self, reader: ArrowBatches) -> None:
@@ -72,6 +73,7 @@ class ArrowRows(RowSource):
         self.chunks: list[_Chunk | None] = [None] * (len(self.bounds) - 1)
         self.ats: list[bytes | None] = [None] * (len(self.bounds) - 1)
         self.single = len(self.bounds) == 2
+        self.lists = any(spec.ragged == "list" for spec in self.schema)
 
     def chunk(self, i: int) -> _Chunk | None:
         """Record batch ``i``'s columns; ``None`` when it is damaged, or a column is not as the
@@ -132,7 +134,7 @@ class ArrowRows(RowSource):
         and no column is a ragged list; else one pass over the rows, each row's columns taken
         together, shards checked a few rows ahead (see :meth:`RowSource.gather
         <dataflow.readers.across.RowSource.gather>`)."""
-        if not any(spec.ragged == "list" for spec in self.schema) and checks.free():
+        if not self.lists and checks.free():
             return self._gather_at(cast(list[ArrowRows], sources), which, rows)
         return self._gather_rows(sources, which.tolist(), rows.tolist(), checks)
 
@@ -159,10 +161,12 @@ class ArrowRows(RowSource):
         table = np.frombuffer(b"".join(cast(list[bytes], ats)), dtype=np.int64)
         return self.gather_table(table.reshape(len(ats), -1), chunk_of, local)
 
-    def standing(self) -> bytes | None:
-        """The addresses of the shard's one record batch, once a gather took it (:attr:`ats`);
-        ``None`` for a shard of several."""
-        return self.ats[0] if self.single else None
+    def standing(self) -> tuple[Sequence[int], list[bytes | None]] | None:
+        """The record batches (:attr:`bounds`) and the addresses of those a gather took
+        (:attr:`ats`); ``None`` where a column is a ragged list (gathered row by row)."""
+        if self.lists:
+            return None
+        return self.bounds, self.ats
 
     def gather_table(self, table: np.ndarray, which: np.ndarray, rows: np.ndarray) -> Batch | None:
         """Each column in one numpy pass, ``table`` holding the addresses of record batches

@@ -163,8 +163,8 @@ def test_rows_and_shards_out_of_bounds_are_left_to_the_usual_read(root: Path) ->
 
 
 def test_one_layout_and_a_bounded_table(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The book keeps the first layout it is shown and no shard of another; a table over
-    :data:`MAX_CELLS` keeps nothing."""
+    """The book keeps the first layout it is shown and no shard of another, and no more
+    addresses than :data:`MAX_CELLS`."""
     tars = _open(_demo(root, "tar"), str(root / "c"))
     arrows = _open(_demo(root, "arrow-file"), str(root / "c"))
     try:
@@ -181,31 +181,45 @@ def test_one_layout_and_a_bounded_table(root: Path, monkeypatch: pytest.MonkeyPa
             book.note(shards[1:], [r._row_source() for r in second[1:]])
             assert len(book) == 1
             book.clear()
-        monkeypatch.setattr("dataflow.readers.book.MAX_CELLS", SHARDS)
+        monkeypatch.setattr("dataflow.readers.book.MAX_CELLS", 3 * 8)  # 3 tars' addresses
         book = AddressBook(SHARDS)
-        book.note([0], [tars[0]._row_source()])
-        assert len(book) == 0 and book.gather(_shuffled(tars)[0]) is None
+        book.note(list(range(5)), [r._row_source() for r in tars[:5]])
+        assert len(book) == 3
+        inside = np.array([[2, 0, 1], [0, 3, 4], [1, 1, 3]], dtype=np.int64)
+        _assert_batches_equal(book.gather(inside), _by_range(tars, inside))
+        assert book.gather(np.array([[2, 0, 1], [3, 0, 1]], dtype=np.int64)) is None
     finally:
         _close(tars + arrows)
 
 
-@pytest.mark.parametrize(("chunk", "lists", "kept"), [(12, False, True), (5, False, False),
-                                                      (12, True, False)],
-                         ids=["one-record-batch", "several", "a-list-column"])
-def test_only_arrow_shards_of_one_record_batch_gathered_by_address(
+@pytest.mark.parametrize(("chunk", "lists", "kept"), [(12, False, True), (5, False, True),
+                                                      (1, False, True), (12, True, False)],
+                         ids=["one-record-batch", "several", "a-row-each", "a-list-column"])
+def test_arrow_shards_of_any_record_batches_without_list_columns(
         root: Path, chunk: int, lists: bool, kept: bool) -> None:
+    """A shard is in the book once every record batch of it was gathered; each row is taken
+    from its own record batch, byte for byte as the usual read."""
     paths = [_typed_arrow(str(root / f"t{s}.arrow"), s, chunk=chunk, lists=lists)
              for s in range(6)]
     readers = _open(paths, str(root / "c"))
     book = AddressBook(len(readers))
     try:
-        ranges = np.array([[s, r, r + 1] for r in (3, 0, 11) for s in (4, 1, 5, 0)],
-                          dtype=np.int64)
-        assert read_across(readers.__getitem__, ranges, None, book) is not None
-        assert len(book) == (4 if kept else 0)  # shards 2 and 3 not read
-        got = read_ranges(readers.__getitem__, ranges, None, book)
-        _assert_batches_equal(got, _by_range(readers, ranges))
-        assert (book.gather(ranges) is not None) == kept
+        some = np.array([[s, r, r + 1] for r in (3, 0) for s in (4, 1, 5, 0)], dtype=np.int64)
+        assert read_across(readers.__getitem__, some, None, book) is not None
+        assert len(book) == (4 if kept and chunk == 12 else 0)  # and shards 2 and 3 unread
+        every = np.array([[s, r, r + 1] for r in range(12) for s in (4, 1, 5, 0)],
+                         dtype=np.int64)
+        _assert_batches_equal(read_ranges(readers.__getitem__, every, None, book),
+                              _by_range(readers, every))
+        assert len(book) == (4 if kept else 0)
+        rng = np.random.default_rng(chunk)
+        for _ in range(5):
+            ranges = every[rng.permutation(len(every))[:17]]
+            ranges[:, 2] = np.minimum(ranges[:, 1] + rng.integers(1, 4, len(ranges)), 12)
+            got = book.gather(ranges)
+            assert (got is not None) == kept
+            if got is not None:
+                _assert_batches_equal(got, _by_range(readers, ranges))
     finally:
         book.clear()
         _close(readers)

@@ -90,9 +90,9 @@ class TarRows(RowSource):
                 return self.gather_table(table, which, rows)
         return self._gather_rows(sources, which.tolist(), rows.tolist(), checks)
 
-    def standing(self) -> bytes | None:
-        """:attr:`at`."""
-        return self.at
+    def standing(self) -> tuple[Sequence[int], list[bytes | None]] | None:
+        """The whole tar as one chunk, at :attr:`at`."""
+        return None if self.at is None else ((0, self.length), [self.at])
 
     def gather_table(self, table: np.ndarray, which: np.ndarray, rows: np.ndarray) -> Batch | None:
         """The gather by address, one numpy pass a field: ``table`` holds the sources'
