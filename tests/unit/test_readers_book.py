@@ -17,7 +17,7 @@ import pytest
 from dataflow.errors import InternalError, ShardChangedError
 from dataflow.readers import ShardReader, lease, read_ranges
 from dataflow.readers import guard as guards
-from dataflow.readers.across import read_across
+from dataflow.readers.across import MAX_ROWS_PER_RUN, read_across
 from dataflow.readers.arrowrows import ArrowRows
 from dataflow.readers.book import AddressBook
 from dataflow.readers.guard import settle
@@ -25,6 +25,7 @@ from dataflow.readers.tar.rows import TarRows
 from dataflow.server.tasks import ReaderCache, WorkerSpec
 from tests.unit.test_readers_across import (
     GATHERED,
+    PER_SHARD,
     SHARDS,
     _by_range,
     _close,
@@ -288,6 +289,34 @@ def test_a_bug_in_a_gather_raises_and_is_not_left_to_the_usual_read(
         monkeypatch.setattr(TarRows, "gather_table", bug)
         with pytest.raises(InternalError, match="a bug"):
             read_across(readers.__getitem__, _shuffled(readers, 1)[0], None, book)
+    finally:
+        book.clear()
+        _close(readers)
+
+
+@pytest.mark.parametrize("kind", ["tar", "arrow-file"])
+def test_short_ranges_of_few_shards_come_from_the_book_long_ones_are_read_by_shard(
+        root: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two shards, one-row ranges (a sample shuffle over few shards: many rows a run) are
+    noted and then served by the book; ranges of many rows are left to the shard-by-shard
+    read (slices), book or not."""
+    readers = _open(_demo(root, kind, shards=2, uneven=False), str(root / "c"))
+    book = AddressBook(len(readers))
+    try:
+        rows = np.arange(PER_SHARD)[::-1]  # more than MAX_ROWS_PER_RUN a shard
+        one_row = np.array([[s, r, r + 1] for s in (0, 1) for r in rows], dtype=np.int64)
+        assert read_across(readers.__getitem__, one_row) is None  # no book: many rows a run
+        _assert_batches_equal(read_ranges(readers.__getitem__, one_row, None, book),
+                              _by_range(readers, one_row))
+        assert len(book) == 2
+        long = np.array([[0, 0, MAX_ROWS_PER_RUN + 1], [1, 0, MAX_ROWS_PER_RUN + 1]],
+                        dtype=np.int64)
+        assert read_across(readers.__getitem__, long, None, book) is None
+        _not_gathered(monkeypatch)
+        _assert_batches_equal(read_ranges(readers.__getitem__, one_row, None, book),
+                              _by_range(readers, one_row))
+        _assert_batches_equal(read_ranges(readers.__getitem__, long, None, book),
+                              _by_range(readers, long))
     finally:
         book.clear()
         _close(readers)
