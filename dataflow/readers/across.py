@@ -89,11 +89,13 @@ class RowSource:
         length: the shard's samples.
         guard: the shard's open file, checked before and after a gather; None when nothing
             can change under the reader (a copy it made, bytes in memory).
+        known: chunks whose addresses :meth:`standing` gives; it grows as gathers take them.
     """
 
     layout: str
     length: int
     guard: FileGuard | None
+    known: int = 0
 
     def gather(self, sources: Sequence[RowSource], which: np.ndarray, rows: np.ndarray,
                checks: Checks) -> Batch | None:

@@ -73,6 +73,7 @@ class ArrowRows(RowSource):
         self.chunks: list[_Chunk | None] = [None] * (len(self.bounds) - 1)
         self.ats: list[bytes | None] = [None] * (len(self.bounds) - 1)
         self.single = len(self.bounds) == 2
+        self.known = 0
         self.lists = any(spec.ragged == "list" for spec in self.schema)
 
     def chunk(self, i: int) -> _Chunk | None:
@@ -126,6 +127,7 @@ class ArrowRows(RowSource):
         got = self.chunks[i] = _Chunk(tuple(scalars), tuple(fixed), tuple(raw), tuple(ragged))
         if whole and not ragged:  # the addresses stay valid while the chunk's views hold them
             self.ats[i] = np.array([*at_scalar, *at_fixed, *at_raw], dtype=np.int64).tobytes()
+            self.known += 1
         return got
 
     def gather(self, sources: Sequence[RowSource], which: np.ndarray, rows: np.ndarray,

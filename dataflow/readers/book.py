@@ -73,6 +73,8 @@ class AddressBook:
         self._first = np.full(shards, -1, dtype=np.int64)  # a shard's first chunk row
         self._lengths = np.zeros(shards, dtype=np.int64)
         self._whole = np.zeros(shards, dtype=bool)  # every chunk of the shard noted
+        self._out = np.zeros(shards, dtype=bool)  # never in the book (layout, size, room)
+        self._seen = np.zeros(shards, dtype=np.int64)  # its source's `known` when last noted
         self._single = True  # every shard noted has one chunk: its row is its first
         self._chunks = 0  # chunk rows in use
         self._table = np.zeros((0, 0), dtype=np.int64)  # a chunk's addresses a row
@@ -99,6 +101,7 @@ class AddressBook:
         kind = self._kind
         if kind is None or lease.pending() or not every_guard_leased():
             return None
+        ranges = np.asarray(ranges, dtype=np.int64)
         shards, starts, stops = ranges[:, 0], ranges[:, 1], ranges[:, 2]
         lengths = stops - starts
         if not len(ranges) or (lengths <= 0).any():
@@ -145,20 +148,27 @@ class AddressBook:
         if len(numbers) and (numbers.min() < 0 or numbers.max() >= self._shards):
             raise InternalError(f"shard numbers {numbers.min()}-{numbers.max()} noted in a book "
                                 f"of {self._shards} shards")
-        for k in np.flatnonzero(~self._whole[numbers]).tolist():
+        for k in np.flatnonzero(~(self._whole | self._out)[numbers]).tolist():
             source, shard = sources[k], shards[k]
+            if source.known == self._seen[shard]:  # no record batch taken since
+                continue
             standing = source.standing()
             if standing is None:
+                self._out[shard] = True
                 continue
             bounds, rows = standing
             first = int(self._first[shard])
             if first < 0:
-                known = next((row for row in rows if row is not None), b"")
+                known = next((row for row in rows if row is not None), None)
+                if known is None:
+                    continue
                 first = self._enter(shard, source, bounds, len(known))
                 if first < 0:
+                    self._out[shard] = True
                     continue
             elif self._sources[shard] is not source:
                 raise InternalError(f"shard {shard} noted with another row source")
+            self._seen[shard] = source.known
             ready = self._ready
             for i in np.flatnonzero(~ready[first : first + len(rows)]).tolist():
                 row = rows[i]
@@ -168,13 +178,12 @@ class AddressBook:
             self._whole[shard] = bool(ready[first : first + len(rows)].all())
 
     def _enter(self, shard: int, source: RowSource, bounds: Sequence[int], size: int) -> int:
-        """Give ``shard`` (``source``, record batches starting at ``bounds``) chunk rows;
-        their first, or -1 where it is not entered: another layout, too many rows or
-        addresses, no record batch's addresses known yet (``size`` 0)."""
+        """Give ``shard`` (``source``, record batches starting at ``bounds``, addresses of
+        ``size`` bytes a record batch) chunk rows, those of empty record batches ready (no row
+        is found in one); their first, or -1 where it is never entered: another layout, too
+        many rows or addresses."""
         kind = self._kind
         if kind is None:
-            if not size:
-                return -1
             kind = self._kind = source
             self._table = np.zeros((0, size // 8), dtype=np.int64)
         elif source.layout != kind.layout:
@@ -194,9 +203,10 @@ class AddressBook:
             self._owner = np.resize(self._owner, grown)
             self._ready = np.concatenate([self._ready, np.zeros(grown - len(self._ready),
                                                                 dtype=bool)])
-        self._starts[first:end] = bounds[:-1]
+        starts = np.asarray(bounds, dtype=np.int64)
+        self._starts[first:end] = starts[:-1]
         self._owner[first:end] = shard
-        self._ready[first:end] = False
+        self._ready[first:end] = starts[1:] == starts[:-1]
         self._chunks = end
         self._first[shard] = first
         self._lengths[shard] = bounds[-1]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from dataflow.errors import InternalError, ShardChangedError
@@ -317,6 +318,54 @@ def test_short_ranges_of_few_shards_come_from_the_book_long_ones_are_read_by_sha
                               _by_range(readers, one_row))
         _assert_batches_equal(read_ranges(readers.__getitem__, long, None, book),
                               _by_range(readers, long))
+    finally:
+        book.clear()
+        _close(readers)
+
+
+def _with_empty_batches(path: str, shard: int) -> str:
+    """12 rows in record batches of 5, 0, 7 and 0 rows."""
+    ids = np.arange(12) + 100 * shard
+    table = pa.table({"id": ids, "txt": pa.array([f"t{i}" for i in ids])})
+    with pa.OSFile(path, "wb") as f, pa.ipc.new_file(f, table.schema) as w:
+        for lo, hi in ((0, 5), (5, 5), (5, 12), (12, 12)):
+            w.write_batch(table.slice(lo, hi - lo).to_batches(max_chunksize=12)[0]
+                          if hi > lo else pa.record_batch([pa.array([], pa.int64()),
+                                                           pa.array([], pa.string())],
+                                                          schema=table.schema))
+    return path
+
+
+def test_empty_record_batches_and_a_shard_noted_again_without_news(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty record batches (never gathered) do not keep a shard out of the book; a shard
+    whose source took no record batch since it was last noted is not looked at again."""
+    paths = [_with_empty_batches(str(root / f"e{s}.arrow"), s) for s in range(3)]
+    readers = _open(paths, str(root / "c"))
+    book = AddressBook(len(readers))
+    try:
+        assert [r._row_source().bounds for r in readers[:1]] == [[0, 5, 5, 12, 12]]
+        every = np.array([[s, r, r + 1] for r in range(12) for s in (2, 0, 1)],
+                         dtype=np.int64)
+        _assert_batches_equal(read_ranges(readers.__getitem__, every, None, book),
+                              _by_range(readers, every))
+        assert len(book) == 3
+        _assert_batches_equal(book.gather(every[::-1]), _by_range(readers, every[::-1]))
+        looked = []
+        monkeypatch.setattr(ArrowRows, "standing",
+                            lambda self: looked.append(self) or (self.bounds, self.ats))
+        fresh = _open(paths, str(root / "c"))
+        readers += fresh
+        partly = AddressBook(len(fresh))
+        first = np.array([[0, 1, 2], [1, 3, 4]], dtype=np.int64)  # record batch 0 of each
+        assert read_across(fresh.__getitem__, first, None, partly) is not None
+        assert len(looked) == 2 and len(partly) == 0
+        partly.note([0, 1], [r._row_source() for r in fresh[:2]])  # nothing new taken
+        assert len(looked) == 2
+        rest = np.array([[0, 6, 7], [1, 11, 12]], dtype=np.int64)  # record batch 2
+        _assert_batches_equal(read_ranges(fresh.__getitem__, rest, None, partly),
+                              _by_range(fresh, rest))
+        assert len(looked) == 4 and len(partly) == 2
     finally:
         book.clear()
         _close(readers)

@@ -75,6 +75,7 @@ class TarRows(RowSource):
         self.at = (np.array([buf.ctypes.data, len(buf), *(a.ctypes.data for a in arrays[1:])],
                             dtype=np.int64).tobytes()
                    if all(a.dtype == np.int64 and a.dtype.isnative for a in index) else None)
+        self.known = int(self.at is not None)
 
     def gather(self, sources: Sequence[RowSource], which: np.ndarray, rows: np.ndarray,
                checks: Checks) -> Batch | None:
