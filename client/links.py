@@ -1,6 +1,11 @@
 """The ZeroMQ connections of one DataLoader, each with ZMTP heartbeats and a socket monitor.
 
-Per server, one control DEALER and one data DEALER per reader process. Every socket sends ZMTP
+Per server, one control DEALER and one data DEALER per reader process. Each data socket is
+bound to the loader's ZeroMQ I/O thread that holds the fewest data sockets (``ZMQ_AFFINITY``):
+left to libzmq, which picks the least loaded thread as it counts load when a socket connects,
+two readers' connections opened together often shared one thread while the other idled (4 MiB
+batches on 2 cores: 0.79 core-ms a batch on one thread against ~0.4 on each of two, and the
+rate moved with where they landed: ``bench/RESULTS.md``). Every socket sends ZMTP
 heartbeats (a vanished host is noticed in ``ZMTP_TIMEOUT_MS``) and has a monitor whose
 connect / disconnect events :meth:`Links.changes` reports as ``(server, link, up)``, for the
 scheduler's liveness rules (:mod:`dataflow.client.servers`). A monitor is polled with the
@@ -59,6 +64,9 @@ class Links:
         self._monitors: dict[zmq.Socket, tuple[int, Hashable, zmq.Socket]] = {}
         self._watch = zmq.Poller()  # the monitors of connections that are up
         self._pending: set[zmq.Socket] = set()  # the others', polled with the sockets
+        self._threads: dict[zmq.Socket, int] = {}  # data socket -> its I/O thread
+        # ZMQ_AFFINITY is a 64-bit mask that pyzmq takes as a signed integer: bit 63 is out
+        self._io_threads = min(ctx.get(zmq.IO_THREADS), 63)
         self.data: dict[zmq.Socket, tuple[int, int]] = {}
 
     def open(self, server: int, link: Hashable, routing_id: bytes, endpoint: str) -> zmq.Socket:
@@ -77,6 +85,10 @@ class Links:
             sock.setsockopt(zmq.IPV6, 1)
         sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_TIMEOUT_MS)
+        if isinstance(link, int):
+            thread = self._quietest()
+            sock.setsockopt(zmq.AFFINITY, 1 << thread)
+            self._threads[sock] = thread
         secure_client(sock, self._curve)
         monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         self._monitors[monitor] = (server, link, sock)
@@ -102,7 +114,16 @@ class Links:
                 monitor.close(linger=0)
         self._poller.unregister(sock)
         self.data.pop(sock, None)
+        self._threads.pop(sock, None)
         sock.close(linger=linger)
+
+    def _quietest(self) -> int:
+        """The I/O thread (a number below the context's ``IO_THREADS``) with the fewest open
+        data sockets, the lowest on a tie."""
+        held = [0] * self._io_threads
+        for thread in self._threads.values():
+            held[thread] += 1
+        return held.index(min(held))
 
     def drop_data(self, server: int) -> None:
         """Close every data socket of ``server``."""

@@ -40,3 +40,26 @@ def test_a_monitor_leaves_the_per_batch_poll_once_up_and_returns_when_down() -> 
         server.close(linger=0)
         assert poller.sockets == []
         ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_each_data_socket_takes_the_io_thread_with_the_fewest_data_sockets() -> None:
+    """Data sockets spread over the context's I/O threads (``ZMQ_AFFINITY``), a closed one's
+    thread taken next; control sockets are left to libzmq (affinity 0)."""
+    ctx = context(3)
+    poller = zmq.Poller()
+    endpoint = "tcp://127.0.0.1:9"  # never connected: affinity is set before the connect
+    links = Links(ctx, poller, None, lambda _: endpoint)
+    socks = [links.open(server, reader, b"rid", endpoint)
+             for server in range(2) for reader in range(2)]
+    control = links.open(0, "control", b"rid", endpoint)
+    try:
+        assert [s.getsockopt(zmq.AFFINITY) for s in socks] == [1, 2, 4, 1]
+        assert control.getsockopt(zmq.AFFINITY) == 0
+        links.close(socks[1], 0)
+        assert links.open(1, 2, b"rid", endpoint).getsockopt(zmq.AFFINITY) == 2
+    finally:
+        links.close(control, 0)
+        for sock in list(links.data):
+            links.close(sock, 0)
+        ctx.term()
