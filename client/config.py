@@ -38,12 +38,14 @@ DEFAULT_IO_THREADS = 1
 MAX_IO_THREADS = 64
 
 # batches_per_request="auto": requests carry up to AUTO_GROUP batches, as many as make a reply of
-# at most GROUP_BYTES, for batches small enough that 4 fit (bench/RESULTS.md, "Page faults in
-# the receive": 4 MiB batches 4 a request moved 0.61 -> 0.76 of raw pyzmq's rate on 2 cores;
-# 8, a 32 MiB reply split over two frames that the client copies together, 0.49; for larger
-# batches the per-batch costs saved are small).
+# at most GROUP_BYTES (while any server's replies land in shared memory, SHM_GROUP_BYTES and at
+# most a slot: a reply fits one with room), for batches small enough that 4 fit
+# (bench/RESULTS.md: "Page faults in the receive", 4 MiB batches 4 a request moved 0.61 -> 0.76
+# of raw pyzmq's rate on 2 cores; "Eight 4 MiB batches a request", sent apart by the reader;
+# for larger batches the per-batch costs saved are small).
 AUTO_GROUP = 8
-GROUP_BYTES = 16 * 2**20
+GROUP_BYTES = 32 * 2**20
+SHM_GROUP_BYTES = 16 * 2**20
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -224,13 +226,15 @@ class LoaderConfig:
                         -(-self.shared_memory_slot_bytes // 64) * 64)
 
     @property
-    def request_group(self) -> tuple[int, int | None]:
-        """The most batches a request carries, and the reply's bytes they are sized to from
-        the first batch received (None: that many always); see ``batches_per_request``."""
+    def request_group(self) -> tuple[int, int | None, int | None]:
+        """The most batches a request carries, the reply's bytes they are sized to from the
+        first batch received (None: that many always), and those of a reply that lands in
+        shared memory (None: the same); see ``batches_per_request``."""
         if self.batches_per_request != "auto":
-            return int(self.batches_per_request), None
+            return int(self.batches_per_request), None, None
         geometry = self.shm_geometry
-        return AUTO_GROUP, min(GROUP_BYTES, geometry.slot_bytes if geometry else GROUP_BYTES)
+        return (AUTO_GROUP, GROUP_BYTES,
+                min(SHM_GROUP_BYTES, geometry.slot_bytes) if geometry else None)
 
     @property
     def request_limit(self) -> float:

@@ -79,8 +79,9 @@ class IOThread(threading.Thread):
             thread ends, or by :meth:`stop` when it never ran).
         shm: slots of the shared-memory segment offered to each server
             (:mod:`dataflow.client.shmring`), or None: TCP frames only.
-        group: the most batches a request carries, and the reply's bytes they are sized to
-            (None: always that many): the scheduler's ``group`` and ``group_bytes``.
+        group: the most batches a request carries, the reply's bytes they are sized to (None:
+            always that many), and those of a reply landing in shared memory (None: the same):
+            the scheduler's ``group``, ``group_bytes`` and ``shared_bytes``.
     """
 
     def __init__(self, endpoints: Sequence[str], hello: wire.Hello, timeout: float,
@@ -88,7 +89,7 @@ class IOThread(threading.Thread):
                  find: Lookup | None = None, resolve_interval: float = 10.0,
                  request_timeout: float = math.inf, io_threads: int = 1,
                  shm: Geometry | None = None,
-                 group: tuple[int, int | None] = (1, None)) -> None:
+                 group: tuple[int, int | None, int | None] = (1, None, None)) -> None:
         super().__init__(name="dataflow-client-io", daemon=True)
         self._timeout = timeout
         self._request_timeout = request_timeout
@@ -100,7 +101,7 @@ class IOThread(threading.Thread):
         self._scheduler = Scheduler(endpoints, timeout=timeout, heartbeat_s=HEARTBEAT_S,
                                     silent_s=SILENT_S, grace=grace, now=time.monotonic(),
                                     request_timeout=request_timeout, group=group[0],
-                                    group_bytes=group[1])
+                                    group_bytes=group[1], shared_bytes=group[2])
         self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
         self._watch_at = 0.0  # when the monitors are read next (Links.changes)

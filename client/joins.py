@@ -182,10 +182,10 @@ class Joins:
     def _joined(self, server: int, join: Join, now: float) -> wire.Index:
         index, endpoint = join.index, self._endpoint(server)
         assert index is not None
+        shared = self._shm.joined(server, index, endpoint)
         first = self._scheduler.grant(server, index.credits, now, readers=len(index.data),
-                                      group=index.group, ahead=index.ahead)
+                                      group=index.group, ahead=index.ahead, shared=shared)
         self._joins.pop(server)
-        self._shm.joined(server, index, endpoint)
         self._sessions[server] = index.session
         self._transforms[server] = index.transform
         self._said.pop(server, None)

@@ -222,8 +222,9 @@ class DataLoader:
         io_threads: ZeroMQ I/O threads of this loader's own ZeroMQ context (closed with the
             loader): they copy the servers' bytes out of the kernel, one TCP connection (a
             server's reader process) per thread at a time, so more than one helps only with
-            several reader connections and idle cores. Default 1 (see docs/using.md, "Receive
-            path, requests and same-host shared memory").
+            several reader connections and idle cores; each reader connection is bound to the
+            thread with the fewest. Default 1 (see docs/using.md, "Receive path, requests and
+            same-host shared memory").
 
         shared_memory: ``"auto"`` (the default): with each server that proves it runs on this
             host as this user (it opens a segment this loader made in ``/dev/shm``, mode
@@ -238,9 +239,10 @@ class DataLoader:
         batches_per_request: how many consecutive batches of a pass one request to a server
             carries (one credit, one reply, each batch handed over on its own: the order,
             exactly-once and resume are the same). ``"auto"`` (the default): one at first,
-            then as many as make a reply of at most 16 MiB (at most 8, and at most a shared
-            memory slot), sized from the first batch received, for batches of which 4 or
-            more fit (larger ones travel alone); an integer from 1 to 64: that many. More
+            then as many as make a reply of at most 32 MiB (at most 8; while any server's
+            replies land in shared memory, 16 MiB and at most a slot), sized from the first
+            batch received, for batches of which 4 or more fit (larger ones travel alone); an
+            integer from 1 to 64: that many. More
             per request divides the per-batch cost of requests, replies and wake-ups on both
             sides (the trainer's CPU per batch, see docs/using.md, "Receive path"); the
             loader then holds up to ``prefetch x`` that many batches per server.

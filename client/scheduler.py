@@ -16,8 +16,9 @@ time passed in, so every rule here is unit-tested with a fake clock:
 * **Batches per request.** A request carries a run of up to ``group`` consecutive batches of
   one pass (one credit, one reply; each batch still open, accepted and handed over on its
   own): fixed, or sized once from the first batch received so that a request's reply is at
-  most ``group_bytes``, for batches of which :data:`MIN_RUN` or more fit there (larger ones
-  go alone: :meth:`Scheduler.sized`). A batch requested again goes alone, so a
+  most ``group_bytes`` (``shared_bytes`` while any server's replies land in shared memory:
+  every request then fits a slot), for batches of which :data:`MIN_RUN` or more fit there
+  (larger ones go alone: :meth:`Scheduler.sized`). A batch requested again goes alone, so a
   failed request of several batches is asked again batch by batch and an error lands on its
   own batch.
 * **Membership.** A server found by discovery is :meth:`Scheduler.add`-ed (it joins and then
@@ -120,6 +121,9 @@ class Scheduler:
         group_bytes: None: every request carries up to ``group`` batches; else one until
             :meth:`sized` says how large a batch is, then up to ``group_bytes`` of them (when
             :data:`MIN_RUN` or more fit).
+        shared_bytes: with ``group_bytes``, what sizes the requests instead while any
+            server's replies land in shared memory (:meth:`grant`'s ``shared``); None:
+            ``group_bytes``.
 
     Thread invariant: used by the I/O thread only.
     """
@@ -127,7 +131,7 @@ class Scheduler:
     def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
                  silent_s: float, grace: float, now: float = 0.0,
                  request_timeout: float = math.inf, group: int = 1,
-                 group_bytes: int | None = None) -> None:
+                 group_bytes: int | None = None, shared_bytes: int | None = None) -> None:
         self._servers = [ServerRecord(e, state=State.DOWN, since=now, down_links={CONTROL},
                                       note="not connected") for e in endpoints]
         self._started = now
@@ -143,19 +147,24 @@ class Scheduler:
         self._req_ids = 0
         self._taken = 0
         self._stalled_since: float | None = None
-        if group < 1 or (group_bytes is not None and group_bytes < 1):
-            raise InternalError(f"requests of {group} batches, {group_bytes} bytes")
+        if group < 1 or any(b is not None and b < 1 for b in (group_bytes, shared_bytes)):
+            raise InternalError(f"requests of {group} batches, {group_bytes} bytes "
+                                f"({shared_bytes} through shared memory)")
         self._most = group
         self._group_bytes = group_bytes
+        self._shared_bytes = shared_bytes
         self._group = group if group_bytes is None else 1
+        # once sized: the most batches a request carries over TCP, and while a server shares
+        self._sizes = (group, group) if group_bytes is None else None
 
     # -- joining --------------------------------------------------------------------------------
 
     def grant(self, server: int, credits: int, now: float, *, readers: int,
-              group: int = 1, ahead: int = 0) -> bool:
+              group: int = 1, ahead: int = 0, shared: bool = False) -> bool:
         """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``,
         with ``readers`` reader processes, taking requests of up to ``group`` batches, each
-        announcing up to ``ahead`` samples read next (:func:`announced`).
+        announcing up to ``ahead`` samples read next (:func:`announced`), its replies landing
+        in shared memory when ``shared`` (requests are then sized by ``shared_bytes``).
 
         Returns:
             Whether it joined for the first time (not again after it was lost).
@@ -172,10 +181,11 @@ class Scheduler:
             raise ProtocolError(f"{s.endpoint}: requests of {group} batches")
         s.credits = credits
         s.group = group
+        s.shared = shared
         s.ahead = ahead
         s.share = s.share or credits
         self._admitted = True
-        self._depth = max(self._depth, self._members_depth() * self._group)
+        self._regroup()
         s.failures, s.note, s.failure = 0, "", ""
         s.unanswered = None
         s.broken = False
@@ -230,22 +240,33 @@ class Scheduler:
     def sized(self, nbytes: int) -> bool:
         """A batch of ``nbytes`` bytes was received: the first one sizes requests (with
         ``group_bytes``: ``group_bytes // nbytes`` batches, at most ``group``, when that is
-        :data:`MIN_RUN` or more; else 1).
+        :data:`MIN_RUN` or more; else 1; to a shared server, the same of ``shared_bytes``).
 
         Returns:
             Whether :attr:`depth` grew.
         """
         if self._group_bytes is None:
             return False
-        fit = self._group_bytes // max(nbytes, 1)
-        group = min(self._most, fit) if fit >= MIN_RUN else 1
+        tcp = self._fit(self._group_bytes, nbytes)
+        shared = tcp if self._shared_bytes is None else self._fit(self._shared_bytes, nbytes)
+        self._sizes = (tcp, shared)
         self._group_bytes = None
-        if group <= self._group:
-            return False
-        self._group = group
         depth = self._depth
-        self._depth = max(depth, self._members_depth() * group)
+        self._regroup()
         return self._depth > depth
+
+    def _fit(self, limit: int, nbytes: int) -> int:
+        fit = limit // max(nbytes, 1)
+        return min(self._most, fit) if fit >= MIN_RUN else 1
+
+    def _regroup(self) -> None:
+        """Once sized, requests carry the shared memory's size while any server (not GONE)
+        shares, else TCP's; the depth follows (it never shrinks, so a run always fits)."""
+        if self._sizes is not None:
+            tcp, shared = self._sizes
+            sharing = any(s.shared and s.state is not State.GONE for s in self._servers)
+            self._group = shared if sharing else tcp
+        self._depth = max(self._depth, self._members_depth() * self._group)
 
     @property
     def depth(self) -> int:

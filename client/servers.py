@@ -60,6 +60,7 @@ class ServerRecord:
     credits: int = 0
     share: int = 0  # credits granted at the first join: this server's part of the window
     group: int = 1  # most batches one request may carry (its INDEX's)
+    shared: bool = False  # its replies land in shared memory (its last join said so)
     ahead: int = 0  # most samples one request may announce (its INDEX's)
     outstanding: dict[int, Slot] = field(default_factory=dict)  # by req_id, in the order
     # sent (the first is the oldest)

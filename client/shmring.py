@@ -208,21 +208,23 @@ class ShmRings:
             return True
         return False
 
-    def joined(self, server: int, index: wire.Index, endpoint: str) -> None:
+    def joined(self, server: int, index: wire.Index, endpoint: str) -> bool:
         """``server`` joined: its session uses the segment offered when the INDEX proves the
-        server read it, else TCP frames (the segment is unlinked)."""
+        server read it, else TCP frames (the segment is unlinked). Returns whether it uses
+        one."""
         seg = self._offered.pop(server, None)
         if seg is None:
-            return
+            return False
         if index.shm != seg.nonce.hex():
             log.info("%s: shared memory not used (%s); TCP frames", endpoint,
                      "the server did not open the segment" if not index.shm
                      else "the server read another segment's nonce")
             seg.close()
-            return
+            return False
         views = seg.geometry.slots - self._hello.credits
         self._rings[server] = Ring(seg, self._register or _unpinned, views)
         self._count("shm_sessions", 1)
+        return True
 
     def lend(self, server: int, req: wire.Request) -> wire.Request:
         """``req`` lending a free slot of ``server``'s ring, or ``req`` (none)."""

@@ -84,7 +84,7 @@ from dataflow.server.peerlog import RateLimitedLog, quote
 from dataflow.server.samplecache import Key, SampleCache, rows_of
 from dataflow.server.sender import DataSender
 from dataflow.server.shmserve import Segments
-from dataflow.server.tasks import ReaderCache, WorkerSpec, serve_task
+from dataflow.server.tasks import ReaderCache, ReplySizes, WorkerSpec, serve_task
 from dataflow.server.transform import load_transform
 from dataflow.wire import ErrorKind
 from dataflow.wire.internal import (
@@ -206,6 +206,7 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
     if wake is not None:  # a lease broke: let the writer go on at once
         poller.register(wake, zmq.POLLIN)
     segments = Segments()
+    sizes = ReplySizes()
     swept = time.monotonic()
     try:
         data.bind(data_bind)
@@ -245,7 +246,7 @@ def run_worker(spec: WorkerSpec, identity: bytes, data_bind: str, caps: DataCaps
                             "%s", task.req_id, task.attempts, task.ranges[:8].tolist())
             if len(task.ahead) and cache is not None and isinstance(cache.policy, PlanAware):
                 cache.policy.announce(task.token, rows_of(task.ahead))
-            sender.send(*serve_task(readers, transform, spec, task, segments, cache))
+            sender.send(*serve_task(readers, transform, spec, task, segments, cache, sizes))
     finally:
         segments.close()
         readers.close()

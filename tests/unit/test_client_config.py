@@ -86,12 +86,12 @@ def test_batch_size_and_columns_are_said_in_the_hello() -> None:
 
 
 def test_batches_per_request_sizes_the_requests() -> None:
-    """"auto": up to 8 batches sized to a 16 MiB reply, at most a shared-memory slot; an
-    integer: that many, always."""
-    assert _cfg().request_group == (8, 16 * 2**20)
-    assert _cfg(shared_memory_slot_bytes=2**20).request_group == (8, 2**20)
-    assert _cfg(shared_memory="off").request_group == (8, 16 * 2**20)
-    assert _cfg(batches_per_request=np.int64(3)).request_group == (3, None)
+    """"auto": up to 8 batches sized to a 32 MiB reply; to a 16 MiB one, at most a slot, where
+    replies land in shared memory; an integer: that many, always."""
+    assert _cfg().request_group == (8, 32 * 2**20, 16 * 2**20)
+    assert _cfg(shared_memory_slot_bytes=2**20).request_group == (8, 32 * 2**20, 2**20)
+    assert _cfg(shared_memory="off").request_group == (8, 32 * 2**20, None)
+    assert _cfg(batches_per_request=np.int64(3)).request_group == (3, None, None)
     assert _cfg(batches_per_request=3).hello("r").group == 3
     for bad in (0, 65, "many", 2.0, True):
         with pytest.raises(ConfigError, match="batches_per_request"):

@@ -21,10 +21,11 @@ def _batches(n: int, shard: int = 0) -> Batches:
 
 
 def _sched(credits=(2,), group: int = 3, group_bytes: int | None = None,
-           request_timeout: float = float("inf")) -> Scheduler:
+           request_timeout: float = float("inf"),
+           shared_bytes: int | None = None) -> Scheduler:
     s = Scheduler([f"tcp://s{i}:1" for i in range(len(credits))], timeout=100.0,
                   heartbeat_s=1.0, silent_s=3.0, grace=5.0, request_timeout=request_timeout,
-                  group=group, group_bytes=group_bytes)
+                  group=group, group_bytes=group_bytes, shared_bytes=shared_bytes)
     for i, c in enumerate(credits):
         s.link(i, CONTROL, up=True, now=0.0)
         s.hellos_due(0.0)
@@ -75,6 +76,34 @@ def test_requests_are_sized_once_from_the_first_batch() -> None:
     assert not fixed.sized(1) and (fixed.group, fixed.depth) == (4, 8)
     with pytest.raises(InternalError):
         _sched(group=0)
+    with pytest.raises(InternalError):
+        _sched(group=8, group_bytes=1000, shared_bytes=0)
+
+
+def test_while_a_server_shares_memory_requests_are_sized_to_its_slot() -> None:
+    """Sized from 200-byte batches: 5 a request over TCP (1,000 bytes), 1 while a server's
+    replies land in shared memory (400 bytes: fewer than 4 fit), 5 again once none does; the
+    depth never shrinks."""
+    s = _sched(credits=(1, 1), group=8, group_bytes=1000, shared_bytes=400)
+    assert s.sized(200) and (s.group, s.depth) == (5, 10)
+    s.lost(0, now=1.0)
+    s.link(0, CONTROL, up=True, now=1.0)
+    s.hellos_due(100.0)
+    s.grant(0, 1, now=100.0, readers=1, group=8, shared=True)  # joins again, sharing
+    assert (s.group, s.depth) == (1, 10)
+    s.follow(Demand(1, (PassPlan(Pass(0, 0), _batches(12), 7),)))
+    assert [len(slot.indexes) for slot in s.assignments(taken=0, now=100.0)] == [1, 1]
+    s.lost(0, now=101.0)
+    s.link(0, CONTROL, up=True, now=101.0)
+    s.hellos_due(300.0)
+    s.grant(0, 1, now=300.0, readers=1, group=8)  # joins again over TCP
+    assert (s.group, s.depth) == (5, 10)
+    shared = _sched(credits=(1,), group=8, group_bytes=1000, shared_bytes=400)
+    shared.lost(0, now=1.0)
+    shared.link(0, CONTROL, up=True, now=1.0)
+    shared.hellos_due(100.0)
+    shared.grant(0, 1, now=100.0, readers=1, group=8, shared=True)
+    assert not shared.sized(200) and (shared.group, shared.depth) == (1, 1)  # sized after
 
 
 def test_a_late_request_of_several_batches_is_asked_again_batch_by_batch() -> None:

@@ -12,7 +12,16 @@ from dataflow.batch import Batch, Ragged
 from dataflow.errors import ProtocolError, ShardReadError
 from dataflow.readers import ShardReader
 from dataflow.server.samplecache import SampleCache
-from dataflow.server.tasks import APART_PARTS, ReaderCache, SkipMeter, WorkerSpec, serve_task
+from dataflow.server.tasks import (
+    APART_BYTES,
+    APART_PARTS,
+    SIZED_SESSIONS,
+    ReaderCache,
+    ReplySizes,
+    SkipMeter,
+    WorkerSpec,
+    serve_task,
+)
 from dataflow.server.transform import Transform
 from dataflow.transform import TransformContext, batch_seed
 from dataflow.wire.internal import Sent, Task
@@ -338,13 +347,15 @@ class CountingReader(LossyReader):
         return super()._read(start, stop)
 
 
-def _run_task(reader: CountingReader, stops: list[int]) -> wire.BatchMsg:
+def _run_task(reader: CountingReader, stops: list[int],
+              sizes: ReplySizes | None = None) -> wire.BatchMsg:
     """The BATCH answering one task of consecutive batches of shard 0 ending at ``stops``."""
     starts = [0, *stops[:-1]]
     rows = np.array([[0, a, b] for a, b in zip(starts, stops, strict=True)], dtype=np.int64)
     parts = tuple(wire.Part(1, wire.BatchTag(3, 1, a)) for a in starts)
     frames, _ = serve_task(FakeCache({0: reader}), None, _spec(), Task(b"tok", 5, rows,
-                                                                        parts=parts))
+                                                                        parts=parts),
+                           sizes=sizes)
     msg = wire.decode(frames)
     assert isinstance(msg, wire.BatchMsg)
     assert [b["x"].tolist() for b in wire.message_to_batches(msg)] == [
@@ -352,13 +363,21 @@ def _run_task(reader: CountingReader, stops: list[int]) -> wire.BatchMsg:
     return msg
 
 
+def _sized(nbytes: int, samples: int, token: bytes = b"tok") -> ReplySizes:
+    """A reader's reply sizes whose last reply to ``token`` was ``samples`` samples in
+    ``nbytes`` bytes."""
+    sizes = ReplySizes()
+    sizes.note(token, nbytes, samples)
+    return sizes
+
+
 def test_the_batches_of_a_task_of_many_that_continue_one_another_are_one_read() -> None:
-    """A run of more than APART_PARTS consecutive (small) batches is read as one range (a
-    slice of a map where one record batch holds it), not range by range or gathered, and cut
-    back into its batches."""
+    """A run of more than APART_PARTS consecutive small batches is read as one range (a slice
+    of a map where one record batch holds it), not range by range or gathered, and cut back
+    into its batches."""
     reader = CountingReader(20)
     stops = [2, 4, 6, 8, 10, 11][: APART_PARTS + 1]
-    msg = _run_task(reader, stops)
+    msg = _run_task(reader, stops, _sized(8, 1))
     assert reader.reads == [(0, stops[-1])] and not msg.apart
 
 
@@ -367,5 +386,47 @@ def test_the_batches_of_a_task_of_a_few_are_each_read_and_sent_apart() -> None:
     lie) and sent apart, in frames of their own."""
     reader = CountingReader(20)
     stops = [4, 8, 10, 13][:APART_PARTS]
-    msg = _run_task(reader, stops)
+    msg = _run_task(reader, stops, _sized(8, 1))
     assert reader.reads == list(zip([0, *stops[:-1]], stops, strict=True)) and msg.apart
+
+
+@pytest.mark.parametrize("sizes", [None, _sized(8, 1, b"other"), _sized(APART_BYTES, 12)])
+def test_many_batches_of_unknown_size_or_apart_bytes_together_are_each_read_apart(
+        sizes: ReplySizes | None) -> None:
+    """More than APART_PARTS batches are read alone and sent apart when their session's last
+    reply says that their samples (12) would take APART_BYTES or more, or the reader has not
+    replied to their session yet."""
+    stops = list(range(2, 14, 2))
+    reader = CountingReader(20)
+    msg = _run_task(reader, stops, sizes)
+    assert msg.apart and reader.reads == list(zip([0, *stops[:-1]], stops, strict=True))
+
+
+def test_each_reply_notes_its_size_for_the_next_task_of_its_session() -> None:
+    sizes = ReplySizes()
+    stops = list(range(2, 14, 2))
+    assert _run_task(CountingReader(20), stops[:2], sizes).size == 4
+    assert sizes.apart(b"other", APART_PARTS + 1, 10)
+    assert not sizes.apart(b"tok", APART_PARTS + 1, 10)  # 8 bytes a sample (int64)
+    assert not _run_task(CountingReader(20), stops, sizes).apart
+
+
+def test_reply_sizes_send_apart_a_few_batches_many_bytes_or_batches_of_unknown_size() -> None:
+    sizes = _sized(APART_BYTES, 100)
+    assert sizes.apart(b"tok", 1, 10**9) and sizes.apart(b"tok", APART_PARTS, 1)
+    assert not sizes.apart(b"tok", APART_PARTS + 1, 99) and not sizes.apart(b"tok", 64, 99)
+    assert sizes.apart(b"tok", APART_PARTS + 1, 100) and sizes.apart(b"tok", 64, 10**6)
+    assert sizes.apart(b"new", APART_PARTS + 1, 1)  # no reply to it yet
+    sizes.note(b"tok", 300, 0)  # a reply with no samples says nothing
+    assert not sizes.apart(b"tok", APART_PARTS + 1, 99)
+    sizes.note(b"tok", 4 * APART_BYTES, 4)
+    assert sizes.apart(b"tok", APART_PARTS + 1, 1)
+
+
+def test_reply_sizes_keep_the_latest_sessions() -> None:
+    sizes = ReplySizes()
+    for i in range(SIZED_SESSIONS + 1):
+        sizes.note(b"s%d" % i, 8, 1)
+    assert sizes.apart(b"s0", APART_PARTS + 1, 1)  # forgotten: unknown
+    assert not sizes.apart(b"s1", APART_PARTS + 1, 1)
+    assert not sizes.apart(b"s%d" % SIZED_SESSIONS, APART_PARTS + 1, 1)
