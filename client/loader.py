@@ -222,9 +222,9 @@ class DataLoader:
         io_threads: ZeroMQ I/O threads of this loader's own ZeroMQ context (closed with the
             loader): they copy the servers' bytes out of the kernel, one TCP connection (a
             server's reader process) per thread at a time, so more than one helps only with
-            several reader connections and idle cores; each reader connection is bound to the
-            thread with the fewest. Default 1 (see docs/using.md, "Receive path, requests and
-            same-host shared memory").
+            several reader connections; each reader connection is bound to the thread with the
+            fewest. Default 1; give 2 or more for large batches (see docs/using.md, "Receive
+            path, requests and same-host shared memory").
 
         shared_memory: ``"auto"`` (the default): with each server that proves it runs on this
             host as this user (it opens a segment this loader made in ``/dev/shm``, mode
