@@ -31,9 +31,9 @@ SHARED_MEMORY = ("auto", "off")
 DEFAULT_SLOT_BYTES = 32 * 2**20
 
 # ZeroMQ I/O threads of a loader's own context: they receive the servers' bytes from the
-# kernel (one TCP connection is served by one of them). One was as fast as two on a 2-core
-# machine (bench/RESULTS.md, "Receive path"); raise it with many reader connections and
-# idle cores.
+# kernel (one TCP connection is served by one of them). Two receive large batches faster, also
+# on 2 cores, but cost small ones trainer CPU (bench/RESULTS.md, "The default io_threads stays
+# 1"); raise it for large batches.
 DEFAULT_IO_THREADS = 1
 MAX_IO_THREADS = 64
 
