@@ -33,6 +33,8 @@ class BenchConfig:
         prefetch: batches each loader may prepare ahead (dataflow ``prefetch``, torch
             ``prefetch_factor`` per worker).
         inflight: GPU mode only: steps the trainer may queue ahead of the GPU.
+        io_threads: ZeroMQ I/O threads of dataflow's DataLoader (its ``io_threads``: at most
+            64; large batches receive faster with 2 or more).
         timeout_s: seconds a loader may take for one batch before the run fails.
         out_dir: directory for the JSON, the PNG and cached peer conversions.
     """
@@ -52,6 +54,7 @@ class BenchConfig:
     seed: int = 0
     prefetch: int = 4
     inflight: int = 2
+    io_threads: int = 1
     timeout_s: float = 60.0
     out_dir: str = "bench-out"
 
@@ -66,7 +69,7 @@ class BenchConfig:
         if len(set(self.loaders)) != len(self.loaders):
             raise ConfigError(f"`loaders` must not repeat a loader. Found: {self.loaders}")
         for name in ("batch_size", "workers", "servers", "warmup", "steps", "repeats",
-                     "prefetch", "inflight"):
+                     "prefetch", "inflight", "io_threads"):
             object.__setattr__(self, name, check_int(name, getattr(self, name), 1))
         if not self.timeout_s > 0:
             raise ConfigError(f"`timeout_s` must be greater than 0. Found: {self.timeout_s}")

@@ -120,11 +120,12 @@ class DataflowRun:
                 endpoints, batch_size=cfg.batch_size, rank=0, world_size=1,
                 shuffle=cfg.shuffle, seed=cfg.seed, pin_memory=pin_memory,
                 prefetch=server_prefetch(cfg, len(endpoints)),
-                timeout=cfg.timeout_s,
+                timeout=cfg.timeout_s, io_threads=cfg.io_threads,
             )
             readers = self._all_joined(self._loader, endpoints, cfg.timeout_s)
             self.budget = sum(readers)
-            self.description = dataflow_budget(readers, local=not cfg.endpoints)
+            self.description = dataflow_budget(readers, local=not cfg.endpoints) + (
+                f", io_threads={cfg.io_threads}" if cfg.io_threads != 1 else "")
         except BaseException:
             self.close()
             raise

@@ -37,6 +37,7 @@ def test_defaults_are_valid():
         ({"step_ms": -1.0}, "`step_ms` must be 0 or more"),
         ({"workers": 3, "servers": 2}, "multiple of `servers`"),
         ({"out_dir": ""}, "`out_dir`"),
+        ({"io_threads": 0}, "`io_threads` must be an integer >= 1. Found: 0"),
     ],
 )
 def test_invalid_configs_are_named(kwargs, message):
@@ -123,10 +124,11 @@ def test_a_second_run_never_overwrites_the_first(tmp_path):
 def test_cli_parses_into_config(tmp_path):
     args = build_parser().parse_args(
         ["run", str(tmp_path), "--loaders", "torch,dataflow", "--step", "cpu", "--step-ms", "3",
-         "--quick", "--out", str(tmp_path / "o")])
+         "--quick", "--io-threads", "3", "--out", str(tmp_path / "o")])
     cfg = config_from_args(args)
     assert cfg.loaders == ("torch", "dataflow")
     assert (cfg.step, cfg.step_ms, cfg.repeats, cfg.steps) == ("cpu", 3.0, 1, 100)
+    assert cfg.io_threads == 3
 
 
 def test_image_shape_makes_its_own_demo_dataset(tmp_path):
