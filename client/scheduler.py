@@ -261,7 +261,10 @@ class Scheduler:
 
     def _regroup(self) -> None:
         """Once sized, requests carry the shared memory's size while any server (not GONE)
-        shares, else TCP's; the depth follows (it never shrinks, so a run always fits)."""
+        shares, else TCP's; the depth follows (it never shrinks, so a run always fits). Looked
+        at when a server joins and when requests are sized: a sharing server lost or retired
+        keeps the requests at its size until then (smaller requests, never a larger depth
+        than the I/O thread was told)."""
         if self._sizes is not None:
             tcp, shared = self._sizes
             sharing = any(s.shared and s.state is not State.GONE for s in self._servers)
