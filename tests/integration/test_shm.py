@@ -238,3 +238,29 @@ def test_malformed_or_unproved_shared_memory_requests_never_hurt_the_server(
         seg.close()
     assert server.proc.poll() is None
     assert raw_client(server.endpoint).stats()["shm_sessions"] == 1
+
+
+@pytest.mark.timeout(90)
+def test_requests_are_sized_to_a_slot_while_replies_land_in_shared_memory(demo_data, servers,
+                                                                          raw_client) -> None:
+    """Slots of 3.5 batches: fewer than 4 fit, so each batch goes alone through shared
+    memory; over TCP 8 go a request (up to 32 MiB)."""
+    demo = demo_data("arrow")
+    server = servers([str(p) for p in demo.paths], workers=1)
+    probe = raw_client(server.endpoint)
+    probe.stats()
+    with _loader([server.endpoint], shared_memory="off") as dl:
+        first = next(iter(dl))
+    slot = int(3.5 * sum(t.numel() * t.element_size() for t in first.values()))
+    seen = {}
+    for mode in ("auto", "off"):
+        before = probe.stats()["requests"]
+        with _loader([server.endpoint], shared_memory=mode, shared_memory_slot_bytes=slot,
+                     read_ahead=False) as dl:
+            batches = _epoch(dl)
+            assert sorted(_ids(batches)) == list(range(dl.index.total))
+            assert (dl.stats()["shm_batches"] == len(batches)) == (mode == "auto")
+        seen[mode] = (probe.stats()["requests"] - before, len(batches))
+    (shm_requests, n), (tcp_requests, m) = seen["auto"], seen["off"]
+    assert n == m >= 32
+    assert shm_requests == n and tcp_requests <= 1 + (n - 1 + 7) // 8 + 2, seen
