@@ -12,7 +12,8 @@ EQUIVALENTS: dict[str, str] = {
     "dataset": "`servers` (the loader servers serve the dataset: dataflow-server --data ...)",
     "num_workers": "the servers' reader processes, `dataflow-server --workers N` (the trainer "
                    "process only receives batches)",
-    "prefetch_factor": "`prefetch` (requests kept outstanding per server)",
+    "prefetch_factor": "`prefetch` (requests kept outstanding per server, or one per reader "
+                       "of a server with more readers)",
     "persistent_workers": "nothing: the servers' reader processes live across epochs",
     "worker_init_fn": "a server `--transform` (it runs in the servers' reader processes)",
     "multiprocessing_context": "nothing: the trainer runs no worker processes",

@@ -47,6 +47,12 @@ AUTO_GROUP = 8
 GROUP_BYTES = 32 * 2**20
 SHM_GROUP_BYTES = 16 * 2**20
 
+# A HELLO asks each server for this many credits (or `prefetch`, if more): a server grants at
+# most its --max-credits (64 by default), and the loader uses `prefetch` of them, or one per
+# reader of a server with more readers (client/scheduler.py), so that every reader can work
+# (bench/RESULTS.md: "A request per reader"). As many as a server may have readers.
+READER_CREDITS = 256
+
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Fill in ``rank`` / ``world_size`` when None.
@@ -249,10 +255,11 @@ class LoaderConfig:
                 "drop_last": self.drop_last}
 
     def hello(self, name: str) -> Hello:
-        """The HELLO said to every server: ``prefetch`` credits, the client's description
+        """The HELLO said to every server: :data:`READER_CREDITS` credits asked (the loader
+        uses ``prefetch`` of those granted, or one per reader), the client's description
         ``name``, its ``batch_size`` (no REQUEST of it is larger: a server whose
         ``--max-request-samples`` is smaller refuses the HELLO, naming it) and its ``columns``."""
-        return Hello(self.prefetch, name, batch_size=self.batch_size,
+        return Hello(max(self.prefetch, READER_CREDITS), name, batch_size=self.batch_size,
                      columns=None if self.columns is None else tuple(self.columns),
                      group=self.request_group[0])
 

@@ -41,7 +41,7 @@ def start_io(cfg: LoaderConfig, what: str = "") -> IOThread:
     else:
         sink = HostSink(pin=cfg.pin_memory and torch.cuda.is_available())
     name = f"rank {cfg.rank}/{cfg.world_size} on {socket.gethostname()}"
-    io = IOThread(endpoints, cfg.hello(f"{name} {what}" if what else name),
+    io = IOThread(endpoints, cfg.hello(f"{name} {what}" if what else name), cfg.prefetch,
                   cfg.timeout, cfg.grace, sink, cfg.curve,
                   find if source.dynamic else None, cfg.resolve_interval,
                   cfg.request_limit, cfg.io_threads, cfg.shm_geometry, cfg.request_group)

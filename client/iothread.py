@@ -62,8 +62,10 @@ class IOThread(threading.Thread):
 
     Args:
         endpoints: server endpoints.
-        hello: the HELLO said to every server (credits asked of each, the prefetch depth; this
-            client's description; the columns its batches hold).
+        hello: the HELLO said to every server (credits asked of each; this client's
+            description; the columns its batches hold).
+        prefetch: requests kept outstanding per server, or one per reader of a server with
+            more readers (the scheduler's ``prefetch``).
         timeout: seconds until a first server joined, seconds a join may take (it is then
             tried again later), and seconds an epoch may wait without any usable server,
             before :class:`~dataflow.errors.ServerUnavailable` (not for a join).
@@ -84,7 +86,8 @@ class IOThread(threading.Thread):
             the scheduler's ``group``, ``group_bytes`` and ``shared_bytes``.
     """
 
-    def __init__(self, endpoints: Sequence[str], hello: wire.Hello, timeout: float,
+    def __init__(self, endpoints: Sequence[str], hello: wire.Hello, prefetch: int,
+                 timeout: float,
                  grace: float, sink: HostSink | CudaSink, curve: ClientCurve | None = None,
                  find: Lookup | None = None, resolve_interval: float = 10.0,
                  request_timeout: float = math.inf, io_threads: int = 1,
@@ -101,7 +104,8 @@ class IOThread(threading.Thread):
         self._scheduler = Scheduler(endpoints, timeout=timeout, heartbeat_s=HEARTBEAT_S,
                                     silent_s=SILENT_S, grace=grace, now=time.monotonic(),
                                     request_timeout=request_timeout, group=group[0],
-                                    group_bytes=group[1], shared_bytes=group[2])
+                                    group_bytes=group[1], shared_bytes=group[2],
+                                    prefetch=prefetch)
         self._control: dict[int, zmq.Socket] = {}
         self._poller = zmq.Poller()
         self._watch_at = 0.0  # when the monitors are read next (Links.changes)
@@ -110,7 +114,7 @@ class IOThread(threading.Thread):
                             self._scheduler.endpoint)
         self._data = self._links.data
         pins = isinstance(sink, CudaSink) or sink.pin
-        self._shm = ShmRings(hello, shm, self.handoff.count,
+        self._shm = ShmRings(hello, prefetch, shm, self.handoff.count,
                              register=cuda_register if pins else None)
         self._joins = Joins(self._shm, self._scheduler, self.handoff, self._links,
                             self._control)

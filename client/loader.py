@@ -152,7 +152,12 @@ class DataLoader:
         drop_last: drop the remainder instead of padding ranks with repeated samples.
         device: None / "cpu" for CPU tensors, or a CUDA device.
         pin_memory: pin CPU batches (only when CUDA is available).
-        prefetch: requests kept outstanding per server.
+        prefetch: requests kept outstanding per server, or one per reader of a server with
+            more readers (so that all of them work at once), within the credits it grants
+            (``--max-credits``) and the bytes of ``prefetch`` replies of 32 MiB (or of one
+            request's batches, if more), known from the first batch: the loader holds up to
+            that many batches per server, more requests sharing them (each carrying fewer
+            batches, at least one; see ``batches_per_request``).
         timeout: seconds the constructor waits for a first server to admit this loader, and
             seconds an epoch may wait with no usable server, before
             :class:`~dataflow.errors.ServerUnavailable` is raised (naming every endpoint and
@@ -187,9 +192,10 @@ class DataLoader:
         read_ahead: while a pass ends, request the first batches of the pass that follows it
             when it completes (the next epoch from its start), so an epoch starts without a
             wait. A loop that does otherwise (a break, another epoch, a resume elsewhere)
-            discards them; after the last epoch up to ``prefetch`` batches per server are read for
-            nothing (and counted in the servers' metrics and in ``stats()``, ``skipped``
-            included). A failed read raises only when the loop reaches its batch.
+            discards them; after the last epoch up to the batches the loader keeps requested
+            per server (``prefetch``) are read for nothing (and counted in the servers'
+            metrics and in ``stats()``, ``skipped`` included). A failed read raises only when
+            the loop reaches its batch.
         request_timeout: seconds a request may go unanswered, from when it was sent until its
             whole reply arrived (the server's queue, its read and ``--transform``, and the
             transfer), before its batch is asked of another server (the first reply is
@@ -245,7 +251,10 @@ class DataLoader:
             integer from 1 to 64: that many. More
             per request divides the per-batch cost of requests, replies and wake-ups on both
             sides (the trainer's CPU per batch, see docs/using.md, "Receive path"); the
-            loader then holds up to ``prefetch x`` that many batches per server.
+            loader then holds up to ``prefetch x`` that many batches per server, or as many as
+            fit ``prefetch x`` 32 MiB if more (a server of more readers than ``prefetch`` is
+            sent a request per reader, each carrying up to that many batches, fewer where the
+            bytes are shared among more requests, at least one).
         lineage: every batch says where each of its samples came from
             (:mod:`dataflow.client.lineage`): int64 CPU tensors ``lineage.source`` (0),
             ``lineage.shard`` (the shard's number in :attr:`index`) and ``lineage.row`` of

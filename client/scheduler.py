@@ -4,15 +4,23 @@ The scheduler is driven by the client's I/O thread (:mod:`dataflow.client.iothre
 time passed in, so every rule here is unit-tested with a fake clock:
 
 * **Credits.** A server grants a number of credits in its INDEX reply; the client never has
-  more requests outstanding at a server than that. Requests of an abandoned generation keep their
-  credit until their reply (or error) arrives: the server still holds them.
+  more requests outstanding at a server than that, and uses ``prefetch`` of them, or one per
+  reader of a server with more readers, as far as the depth goes (below: every reader can
+  work at once, a server decoding images in 12 readers is not held to 4 requests). Requests
+  of an abandoned generation keep their credit until their reply (or error) arrives: the
+  server still holds them.
 * **Depth.** At most ``depth`` batches of the consumer's stream are requested but not yet
   taken by the consumer (received, reordered and waiting count too), so the consumer's
-  hand-off never holds more. ``depth`` is the sum of the credits the servers granted at their
-  first join, times the batches a request carries; it grows when a server joins for the first
-  time (also mid-epoch: the loader starts with the first server, and the others' credits
-  count as soon as they join) and when requests carry more batches, and never shrinks
-  (servers that left or were lost keep their part: they may come back).
+  hand-off never holds more. ``depth`` is the sum of the servers' ``prefetch`` (at most their
+  credits) at their first join, times the batches a request carries; it grows when a server
+  joins for the first time (also mid-epoch: the loader starts with the first server, and the
+  others' credits count as soon as they join) and when requests carry more batches, and never
+  shrinks (servers that left or were lost keep their part: they may come back). Where a
+  server's readers take more requests than ``prefetch``, the depth holds a request for each
+  within the bytes of ``prefetch`` requests of :data:`SPREAD_BYTES` (or of their own bytes,
+  if more), known once the first batch arrived: small batches keep their runs, larger ones
+  are spread over the readers, each request carrying fewer batches, at least one; the
+  largest are held to ``prefetch`` requests as before.
 * **Batches per request.** A request carries a run of up to ``group`` consecutive batches of
   one pass (one credit, one reply; each batch still open, accepted and handed over on its
   own): fixed, or sized once from the first batch received so that a request's reply is at
@@ -86,6 +94,10 @@ __all__ = ["CONTROL", "Late", "Loss", "Reply", "Scheduler", "Slot", "State"]
 # Requests sized from a batch's bytes carry several batches only when this many fit in their
 # ``group_bytes``: for fewer, the per-batch costs saved are small beside the bytes.
 MIN_RUN = 4
+# The bytes of batches each of a server's ``prefetch`` requests may hold (a request's own, if
+# more): where its readers take more requests than ``prefetch``, the batches that fit these
+# bytes are spread over them, a request per reader as far as they go.
+SPREAD_BYTES = 32 * 2**20
 
 
 class Reply(NamedTuple):
@@ -124,6 +136,9 @@ class Scheduler:
         shared_bytes: with ``group_bytes``, what sizes the requests instead while any
             server's replies land in shared memory (:meth:`grant`'s ``shared``); None:
             ``group_bytes``.
+        prefetch: requests kept outstanding per server (the DataLoader's ``prefetch``): a
+            server granting more takes up to one per reader beyond it (:meth:`grant`); None:
+            every credit a server grants (it was asked for no more than it should hold).
 
     Thread invariant: used by the I/O thread only.
     """
@@ -131,7 +146,8 @@ class Scheduler:
     def __init__(self, endpoints: Sequence[str], *, timeout: float, heartbeat_s: float,
                  silent_s: float, grace: float, now: float = 0.0,
                  request_timeout: float = math.inf, group: int = 1,
-                 group_bytes: int | None = None, shared_bytes: int | None = None) -> None:
+                 group_bytes: int | None = None, shared_bytes: int | None = None,
+                 prefetch: int | None = None) -> None:
         self._servers = [ServerRecord(e, state=State.DOWN, since=now, down_links={CONTROL},
                                       note="not connected") for e in endpoints]
         self._started = now
@@ -153,9 +169,15 @@ class Scheduler:
         self._most = group
         self._group_bytes = group_bytes
         self._shared_bytes = shared_bytes
-        self._group = group if group_bytes is None else 1
+        if prefetch is not None and prefetch < 1:
+            raise InternalError(f"prefetch {prefetch}")
+        self._prefetch = prefetch
+        # the most batches a reply carries (by its bytes), and a request (the depth spread
+        # over the credits in use)
+        self._run = self._group = group if group_bytes is None else 1
         # once sized: the most batches a request carries over TCP, and while a server shares
         self._sizes = (group, group) if group_bytes is None else None
+        self._nbytes: int | None = None  # a batch's bytes, once the first one arrived
 
     # -- joining --------------------------------------------------------------------------------
 
@@ -164,7 +186,9 @@ class Scheduler:
         """Server ``server`` joined (its handshake finished at ``now``) granting ``credits``,
         with ``readers`` reader processes, taking requests of up to ``group`` batches, each
         announcing up to ``ahead`` samples read next (:func:`announced`), its replies landing
-        in shared memory when ``shared`` (requests are then sized by ``shared_bytes``).
+        in shared memory when ``shared`` (requests are then sized by ``shared_bytes``). Of
+        the credits, it is sent up to ``prefetch`` requests at once, or one per reader when
+        it has more readers.
 
         Returns:
             Whether it joined for the first time (not again after it was lost).
@@ -179,11 +203,12 @@ class Scheduler:
         first = not s.share
         if group < 1:
             raise ProtocolError(f"{s.endpoint}: requests of {group} batches")
-        s.credits = credits
+        prefetch = credits if self._prefetch is None else min(credits, self._prefetch)
+        s.credits = max(prefetch, min(credits, readers))
         s.group = group
         s.shared = shared
         s.ahead = ahead
-        s.share = s.share or credits
+        s.share = s.share or prefetch
         self._admitted = True
         self._regroup()
         s.failures, s.note, s.failure = 0, "", ""
@@ -192,7 +217,7 @@ class Scheduler:
         s.heard = now
         s.enter(State.UP, now)
         s.next_heartbeat = now + self._heartbeat_s
-        self._shares.join(server, readers, credits, now)
+        self._shares.join(server, readers, s.credits, now)
         return first
 
     def add(self, endpoint: str, now: float) -> int:
@@ -235,41 +260,52 @@ class Scheduler:
     @property
     def sizing(self) -> bool:
         """Whether :meth:`sized` still waits for a batch's size (only the first one counts)."""
-        return self._group_bytes is not None
+        return self._nbytes is None
 
     def sized(self, nbytes: int) -> bool:
         """A batch of ``nbytes`` bytes was received: the first one sizes requests (with
         ``group_bytes``: ``group_bytes // nbytes`` batches, at most ``group``, when that is
-        :data:`MIN_RUN` or more; else 1; to a shared server, the same of ``shared_bytes``).
+        :data:`MIN_RUN` or more; else 1; to a shared server, the same of ``shared_bytes``),
+        and the depth's room for a request per reader (:data:`SPREAD_BYTES`).
 
         Returns:
             Whether :attr:`depth` grew.
         """
-        if self._group_bytes is None:
+        if self._nbytes is not None:
             return False
-        tcp = self._fit(self._group_bytes, nbytes)
-        shared = tcp if self._shared_bytes is None else self._fit(self._shared_bytes, nbytes)
-        self._sizes = (tcp, shared)
-        self._group_bytes = None
+        self._nbytes = max(nbytes, 1)
+        if self._group_bytes is not None:
+            self._sizes = (self._fit(self._group_bytes),
+                           self._fit(self._shared_bytes or self._group_bytes))
         depth = self._depth
         self._regroup()
         return self._depth > depth
 
-    def _fit(self, limit: int, nbytes: int) -> int:
-        fit = limit // max(nbytes, 1)
+    def _fit(self, limit: int) -> int:
+        fit = limit // (self._nbytes or 1)
         return min(self._most, fit) if fit >= MIN_RUN else 1
 
     def _regroup(self) -> None:
-        """Once sized, requests carry the shared memory's size while any server (not GONE)
-        shares, else TCP's; the depth follows (it never shrinks, so a run always fits). Looked
-        at when a server joins and when requests are sized: a sharing server lost or retired
+        """Once sized, replies carry the shared memory's size while any server (not GONE)
+        shares, else TCP's. The depth follows (it never shrinks, so a run always fits): the
+        servers' ``prefetch`` of such replies, and where more credits are in use (a server's
+        readers), a reply for each, within the bytes of ``prefetch`` replies of
+        :data:`SPREAD_BYTES` at least (known from the first batch: small batches keep their
+        runs, larger ones spread the same bytes over more requests). A request carries the
+        depth spread over the credits, at most a reply's batches and at least one. Looked at
+        when a server joins and when requests are sized: a sharing server lost or retired
         keeps the requests at its size until then (smaller requests, never a larger depth
         than the I/O thread was told)."""
+        sharing = any(s.shared and s.state is not State.GONE for s in self._servers)
         if self._sizes is not None:
-            tcp, shared = self._sizes
-            sharing = any(s.shared and s.state is not State.GONE for s in self._servers)
-            self._group = shared if sharing else tcp
-        self._depth = max(self._depth, self._members_depth() * self._group)
+            self._run = self._sizes[sharing]
+        credits = sum(s.credits for s in self._servers if s.state is not State.GONE)
+        room = self._members_depth() * self._run
+        if self._nbytes is not None:
+            reply = max(SPREAD_BYTES, self._run * self._nbytes)
+            room = max(room, self._members_depth() * reply // self._nbytes)
+        self._depth = max(self._depth, min(credits * self._run, room))
+        self._group = max(1, min(self._run, self._depth // max(credits, 1)))
 
     @property
     def depth(self) -> int:

@@ -57,8 +57,8 @@ class ServerRecord:
 
     endpoint: str
     state: State = State.JOINING
-    credits: int = 0
-    share: int = 0  # credits granted at the first join: this server's part of the window
+    credits: int = 0  # requests it may hold at once (of those it granted)
+    share: int = 0  # its prefetch at the first join: this server's part of the window
     group: int = 1  # most batches one request may carry (its INDEX's)
     shared: bool = False  # its replies land in shared memory (its last join said so)
     ahead: int = 0  # most samples one request may announce (its INDEX's)

@@ -154,6 +154,8 @@ class ShmRings:
 
     Args:
         hello: the HELLO every server is sent.
+        prefetch: requests a server is sent at once (the loader's ``prefetch``): a ring's
+            slots beyond them may be held as views (:class:`Ring`'s ``views``).
         geometry: slots of each segment, or None: shared memory off (every HELLO is
             ``hello``).
         count: the loader's counters (``shm_sessions``, ``shm_batches``).
@@ -163,10 +165,11 @@ class ShmRings:
         directory: where segments are made (``/dev/shm``).
     """
 
-    def __init__(self, hello: wire.Hello, geometry: Geometry | None,
+    def __init__(self, hello: wire.Hello, prefetch: int, geometry: Geometry | None,
                  count: Callable[[str, int], None], register: Register | None = None,
                  directory: str = SHM_DIR) -> None:
         self._hello = hello
+        self._prefetch = prefetch
         self._plain = wire.encode(hello)
         self._geometry = geometry
         self._count = count
@@ -221,7 +224,7 @@ class ShmRings:
                      else "the server read another segment's nonce")
             seg.close()
             return False
-        views = seg.geometry.slots - self._hello.credits
+        views = seg.geometry.slots - self._prefetch
         self._rings[server] = Ring(seg, self._register or _unpinned, views)
         self._count("shm_sessions", 1)
         return True

@@ -148,7 +148,8 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                    help="logging level (default: %(default)s)")
     p.add_argument("--max-credits", type=int, default=DEFAULT_MAX_CREDITS, metavar="N",
                    help="most credits granted to one client (it may keep up to twice as many "
-                        "requests outstanding); bounds server memory (default: %(default)s)")
+                        "requests outstanding; the DataLoader uses its prefetch, or one per "
+                        "reader); bounds server memory (default: %(default)s)")
     p.add_argument("--client-ttl", type=float, default=DEFAULT_CLIENT_TTL, metavar="SECONDS",
                    help="free a client's state once it has been silent this long and its "
                         "connection is closed (a killed client's connection closes at once; "

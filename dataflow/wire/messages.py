@@ -77,8 +77,8 @@ class Hello:
     """Client -> server: open a session.
 
     Attributes:
-        credits: requests the client may keep outstanding (its prefetch depth); the server
-            grants ``min(credits, --max-credits)``.
+        credits: requests the client may keep outstanding, at most (it may use fewer of
+            those granted); the server grants ``min(credits, --max-credits)``.
         client: free-form client description for the server's logs (e.g. ``"rank 3"``).
         batch_size: most samples the client will ask for in one REQUEST, or None (not on the
             wire; a client that predates the field): the server's ``--max-request-samples``

@@ -63,3 +63,51 @@ def test_a_slow_server_gets_less_than_an_equal_share(demo_data, servers, tmp_pat
     assert ids == Counter(range(demo_data("arrow").total))
     fast_count, slow_count = server_stat(fast, "requests"), server_stat(slow, "requests")
     assert slow_count <= 0.5 * fast_count, (fast_count, slow_count)
+
+
+# each batch's reader writes when it began and ended (the system's monotonic clock)
+SPANS = """
+import os
+import time
+
+
+def span(batch):
+    start = time.monotonic()
+    time.sleep(0.2)
+    with open(os.path.join(os.environ["SPANS_DIR"], str(os.getpid())), "a") as f:
+        f.write(f"{start} {time.monotonic()}\\n")
+    return batch
+"""
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most spans that overlap at one moment."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.mark.timeout(120)
+def test_every_reader_of_a_server_works_at_once_with_the_default_prefetch(
+        demo_data, servers, tmp_path) -> None:
+    """6 readers taking 200 ms a batch, a loader's default ``prefetch`` (4): once the first
+    batch told its size, the loader keeps a request at each reader (4 requests could never
+    keep more than 4 at work)."""
+    (tmp_path / "spans.py").write_text(SPANS)
+    (tmp_path / "spans").mkdir()
+    demo = demo_data("arrow")
+    env = {**repo_env(str(tmp_path)), "SPANS_DIR": str(tmp_path / "spans")}
+    srv = servers([str(p) for p in demo.paths], workers=6, env=env,
+                  extra_args=["--transform", "spans:span"])
+    with DataLoader(srv.endpoint, batch_size=16, rank=0, world_size=1, timeout=60) as dl:
+        assert dl.server_readers == (6,)
+        ids: Counter[int] = Counter()
+        for batch in dl:
+            ids.update(batch["id"].tolist())
+    assert ids == Counter(range(demo.total))
+    spans = [tuple(map(float, line.split())) for f in (tmp_path / "spans").iterdir()
+             for line in f.read_text().splitlines()]
+    assert _most_at_once(spans) == 6, sorted(spans)

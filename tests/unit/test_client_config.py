@@ -77,12 +77,15 @@ def test_config_rejects_columns_naming_the_problem(columns: object, reason: str)
 
 
 def test_batch_size_and_columns_are_said_in_the_hello() -> None:
+    """The HELLO asks a credit for each reader a server may have (the scheduler uses
+    ``prefetch`` of them, or one per reader), or ``prefetch``, if more."""
     assert _cfg().columns is None
-    assert _cfg().hello("rank 0") == wire.Hello(4, "rank 0", batch_size=4, group=8)
+    assert _cfg().hello("rank 0") == wire.Hello(256, "rank 0", batch_size=4, group=8)
     cfg = _cfg(columns=["id", "image.bytes"], prefetch=3, batch_size=7, batches_per_request=1)
     assert cfg.columns == ("id", "image.bytes")
-    assert cfg.hello("rank 1/2") == wire.Hello(3, "rank 1/2", batch_size=7,
+    assert cfg.hello("rank 1/2") == wire.Hello(256, "rank 1/2", batch_size=7,
                                                columns=("id", "image.bytes"))
+    assert _cfg(prefetch=300).hello("r").credits == 300
 
 
 def test_batches_per_request_sizes_the_requests() -> None:
@@ -100,9 +103,9 @@ def test_batches_per_request_sizes_the_requests() -> None:
 
 def test_numpy_and_torch_integers_are_kept_as_ints() -> None:
     """Integers of any kind are accepted and stored as ``int``: the HELLO is JSON."""
-    cfg = _cfg(batch_size=np.int64(7), prefetch=torch.tensor(3), seed=np.uint32(5))
+    cfg = _cfg(batch_size=np.int64(7), prefetch=torch.tensor(300), seed=np.uint32(5))
     assert [type(v) for v in (cfg.batch_size, cfg.prefetch, cfg.seed)] == [int] * 3
-    assert wire.decode(wire.encode(cfg.hello("r"))) == wire.Hello(3, "r", batch_size=7,
+    assert wire.decode(wire.encode(cfg.hello("r"))) == wire.Hello(300, "r", batch_size=7,
                                                                   group=8)
 
 

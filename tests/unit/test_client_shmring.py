@@ -44,7 +44,7 @@ def _batch(seed: int) -> dict:
 @pytest.fixture
 def rings(tmp_path) -> Iterator[tuple[ShmRings, Counts, Segments]]:
     counts = Counts()
-    r = ShmRings(wire.Hello(1, "t"), GEO, counts, directory=str(tmp_path))
+    r = ShmRings(wire.Hello(1, "t"), 1, GEO, counts, directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
     yield r, counts, segments
     r.close()
@@ -109,7 +109,7 @@ def test_every_sink_gets_what_the_server_wrote_and_the_slot_comes_back(
 def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy(
         tmp_path, pair) -> None:  # noqa: F811
     counts, registered = Counts(), []
-    r = ShmRings(wire.Hello(2, "t"), GEO, counts,
+    r = ShmRings(wire.Hello(2, "t"), 2, GEO, counts,
                  register=lambda buf: registered.append(buf.nbytes) or (lambda: None),
                  directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
@@ -145,7 +145,7 @@ def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
     and :data:`VIEWS` more batches held as views, however many the consumer keeps."""
     counts, geo = Counts(), Geometry(2 + VIEWS, 1 << 20)
     views = 1 + VIEWS
-    r = ShmRings(wire.Hello(1, "t"), geo, counts,
+    r = ShmRings(wire.Hello(1, "t"), 1, geo, counts,
                  register=lambda buf: (lambda: None) if pin else None,
                  directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
@@ -255,6 +255,6 @@ def test_a_server_that_predates_the_field_is_asked_again_without_it(rings) -> No
 
 
 def test_off_offers_nothing(tmp_path) -> None:
-    r = ShmRings(wire.Hello(2, "t"), None, Counts(), directory=str(tmp_path))
+    r = ShmRings(wire.Hello(2, "t"), 2, None, Counts(), directory=str(tmp_path))
     assert wire.decode(r.hello(0)) == wire.Hello(2, "t")
     assert not os.listdir(tmp_path)
