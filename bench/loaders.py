@@ -67,8 +67,8 @@ def dataflow_budget(readers: tuple[int, ...], *, local: bool) -> str:
 
 
 def server_prefetch(cfg: BenchConfig, servers: int) -> int:
-    """The credits the bench's DataLoader asks of each of ``servers`` servers: the prefetch
-    depth split over them, but never fewer than a server's reader processes (with
+    """The bench's DataLoader's ``prefetch`` (requests kept at each of ``servers`` servers):
+    the prefetch depth split over them, but never fewer than a server's reader processes (with
     ``--endpoints`` their count is not known beforehand: the split alone). The loader keeps a
     request at each reader only within the bytes of ``prefetch`` replies of 32 MiB (a batch
     per request for larger batches): fewer credits than readers would leave readers idle on

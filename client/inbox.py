@@ -38,13 +38,22 @@ DRAIN_PER_WAKE = 64
 SERVER_GONE = (ErrorKind.SERVER_STOPPING, ErrorKind.UNKNOWN_CLIENT)
 
 
+def batch_bytes(msg: wire.BatchMsg, batch_size: int) -> int:
+    """The bytes of a whole batch of ``batch_size`` samples, by reply ``msg`` (of one sample
+    or more): its bytes a sample, whatever its samples (a short last batch, samples left out,
+    several batches), so a short reply does not size the depth for too many batches."""
+    return wire.BatchLayout.of(msg).nbytes * batch_size // msg.size
+
+
 class Inbox:
     """What one loader's I/O thread does with the servers' messages. Servers are known by
     their numbers; their endpoints are the scheduler's."""
 
     def __init__(self, scheduler: Scheduler, handoff: Handoff[Received], joins: Joins,
-                 links: Links, sink: HostSink | CudaSink, shm: ShmRings) -> None:
+                 links: Links, sink: HostSink | CudaSink, shm: ShmRings,
+                 batch_size: int) -> None:
         self._scheduler = scheduler
+        self._batch_size = batch_size
         self._handoff = handoff
         self._joins = joins
         self._data = links.data
@@ -139,8 +148,8 @@ class Inbox:
             self._handoff.count("skipped", msg.skipped)
         if slot.retry:
             self._handoff.count("recovered")
-        if (self._scheduler.sizing
-                and self._scheduler.sized(wire.BatchLayout.of(msg).nbytes // len(batches))):
+        if (self._scheduler.sizing and msg.size
+                and self._scheduler.sized(batch_bytes(msg, self._batch_size))):
             self._grow()
         for index, ready, left in zip(slot.indexes, batches, lefts, strict=True):
             if index in reply.indexes:

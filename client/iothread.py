@@ -47,6 +47,7 @@ from dataflow.client.links import MONITOR_MS, Links, context
 from dataflow.client.membership import Membership
 from dataflow.client.scheduler import CONTROL, Scheduler, State
 from dataflow.client.shmring import ShmRings, cuda_register
+from dataflow.errors import InternalError
 from dataflow.security import ClientCurve
 from dataflow.shm import Geometry
 
@@ -93,6 +94,9 @@ class IOThread(threading.Thread):
                  request_timeout: float = math.inf, io_threads: int = 1,
                  shm: Geometry | None = None,
                  group: tuple[int, int | None, int | None] = (1, None, None)) -> None:
+        if hello.batch_size is None:
+            raise InternalError("a loader's HELLO names its batch_size")
+        batch_size = hello.batch_size
         super().__init__(name="dataflow-client-io", daemon=True)
         self._timeout = timeout
         self._request_timeout = request_timeout
@@ -119,7 +123,7 @@ class IOThread(threading.Thread):
         self._joins = Joins(self._shm, self._scheduler, self.handoff, self._links,
                             self._control)
         self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink,
-                            self._shm)
+                            self._shm, batch_size)
         self._watcher = None if find is None else Watcher(find, self._wake)
         self._resolve_interval = resolve_interval
         self._membership: Membership | None = None

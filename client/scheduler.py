@@ -12,7 +12,7 @@ time passed in, so every rule here is unit-tested with a fake clock:
 * **Depth.** At most ``depth`` batches of the consumer's stream are requested but not yet
   taken by the consumer (received, reordered and waiting count too), so the consumer's
   hand-off never holds more. ``depth`` is the sum of the servers' ``prefetch`` (at most their
-  credits) at their first join, times the batches a request carries; it grows when a server
+  credits) at their first join, times the batches a reply carries; it grows when a server
   joins for the first time (also mid-epoch: the loader starts with the first server, and the
   others' credits count as soon as they join) and when requests carry more batches, and never
   shrinks (servers that left or were lost keep their part: they may come back). Where a
@@ -263,7 +263,8 @@ class Scheduler:
         return self._nbytes is None
 
     def sized(self, nbytes: int) -> bool:
-        """A batch of ``nbytes`` bytes was received: the first one sizes requests (with
+        """A whole batch takes ``nbytes`` bytes (the first reply's, per sample, times the
+        batch size): the first one sizes requests (with
         ``group_bytes``: ``group_bytes // nbytes`` batches, at most ``group``, when that is
         :data:`MIN_RUN` or more; else 1; to a shared server, the same of ``shared_bytes``),
         and the depth's room for a request per reader (:data:`SPREAD_BYTES`).

@@ -65,49 +65,51 @@ def test_a_slow_server_gets_less_than_an_equal_share(demo_data, servers, tmp_pat
     assert slow_count <= 0.5 * fast_count, (fast_count, slow_count)
 
 
-# each batch's reader writes when it began and ended (the system's monotonic clock)
-SPANS = """
+
+# each call waits (up to 1 s) for as many calls as there are readers to be under way at once,
+# and writes down the most it saw: it waits on overlap instead of hoping for it, so a loaded
+# machine's slow dispatch cannot hide it
+MEET = """
 import os
 import time
 
 
-def span(batch):
-    start = time.monotonic()
-    time.sleep(0.2)
-    with open(os.path.join(os.environ["SPANS_DIR"], str(os.getpid())), "a") as f:
-        f.write(f"{start} {time.monotonic()}\\n")
+def meet(batch):
+    where, readers = os.environ["MEET_DIR"], int(os.environ["MEET_READERS"])
+    me = os.path.join(where, f"in-{os.getpid()}")
+    open(me, "w").close()
+    deadline, most = time.monotonic() + 1.0, 0
+    while True:
+        most = max(most, sum(name.startswith("in-") for name in os.listdir(where)))
+        if most >= readers or time.monotonic() > deadline:
+            break
+        time.sleep(0.005)
+    os.remove(me)
+    with open(os.path.join(where, f"most-{os.getpid()}"), "a") as f:
+        f.write(f"{most}\\n")
     return batch
 """
-
-
-def _most_at_once(spans: list[tuple[float, float]]) -> int:
-    """The most spans that overlap at one moment."""
-    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
 
 
 @pytest.mark.timeout(120)
 def test_every_reader_of_a_server_works_at_once_with_the_default_prefetch(
         demo_data, servers, tmp_path) -> None:
-    """6 readers taking 200 ms a batch, a loader's default ``prefetch`` (4): once the first
-    batch told its size, the loader keeps a request at each reader (4 requests could never
-    keep more than 4 at work)."""
-    (tmp_path / "spans.py").write_text(SPANS)
-    (tmp_path / "spans").mkdir()
+    """6 readers and a loader's default ``prefetch`` (4): once the first batch told its size,
+    the loader keeps a request at each reader (4 requests could never keep more than 4 at
+    work). A batch a request, so that a run of several does not keep one reader busy."""
+    (tmp_path / "meet.py").write_text(MEET)
+    (tmp_path / "met").mkdir()
     demo = demo_data("arrow")
-    env = {**repo_env(str(tmp_path)), "SPANS_DIR": str(tmp_path / "spans")}
+    env = {**repo_env(str(tmp_path)), "MEET_DIR": str(tmp_path / "met"), "MEET_READERS": "6"}
     srv = servers([str(p) for p in demo.paths], workers=6, env=env,
-                  extra_args=["--transform", "spans:span"])
-    with DataLoader(srv.endpoint, batch_size=16, rank=0, world_size=1, timeout=60) as dl:
+                  extra_args=["--transform", "meet:meet"])
+    with DataLoader(srv.endpoint, batch_size=16, rank=0, world_size=1, timeout=60,
+                    batches_per_request=1) as dl:
         assert dl.server_readers == (6,)
         ids: Counter[int] = Counter()
         for batch in dl:
             ids.update(batch["id"].tolist())
     assert ids == Counter(range(demo.total))
-    spans = [tuple(map(float, line.split())) for f in (tmp_path / "spans").iterdir()
-             for line in f.read_text().splitlines()]
-    assert _most_at_once(spans) == 6, sorted(spans)
+    most = [int(line) for f in (tmp_path / "met").glob("most-*")
+            for line in f.read_text().split()]
+    assert max(most) == 6, most

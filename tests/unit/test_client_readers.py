@@ -5,9 +5,12 @@ requests carry several batches, those bytes are spread over them. Pure, with a f
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from dataflow import wire
 from dataflow.client.cursor import Pass
+from dataflow.client.inbox import batch_bytes
 from dataflow.client.passes import PassPlan
 from dataflow.client.scheduler import CONTROL, Scheduler
 from dataflow.client.stream import Demand
@@ -108,3 +111,14 @@ def test_servers_of_few_and_many_readers_share_the_depth() -> None:
     # 2 requests, the other's 12 one each
     assert [s.outstanding(0), s.outstanding(1)] == [2, 12]
     assert {len(a.indexes) for a in got} == {8}
+
+
+def test_a_short_first_reply_sizes_a_whole_batch() -> None:
+    """The depth is sized from the first reply's bytes a sample (a short last batch, or one
+    with samples left out, would otherwise size it for too many large batches)."""
+    def reply(samples: int) -> wire.BatchMsg:
+        return wire.batch_to_message(1, {"x": np.zeros((samples, 4096), np.uint8),
+                                         "id": np.arange(samples)})
+    whole = wire.BatchLayout.of(reply(64)).nbytes
+    for samples in (1, 5, 64, 128):  # within the arrays' alignment to 64 bytes
+        assert abs(batch_bytes(reply(samples), 64) - whole) <= whole // 50, samples
