@@ -15,7 +15,7 @@ from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
 from dataflow.client.shmring import VIEWS
 from dataflow.errors import ConfigError, FieldError
 from dataflow.security import ClientCurve, client_curve
-from dataflow.shm import Geometry
+from dataflow.shm import HEADER_BYTES, Geometry
 from dataflow.shuffle import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SHUFFLE_WINDOW,
@@ -25,7 +25,13 @@ from dataflow.shuffle import (
     shuffle_mode,
 )
 from dataflow.wire import Hello
-from dataflow.wire.fields import MAX_BATCH_SIZE, MAX_GROUP, MAX_MESSAGE_BYTES, column_names
+from dataflow.wire.fields import (
+    MAX_BATCH_SIZE,
+    MAX_GROUP,
+    MAX_MESSAGE_BYTES,
+    MAX_SHM_SLOTS,
+    column_names,
+)
 
 SHARED_MEMORY = ("auto", "off")
 DEFAULT_SLOT_BYTES = 32 * 2**20
@@ -52,6 +58,10 @@ SHM_GROUP_BYTES = 16 * 2**20
 # reader of a server with more readers (client/scheduler.py), so that every reader can work
 # (bench/RESULTS.md: "A request per reader"). As many as a server may have readers.
 READER_CREDITS = 256
+# A shared-memory slot's bytes are a multiple of this (the segment's header is one such page):
+# each slot is on pages of its own, so registering slots with CUDA one at a time never
+# registers a page twice.
+SLOT_ALIGN = HEADER_BYTES
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -221,15 +231,17 @@ class LoaderConfig:
 
     @property
     def shm_geometry(self) -> Geometry | None:
-        """Slots of the shared-memory segment offered to each server: ``2 x prefetch + 3``
-        slots (the most requests a server holds, and as many replies plus three more held as
-        views of their slots or read by device copies, :data:`~dataflow.client.shmring.
-        VIEWS`) of ``shared_memory_slot_bytes`` rounded up to 64; None when ``shared_memory``
-        is off."""
+        """Slots of the shared-memory segment offered to each server: ``2 x requests + 3``
+        slots (:attr:`most_requests`, a loader's most requests at a server, each lending a
+        slot, and as many replies plus three more held as views of their slots or read by
+        device copies, :data:`~dataflow.client.shmring.VIEWS`) of ``shared_memory_slot_bytes``
+        rounded up to whole pages of :data:`SLOT_ALIGN` bytes; None when ``shared_memory`` is
+        off. The segment is sparse: a slot takes memory once it is written (on a GPU, once it
+        is first read: pinned whole, on its own pages)."""
         if self.shared_memory == "off":
             return None
-        return Geometry(2 * self.prefetch + VIEWS,
-                        -(-self.shared_memory_slot_bytes // 64) * 64)
+        return Geometry(min(2 * self.most_requests + VIEWS, MAX_SHM_SLOTS),
+                        -(-self.shared_memory_slot_bytes // SLOT_ALIGN) * SLOT_ALIGN)
 
     @property
     def request_group(self) -> tuple[int, int | None, int | None]:
@@ -254,12 +266,18 @@ class LoaderConfig:
         return {"seed": self.seed, "batch_size": self.batch_size, **self.shuffle.fields(),
                 "drop_last": self.drop_last}
 
+    @property
+    def most_requests(self) -> int:
+        """The most requests the loader keeps at a server (the credits its HELLO asks for):
+        ``prefetch``, or :data:`READER_CREDITS`, for a server with more readers."""
+        return max(self.prefetch, READER_CREDITS)
+
     def hello(self, name: str) -> Hello:
         """The HELLO said to every server: :data:`READER_CREDITS` credits asked (the loader
         uses ``prefetch`` of those granted, or one per reader), the client's description
         ``name``, its ``batch_size`` (no REQUEST of it is larger: a server whose
         ``--max-request-samples`` is smaller refuses the HELLO, naming it) and its ``columns``."""
-        return Hello(max(self.prefetch, READER_CREDITS), name, batch_size=self.batch_size,
+        return Hello(self.most_requests, name, batch_size=self.batch_size,
                      columns=None if self.columns is None else tuple(self.columns),
                      group=self.request_group[0])
 

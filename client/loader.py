@@ -239,9 +239,12 @@ class DataLoader:
             ``--shared-memory refuse``, uses TCP frames. ``"off"``: TCP frames only.
         shared_memory_slot_bytes: bytes of one slot (a batch larger than a slot travels in
             TCP frames, and so does one a full ``/dev/shm`` has no room for). Each server's
-            segment holds ``2 x prefetch + 3`` slots, taking ``/dev/shm`` memory as they are
-            written: at most ``servers x (2 x prefetch + 3) x`` the largest reply that fits a
-            slot (a request's batches), per loader (default 32 MiB slots).
+            segment holds a slot for each request the loader may keep there (up to 256, one
+            per reader), as many for replies waiting or held, and 3 more; it is sparse,
+            taking ``/dev/shm`` memory as slots are written, and the slots freed last are
+            lent first: per server, the slots in use at once x the largest reply that fits
+            a slot (a request's batches). On a GPU a slot is pinned whole when first read.
+            Default 32 MiB slots.
         batches_per_request: how many consecutive batches of a pass one request to a server
             carries (one credit, one reply, each batch handed over on its own: the order,
             exactly-once and resume are the same). ``"auto"`` (the default): one at first,

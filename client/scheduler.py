@@ -100,6 +100,12 @@ MIN_RUN = 4
 SPREAD_BYTES = 32 * 2**20
 
 
+def requests_kept(credits: int, readers: int, prefetch: int | None) -> int:
+    """The requests a loader keeps at a server granting ``credits`` with ``readers`` reader
+    processes: ``prefetch`` of them (all, when None), or one per reader where it has more."""
+    return max(credits if prefetch is None else min(credits, prefetch), min(credits, readers))
+
+
 class Reply(NamedTuple):
     """A reply accepted for request ``slot``: for its batches ``indexes`` (in order), the
     first reply; its other batches' parts are to be discarded."""
@@ -204,7 +210,7 @@ class Scheduler:
         if group < 1:
             raise ProtocolError(f"{s.endpoint}: requests of {group} batches")
         prefetch = credits if self._prefetch is None else min(credits, self._prefetch)
-        s.credits = max(prefetch, min(credits, readers))
+        s.credits = requests_kept(credits, readers, self._prefetch)
         s.group = group
         s.shared = shared
         s.ahead = ahead

@@ -20,11 +20,12 @@ is removed by the next loader start of the same user (:func:`dataflow.shm.remove
 
 No copy on the client where it can be helped (:func:`receive_shared`): CPU batches are views of
 their slot, which is lent again once the batch's tensors are all freed (at most the slots
-beyond the server's credits held at once, those waiting in the hand-off included; beyond, a
-batch is copied out). On a GPU
-the segment is registered with ``cudaHostRegister`` (:func:`cuda_register`, the one seam that
-touches CUDA: it does nothing without it), so those views are pinned, and a :class:`CudaSink`'s
-host-to-device copy reads the slot itself; the slot is lent again once that copy finished.
+beyond the requests a loader may keep at a server held at once, those waiting in the
+hand-off included; beyond, a batch is copied out). On a GPU each slot is registered with
+``cudaHostRegister`` the first time it is read (:func:`cuda_register`, the one seam that
+touches CUDA: it does nothing without it; a session pins the slots it uses at once, not its
+whole segment), so those views are pinned, and a :class:`CudaSink`'s host-to-device copy
+reads the slot itself; the slot is lent again once that copy finished.
 Otherwise a batch is copied out of its slot into memory of its own (pinned, or the CUDA ring's
 slot, where the sink pins). Every batch is checked by
 :meth:`dataflow.wire.BatchLayout.check_frames` first.
@@ -54,16 +55,18 @@ from dataflow.client.buffers import (
 )
 from dataflow.client.parts import split
 from dataflow.client.receive import drain
+from dataflow.client.scheduler import requests_kept
 from dataflow.errors import ProtocolError, SegmentError
 from dataflow.shm import SHM_DIR, Geometry, Segment, SlotLedger, remove_stale
 
 log = logging.getLogger("dataflow.client")
 
 Register = Callable[[memoryview], Callable[[], None] | None]
-# Slots of a ring beyond twice the requests its server holds (``prefetch``): a loader's
+# Slots of a ring beyond twice the requests a loader may keep at its server: a loader's
 # batches are either views of their slots (CPU: held at once, waiting in the hand-off or the
-# consumer's; up to a server's credits' worth of replies of several batches waiting, and this
-# many slots more) or read by device copies (a CUDA ``device``), never both.
+# consumer's; up to the requests it keeps at the server worth of replies of several batches
+# waiting, and this many slots more) or read by device copies (a CUDA ``device``), never
+# both.
 VIEWS = 3
 
 
@@ -96,26 +99,46 @@ class Ring:
 
     Args:
         segment: the segment.
-        register: registers its memory with CUDA (or does nothing).
+        register: registers memory with CUDA (or does nothing): each slot the first time it
+            is read (:meth:`pinned`), so a session pins the slots it has in use at once (the
+            slot freed last is lent first), not its whole segment.
         views: the most slots held by batches viewing them at once (beyond, batches are
             copied out): its slots beyond the requests its server may hold.
 
     Attributes:
         segment: the segment.
         ledger: its slots.
-        host: a uint8 tensor over the whole segment when it is registered with CUDA (device
-            copies read the slots in place), else None.
     """
 
     def __init__(self, segment: Segment, register: Register, views: int) -> None:
         self.segment = segment
         self._most_views = views
         self.ledger = SlotLedger(segment.geometry.slots, segment.geometry.slot_bytes)
-        self._unregister = register(segment.buf)
-        self.host = (torch.frombuffer(segment.buf, dtype=torch.uint8)
-                     if self._unregister is not None else None)
+        self._register: Register | None = register
+        self._unregister: list[Callable[[], None]] = []
+        self._pinned: set[int] = set()
+        self._host: torch.Tensor | None = None
         self._copies: list[CopyEvent] = []
         self._views: list[weakref.ref[np.ndarray]] = []
+
+    def pinned(self, slot: int) -> torch.Tensor | None:
+        """A uint8 tensor over the whole segment when ``slot`` is registered with CUDA (device
+        copies then read the slot in place; registered here the first time), else None: no
+        CUDA, or a registration failed (logged; no slot is registered after it)."""
+        if slot not in self._pinned:
+            if self._register is None:
+                return None
+            start = self.segment.geometry.offset(slot)
+            unregister = self._register(
+                self.segment.buf[start : start + self.segment.geometry.slot_bytes])
+            if unregister is None:
+                self._register = None
+                return None
+            self._unregister.append(unregister)
+            self._pinned.add(slot)
+        if self._host is None:
+            self._host = torch.frombuffer(self.segment.buf, dtype=torch.uint8)
+        return self._host
 
     def may_view(self) -> bool:
         """Whether a batch may be a view of its slot (fewer slots than ``views``, its slots
@@ -142,10 +165,11 @@ class Ring:
         for event in self._copies:
             event.synchronize()
         self._copies = []
-        self.host = None
-        if self._unregister is not None:
-            self._unregister()
-            self._unregister = None
+        self._host = None
+        for unregister in self._unregister:
+            unregister()
+        self._unregister = []
+        self._pinned.clear()
         self.segment.close()
 
 
@@ -154,14 +178,15 @@ class ShmRings:
 
     Args:
         hello: the HELLO every server is sent.
-        prefetch: requests a server is sent at once (the loader's ``prefetch``): a ring's
-            slots beyond them may be held as views (:class:`Ring`'s ``views``).
+        prefetch: the loader's ``prefetch``: a ring's batches held as views of their slots
+            are at most the requests kept at its server (:func:`~dataflow.client.scheduler.
+            requests_kept`) and :data:`VIEWS` more (:class:`Ring`'s ``views``).
         geometry: slots of each segment, or None: shared memory off (every HELLO is
             ``hello``).
         count: the loader's counters (``shm_sessions``, ``shm_batches``).
-        register: how a segment is pinned (:func:`cuda_register`, given where the sink pins:
-            a CUDA ``device``, or ``pin_memory`` with CUDA), or None: never (no CUDA context
-            is made for it).
+        register: how a segment's slots are pinned (:func:`cuda_register`, given where the
+            sink pins: a CUDA ``device``, or ``pin_memory`` with CUDA), or None: never (no
+            CUDA context is made for it).
         directory: where segments are made (``/dev/shm``).
     """
 
@@ -224,7 +249,7 @@ class ShmRings:
                      else "the server read another segment's nonce")
             seg.close()
             return False
-        views = seg.geometry.slots - self._prefetch
+        views = requests_kept(index.credits, len(index.data), self._prefetch) + VIEWS
         self._rings[server] = Ring(seg, self._register or _unpinned, views)
         self._count("shm_sessions", 1)
         return True
@@ -283,10 +308,10 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
     """Read the batches of ``msg`` (one, or one per ``parts`` entry:
     :func:`dataflow.client.parts.split`) from ``slot`` of ``ring`` (taken) where ``sink``
     wants them, and give the slot back: at once when they were copied out of it, when the
-    device copy reading it finished (a registered segment, a CUDA ``device``), or, for CPU
+    device copy reading it finished (a registered slot, a CUDA ``device``), or, for CPU
     batches viewing the slot in place (no copy: unpinned, or pinned by the registration),
-    once every tensor of them is freed; while :data:`VIEWS` such slots are held, the next ones
-    are copied out, so the consumer keeping batches never starves the ring.
+    once every tensor of them is freed; while the ring's ``views`` such slots are held, the
+    next ones are copied out, so the consumer keeping batches never starves the ring.
 
     Raises:
         ProtocolError: buffer frames follow the header, or the arrays fail
@@ -298,15 +323,15 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
                             "buffer frames")
     nbytes = layout.nbytes
     start = ring.segment.geometry.offset(slot)
-    if (isinstance(sink, HostSink) and (not sink.pin or ring.host is not None)
-            and ring.may_view()):
+    pinned = ring.pinned(slot) if isinstance(sink, CudaSink) or sink.pin else None
+    if isinstance(sink, HostSink) and (not sink.pin or pinned is not None) and ring.may_view():
         arr = np.frombuffer(ring.segment.buf, dtype=np.uint8, count=nbytes, offset=start)
         _, bounds = _check(endpoint, msg, layout, arr)
         ring.ledger.release(slot, ring.viewed(arr))
         count("shm_batches", max(1, len(msg.parts)))
         return split(Received(_tensors(msg, layout, arr)), msg, bounds)
-    if isinstance(sink, CudaSink) and ring.host is not None:
-        host = ring.host[start : start + nbytes]
+    if isinstance(sink, CudaSink) and pinned is not None:
+        host = pinned[start : start + nbytes]
         _, bounds = _check(endpoint, msg, layout, host.numpy())
         dev, event = sink.copier.copy(host)
         ring.ledger.release(slot, ring.copied(event))

@@ -92,11 +92,12 @@ def meet(batch):
 
 
 @pytest.mark.timeout(120)
-def test_every_reader_of_a_server_works_at_once_with_the_default_prefetch(
+def test_every_reader_of_a_server_works_at_once_each_into_shared_memory(
         demo_data, servers, tmp_path) -> None:
-    """6 readers and a loader's default ``prefetch`` (4): once the first batch told its size,
-    the loader keeps a request at each reader (4 requests could never keep more than 4 at
-    work). A batch a request, so that a run of several does not keep one reader busy."""
+    """6 readers and a loader of ``prefetch`` 1: once the first batch told its size, the loader
+    keeps a request at each reader (a request could never keep more than one at work), and
+    each of them lends a slot of the same-host segment: every batch lands in shared memory. A
+    batch a request, so that a run of several does not keep one reader busy."""
     (tmp_path / "meet.py").write_text(MEET)
     (tmp_path / "met").mkdir()
     demo = demo_data("arrow")
@@ -104,12 +105,15 @@ def test_every_reader_of_a_server_works_at_once_with_the_default_prefetch(
     srv = servers([str(p) for p in demo.paths], workers=6, env=env,
                   extra_args=["--transform", "meet:meet"])
     with DataLoader(srv.endpoint, batch_size=16, rank=0, world_size=1, timeout=60,
-                    batches_per_request=1) as dl:
+                    prefetch=1, batches_per_request=1) as dl:
         assert dl.server_readers == (6,)
         ids: Counter[int] = Counter()
         for batch in dl:
             ids.update(batch["id"].tolist())
+        stats = dl.stats()
     assert ids == Counter(range(demo.total))
+    assert stats["shm_sessions"] == 1
+    assert stats["shm_batches"] == stats["delivered"] == -(-demo.total // 16), stats
     most = [int(line) for f in (tmp_path / "met").glob("most-*")
             for line in f.read_text().split()]
     assert max(most) == 6, most

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from dataflow import wire
-from dataflow.client.config import LoaderConfig, dist_env, normalize_device
+from dataflow.client.config import READER_CREDITS, LoaderConfig, dist_env, normalize_device
 from dataflow.client.discovery import parse_servers
 from dataflow.errors import ConfigError
 from dataflow.shm import Geometry
 from dataflow.shuffle import Shuffle
+from dataflow.wire.fields import MAX_SHM_SLOTS
 
 
 def _cfg(**kw) -> LoaderConfig:
@@ -171,8 +172,19 @@ def test_io_threads_default_and_accepted() -> None:
     assert _cfg(io_threads=np.int64(4)).io_threads == 4
 
 
-def test_shared_memory_slots_are_twice_prefetch_plus_three_of_the_slot_size_rounded_to_64(
+def test_shared_memory_slots_are_twice_the_requests_plus_three_of_the_slot_size_in_pages(
         ) -> None:
-    assert _cfg().shm_geometry == Geometry(11, 32 * 2**20)
-    assert _cfg(prefetch=2, shared_memory_slot_bytes=5000).shm_geometry == Geometry(7, 5056)
+    """A slot for each request the loader may keep at a server (one per reader, up to the
+    credits it asks for) and as many replies plus three held; capped by the wire's limit."""
+    assert _cfg().most_requests == _cfg().hello("t").credits == READER_CREDITS
+    assert _cfg().shm_geometry == Geometry(2 * READER_CREDITS + 3, 32 * 2**20)
+    assert (_cfg(prefetch=2, shared_memory_slot_bytes=5000).shm_geometry
+            == Geometry(2 * READER_CREDITS + 3, 8192))
+    assert _cfg(prefetch=300).most_requests == _cfg(prefetch=300).hello("t").credits == 300
+    assert _cfg(prefetch=300).shm_geometry == Geometry(603, 32 * 2**20)
+    assert _cfg(prefetch=5000).shm_geometry == Geometry(MAX_SHM_SLOTS, 32 * 2**20)
     assert _cfg(shared_memory="off").shm_geometry is None
+    for slot_bytes in (4096, 5000, 12345, 32 * 2**20 + 1):  # slots on pages of their own
+        geo = _cfg(shared_memory_slot_bytes=slot_bytes).shm_geometry
+        assert geo.slot_bytes >= slot_bytes
+        assert all(geo.offset(k) % 4096 == 0 for k in range(geo.slots + 1))

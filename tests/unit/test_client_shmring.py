@@ -106,18 +106,25 @@ def test_every_sink_gets_what_the_server_wrote_and_the_slot_comes_back(
     sink.close()
 
 
-def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy(
+def test_a_registered_slot_is_copied_in_place_and_waits_for_the_copy(
         tmp_path, pair) -> None:  # noqa: F811
-    counts, registered = Counts(), []
-    r = ShmRings(wire.Hello(2, "t"), 2, GEO, counts,
-                 register=lambda buf: registered.append(buf.nbytes) or (lambda: None),
+    """Each slot is registered the first time it is read (a session pins the slots it uses,
+    not its whole segment), once, and unregistered when the ring closes."""
+    counts, registered, unregistered = Counts(), [], []
+
+    def register(buf: memoryview):
+        start = np.frombuffer(buf, np.uint8).ctypes.data
+        registered.append((start, buf.nbytes))
+        return lambda: unregistered.append(start)
+
+    r = ShmRings(wire.Hello(2, "t"), 2, GEO, counts, register=register,
                  directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
     copier = LateCopier()
     sink = CudaSink(torch.device("cpu"), copier=copier)
     try:
         offer = _join(r, tmp_path)
-        assert registered == [GEO.nbytes]
+        assert registered == []
         reqs = [r.lend(0, wire.Request(k, [[0, 0, 4]])) for k in range(2)]
         assert r.lend(0, wire.Request(9, [[0, 0, 4]])).slot == -1  # both lent: TCP frames
         readies = []
@@ -126,10 +133,47 @@ def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy
             msg = _recv(pair[1])
             readies += receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts)
         assert copier.hosts == []  # no copy into the sink's own ring: read in place
+        base = np.frombuffer(r._rings[0].segment.buf, np.uint8).ctypes.data
+        assert registered == [(base + GEO.offset(req.slot), GEO.slot_bytes) for req in reqs]
         assert r.lend(0, wire.Request(10, [[0, 0, 4]])).slot == -1  # copies not finished
         _equal(hand_over(readies[0]), _batch(0))
-        assert r.lend(0, wire.Request(11, [[0, 0, 4]])).slot == reqs[0].slot
+        again = r.lend(0, wire.Request(11, [[0, 0, 4]]))
+        assert again.slot == reqs[0].slot
         _equal(hand_over(readies[1]), _batch(1))
+        _serve(segments, offer, again, _batch(2), pair[0])
+        msg = _recv(pair[1])
+        got = receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts)
+        _equal(hand_over(got[0]), _batch(2))
+        assert len(registered) == 2 and copier.hosts == []  # that slot was registered already
+    finally:
+        r.close()
+        segments.close()
+        sink.close()
+    assert sorted(unregistered) == sorted(start for start, _ in registered)
+    assert not os.listdir(tmp_path)
+
+
+def test_after_a_failed_registration_slots_are_copied_and_none_is_registered_again(
+        tmp_path, pair) -> None:  # noqa: F811
+    """A registration that fails (no room in ``/dev/shm`` to pin, say) is not tried again for
+    the session: its batches are copied into the sink's own pinned ring."""
+    counts, calls = Counts(), []
+    r = ShmRings(wire.Hello(2, "t"), 2, GEO, counts,
+                 register=lambda buf: calls.append(buf.nbytes) and None,
+                 directory=str(tmp_path))
+    segments = Segments(directory=str(tmp_path))
+    copier = LateCopier()
+    sink = CudaSink(torch.device("cpu"), copier=copier)
+    try:
+        offer = _join(r, tmp_path)
+        for k in range(3):
+            req = r.lend(0, wire.Request(k, [[0, 0, 4]]))
+            _serve(segments, offer, req, _batch(k), pair[0])
+            msg = _recv(pair[1])
+            got = receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts)
+            _equal(hand_over(got[0]), _batch(k))
+        assert calls == [GEO.slot_bytes]
+        assert len(copier.hosts) == 3 and counts["shm_batches"] == 3
     finally:
         r.close()
         segments.close()
@@ -138,21 +182,24 @@ def test_a_registered_segment_is_copied_in_place_and_its_slot_waits_for_the_copy
 
 
 @pytest.mark.parametrize("pin", [False, True])
+@pytest.mark.parametrize("readers", [1, 3])
 def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
-        pin, tmp_path, pair) -> None:  # noqa: F811
-    """Unpinned, or pinned where the segment is registered with CUDA (so its views are). The
-    segment has the slots of a loader at ``prefetch`` 1: one request held, one reply waiting
-    and :data:`VIEWS` more batches held as views, however many the consumer keeps."""
-    counts, geo = Counts(), Geometry(2 + VIEWS, 1 << 20)
-    views = 1 + VIEWS
-    r = ShmRings(wire.Hello(1, "t"), 1, geo, counts,
+        pin, readers, tmp_path, pair) -> None:  # noqa: F811
+    """Unpinned, or pinned where the segment is registered with CUDA (so its views are). A
+    loader at ``prefetch`` 1 keeps a request at a server of one reader, and two (its grant)
+    at one of three: as many replies waiting and :data:`VIEWS` more batches are held as
+    views, however many the consumer keeps."""
+    kept = min(readers, 2)
+    counts, geo = Counts(), Geometry(2 * kept + VIEWS, 1 << 20)
+    views = kept + VIEWS
+    r = ShmRings(wire.Hello(256, "t"), 1, geo, counts,
                  register=lambda buf: (lambda: None) if pin else None,
                  directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
     sink = HostSink(pin=pin, alloc=lambda n: torch.empty(n, dtype=torch.uint8))
     try:
         offer = wire.decode(r.hello(0)).shm
-        r.joined(0, wire.Index(2, 1, "{}", "t", ("a",),
+        r.joined(0, wire.Index(2, readers, "{}", "t", ("a",) * readers,
                                shm=read_proof(offer.name, geo, str(tmp_path)).hex()), EP)
         held = []
         for k in range(6):
@@ -162,14 +209,14 @@ def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
             msg = _recv(pair[1])
             ring, slot = r.take(0, msg, EP)
             held += map(hand_over, receive_shared(pair[1], EP, msg, ring, slot, sink, counts))
-        assert ring.ledger.free == 1
+        assert ring.ledger.free == kept
         for k, got in enumerate(held):  # slots written again since: the views are intact
             _equal(got, _batch(k))
         segment = np.frombuffer(ring.segment.buf, np.uint8)
         assert [np.shares_memory(got["x"].numpy(), segment) for got in held] == [
             k < views for k in range(6)]
         del held[:views], got, segment
-        assert ring.ledger.free == 1 + views
+        assert ring.ledger.free == kept + views
     finally:
         r.close()
         segments.close()
