@@ -12,10 +12,10 @@ import torch
 from dataflow.checks import check_int
 from dataflow.client.decode import Decode, as_decode
 from dataflow.client.discovery import DEFAULT_RESOLVE_INTERVAL, ServerSource
-from dataflow.client.shmring import VIEWS
+from dataflow.client.shmring import PAGE_BYTES, VIEWS
 from dataflow.errors import ConfigError, FieldError
 from dataflow.security import ClientCurve, client_curve
-from dataflow.shm import HEADER_BYTES, Geometry
+from dataflow.shm import Geometry
 from dataflow.shuffle import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_SHUFFLE_WINDOW,
@@ -58,10 +58,9 @@ SHM_GROUP_BYTES = 16 * 2**20
 # reader of a server with more readers (client/scheduler.py), so that every reader can work
 # (bench/RESULTS.md: "A request per reader"). As many as a server may have readers.
 READER_CREDITS = 256
-# A shared-memory slot's bytes are a multiple of this (the segment's header is one such page):
-# each slot is on pages of its own, so registering slots with CUDA one at a time never
-# registers a page twice.
-SLOT_ALIGN = HEADER_BYTES
+# The most address space a shared-memory segment spans (sparse: memory is taken only as its
+# slots are written; the client and the server's readers each map it whole).
+SEGMENT_SPAN = 64 * 2**30
 
 
 def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -235,13 +234,16 @@ class LoaderConfig:
         slots (:attr:`most_requests`, a loader's most requests at a server, each lending a
         slot, and as many replies plus three more held as views of their slots or read by
         device copies, :data:`~dataflow.client.shmring.VIEWS`) of ``shared_memory_slot_bytes``
-        rounded up to whole pages of :data:`SLOT_ALIGN` bytes; None when ``shared_memory`` is
-        off. The segment is sparse: a slot takes memory once it is written (on a GPU, once it
-        is first read: pinned whole, on its own pages)."""
+        rounded up to whole pages of :data:`PAGE_BYTES` bytes (fewer slots where they would
+        span more than :data:`SEGMENT_SPAN`, never fewer than ``2 x prefetch + 3``, nor
+        more than the wire allows); None when ``shared_memory`` is
+        off. The segment is sparse: a slot takes memory as it is written (and is pinned, on
+        pages of its own, as a CUDA ``device``'s copies first read it)."""
         if self.shared_memory == "off":
             return None
-        return Geometry(min(2 * self.most_requests + VIEWS, MAX_SHM_SLOTS),
-                        -(-self.shared_memory_slot_bytes // SLOT_ALIGN) * SLOT_ALIGN)
+        slot_bytes = -(-self.shared_memory_slot_bytes // PAGE_BYTES) * PAGE_BYTES
+        spanned = max(2 * self.prefetch + VIEWS, SEGMENT_SPAN // slot_bytes)
+        return Geometry(min(2 * self.most_requests + VIEWS, spanned, MAX_SHM_SLOTS), slot_bytes)
 
     @property
     def request_group(self) -> tuple[int, int | None, int | None]:

@@ -117,9 +117,8 @@ class IOThread(threading.Thread):
         self._links = Links(self._ctx, self._poller, curve,
                             self._scheduler.endpoint)
         self._data = self._links.data
-        pins = isinstance(sink, CudaSink) or sink.pin
         self._shm = ShmRings(hello, prefetch, shm, self.handoff.count,
-                             register=cuda_register if pins else None)
+                             register=cuda_register if isinstance(sink, CudaSink) else None)
         self._joins = Joins(self._shm, self._scheduler, self.handoff, self._links,
                             self._control)
         self._inbox = Inbox(self._scheduler, self.handoff, self._joins, self._links, sink,

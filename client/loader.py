@@ -243,7 +243,7 @@ class DataLoader:
             per reader), as many for replies waiting or held, and 3 more; it is sparse,
             taking ``/dev/shm`` memory as slots are written, and the slots freed last are
             lent first: per server, the slots in use at once x the largest reply that fits
-            a slot (a request's batches). On a GPU a slot is pinned whole when first read.
+            a slot (a request's batches); with a CUDA ``device`` those bytes are pinned.
             Default 32 MiB slots.
         batches_per_request: how many consecutive batches of a pass one request to a server
             carries (one credit, one reply, each batch handed over on its own: the order,

@@ -18,17 +18,19 @@ again: a reader still holding a request of the old session writes into memory no
 and its reply is discarded as late) and when the loader closes; one left by a killed loader
 is removed by the next loader start of the same user (:func:`dataflow.shm.remove_stale`).
 
-No copy on the client where it can be helped (:func:`receive_shared`): CPU batches are views of
-their slot, which is lent again once the batch's tensors are all freed (at most the slots
-beyond the requests a loader may keep at a server held at once, those waiting in the
-hand-off included; beyond, a batch is copied out). On a GPU each slot is registered with
-``cudaHostRegister`` the first time it is read (:func:`cuda_register`, the one seam that
-touches CUDA: it does nothing without it; a session pins the slots it uses at once, not its
-whole segment), so those views are pinned, and a :class:`CudaSink`'s host-to-device copy
-reads the slot itself; the slot is lent again once that copy finished.
-Otherwise a batch is copied out of its slot into memory of its own (pinned, or the CUDA ring's
-slot, where the sink pins). Every batch is checked by
-:meth:`dataflow.wire.BatchLayout.check_frames` first.
+No copy on the client where it can be helped (:func:`receive_shared`): unpinned CPU batches
+are views of their slot, which is lent again once the batch's tensors are all freed (at most
+the requests kept at the server and :data:`VIEWS` more held at once, those waiting in the
+hand-off included; beyond, a batch is copied out). With a CUDA ``device`` a slot's bytes are
+registered with ``cudaHostRegister`` as they are first read (:func:`cuda_register`, the one
+seam that touches CUDA: it does nothing without it; a session pins what its slots in use
+were written, not its whole segment), and a :class:`CudaSink`'s host-to-device copy reads the
+slot itself; the slot is lent again once that copy finished. Otherwise a batch is copied out
+of its slot into memory of its own: the CUDA ring's slot, or, for pinned CPU batches, a
+buffer of torch's caching host allocator, never a view of the slot: a training loop's
+``non_blocking`` copy from such a buffer is guarded by the allocator (it is not reused
+before the copy ran), while a slot given back is written again at once. Every batch is
+checked by :meth:`dataflow.wire.BatchLayout.check_frames` first.
 
 Thread invariant: used by the client's I/O thread only.
 """
@@ -57,7 +59,7 @@ from dataflow.client.parts import split
 from dataflow.client.receive import drain
 from dataflow.client.scheduler import requests_kept
 from dataflow.errors import ProtocolError, SegmentError
-from dataflow.shm import SHM_DIR, Geometry, Segment, SlotLedger, remove_stale
+from dataflow.shm import HEADER_BYTES, SHM_DIR, Geometry, Segment, SlotLedger, remove_stale
 
 log = logging.getLogger("dataflow.client")
 
@@ -68,6 +70,9 @@ Register = Callable[[memoryview], Callable[[], None] | None]
 # waiting, and this many slots more) or read by device copies (a CUDA ``device``), never
 # both.
 VIEWS = 3
+# Slots are made of whole pages of this many bytes (the segment's header is one): a slot's
+# registration with CUDA covers pages of its own on hosts of 4 KiB pages.
+PAGE_BYTES = HEADER_BYTES
 
 
 def cuda_register(buf: memoryview) -> Callable[[], None] | None:
@@ -99,11 +104,11 @@ class Ring:
 
     Args:
         segment: the segment.
-        register: registers memory with CUDA (or does nothing): each slot the first time it
-            is read (:meth:`pinned`), so a session pins the slots it has in use at once (the
-            slot freed last is lent first), not its whole segment.
+        register: registers memory with CUDA (or does nothing): a slot's bytes as they are
+            first read by a device copy (:meth:`pinned`), so a session pins what its slots in
+            use were written, not its whole segment.
         views: the most slots held by batches viewing them at once (beyond, batches are
-            copied out): its slots beyond the requests its server may hold.
+            copied out): the requests kept at its server and :data:`VIEWS` more.
 
     Attributes:
         segment: the segment.
@@ -115,27 +120,32 @@ class Ring:
         self._most_views = views
         self.ledger = SlotLedger(segment.geometry.slots, segment.geometry.slot_bytes)
         self._register: Register | None = register
-        self._unregister: list[Callable[[], None]] = []
-        self._pinned: set[int] = set()
+        self._pinned: dict[int, tuple[int, Callable[[], None]]] = {}  # slot -> bytes, undo
         self._host: torch.Tensor | None = None
         self._copies: list[CopyEvent] = []
         self._views: list[weakref.ref[np.ndarray]] = []
 
-    def pinned(self, slot: int) -> torch.Tensor | None:
-        """A uint8 tensor over the whole segment when ``slot`` is registered with CUDA (device
-        copies then read the slot in place; registered here the first time), else None: no
-        CUDA, or a registration failed (logged; no slot is registered after it)."""
-        if slot not in self._pinned:
+    def pinned(self, slot: int, nbytes: int) -> torch.Tensor | None:
+        """A uint8 tensor over the whole segment when the first ``nbytes`` of ``slot`` (taken)
+        are registered with CUDA, so that a device copy reads them in place; else None: no
+        CUDA, or a registration failed (logged; none is tried after it). A slot is
+        registered in whole pages the first time it is read, and again, larger, when a
+        larger reply comes (nothing reads a slot that was lent again)."""
+        held = self._pinned.get(slot)
+        if held is None or held[0] < nbytes:
             if self._register is None:
                 return None
-            start = self.segment.geometry.offset(slot)
-            unregister = self._register(
-                self.segment.buf[start : start + self.segment.geometry.slot_bytes])
+            if held is not None:
+                del self._pinned[slot]
+                held[1]()
+            geometry = self.segment.geometry
+            size = min(-(-max(nbytes, 1) // PAGE_BYTES) * PAGE_BYTES, geometry.slot_bytes)
+            start = geometry.offset(slot)
+            unregister = self._register(self.segment.buf[start : start + size])
             if unregister is None:
                 self._register = None
                 return None
-            self._unregister.append(unregister)
-            self._pinned.add(slot)
+            self._pinned[slot] = (size, unregister)
         if self._host is None:
             self._host = torch.frombuffer(self.segment.buf, dtype=torch.uint8)
         return self._host
@@ -166,9 +176,8 @@ class Ring:
             event.synchronize()
         self._copies = []
         self._host = None
-        for unregister in self._unregister:
+        for _, unregister in self._pinned.values():
             unregister()
-        self._unregister = []
         self._pinned.clear()
         self.segment.close()
 
@@ -184,9 +193,8 @@ class ShmRings:
         geometry: slots of each segment, or None: shared memory off (every HELLO is
             ``hello``).
         count: the loader's counters (``shm_sessions``, ``shm_batches``).
-        register: how a segment's slots are pinned (:func:`cuda_register`, given where the
-            sink pins: a CUDA ``device``, or ``pin_memory`` with CUDA), or None: never (no
-            CUDA context is made for it).
+        register: how a segment's slots are pinned for device copies (:func:`cuda_register`,
+            given a CUDA ``device``), or None: never (no CUDA context is made for it).
         directory: where segments are made (``/dev/shm``).
     """
 
@@ -308,10 +316,10 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
     """Read the batches of ``msg`` (one, or one per ``parts`` entry:
     :func:`dataflow.client.parts.split`) from ``slot`` of ``ring`` (taken) where ``sink``
     wants them, and give the slot back: at once when they were copied out of it, when the
-    device copy reading it finished (a registered slot, a CUDA ``device``), or, for CPU
-    batches viewing the slot in place (no copy: unpinned, or pinned by the registration),
-    once every tensor of them is freed; while the ring's ``views`` such slots are held, the
-    next ones are copied out, so the consumer keeping batches never starves the ring.
+    device copy reading it finished (a registered slot, a CUDA ``device``), or, for
+    unpinned CPU batches viewing the slot in place (no copy), once every tensor of them is
+    freed; while the ring's ``views`` such slots are held, the next ones are copied out, so
+    the consumer keeping batches never starves the ring.
 
     Raises:
         ProtocolError: buffer frames follow the header, or the arrays fail
@@ -323,13 +331,13 @@ def receive_shared(sock: zmq.Socket, endpoint: str, msg: wire.BatchMsg, ring: Ri
                             "buffer frames")
     nbytes = layout.nbytes
     start = ring.segment.geometry.offset(slot)
-    pinned = ring.pinned(slot) if isinstance(sink, CudaSink) or sink.pin else None
-    if isinstance(sink, HostSink) and (not sink.pin or pinned is not None) and ring.may_view():
+    if isinstance(sink, HostSink) and not sink.pin and ring.may_view():
         arr = np.frombuffer(ring.segment.buf, dtype=np.uint8, count=nbytes, offset=start)
         _, bounds = _check(endpoint, msg, layout, arr)
         ring.ledger.release(slot, ring.viewed(arr))
         count("shm_batches", max(1, len(msg.parts)))
         return split(Received(_tensors(msg, layout, arr)), msg, bounds)
+    pinned = ring.pinned(slot, nbytes) if isinstance(sink, CudaSink) else None
     if isinstance(sink, CudaSink) and pinned is not None:
         host = pinned[start : start + nbytes]
         _, bounds = _check(endpoint, msg, layout, host.numpy())

@@ -105,7 +105,7 @@ def test_every_reader_of_a_server_works_at_once_each_into_shared_memory(
     srv = servers([str(p) for p in demo.paths], workers=6, env=env,
                   extra_args=["--transform", "meet:meet"])
     with DataLoader(srv.endpoint, batch_size=16, rank=0, world_size=1, timeout=60,
-                    prefetch=1, batches_per_request=1) as dl:
+                    prefetch=1, batches_per_request=1, read_ahead=False) as dl:
         assert dl.server_readers == (6,)
         ids: Counter[int] = Counter()
         for batch in dl:

@@ -243,15 +243,16 @@ def test_malformed_or_unproved_shared_memory_requests_never_hurt_the_server(
 @pytest.mark.timeout(90)
 def test_requests_are_sized_to_a_slot_while_replies_land_in_shared_memory(demo_data, servers,
                                                                           raw_client) -> None:
-    """Slots of 3.5 batches: fewer than 4 fit, so each batch goes alone through shared
-    memory; over TCP 8 go a request (up to 32 MiB)."""
+    """Slots of a page (4 KiB, the least): fewer than 4 batches fit, so each batch goes alone
+    through shared memory; over TCP 8 go a request (up to 32 MiB)."""
     demo = demo_data("arrow")
     server = servers([str(p) for p in demo.paths], workers=1)
     probe = raw_client(server.endpoint)
     probe.stats()
     with _loader([server.endpoint], shared_memory="off") as dl:
         first = next(iter(dl))
-    slot = int(3.5 * sum(t.numel() * t.element_size() for t in first.values()))
+    slot = 4096
+    assert 4 * sum(t.numel() * t.element_size() for t in first.values()) > slot
     seen = {}
     for mode in ("auto", "off"):
         before = probe.stats()["requests"]

@@ -183,6 +183,9 @@ def test_shared_memory_slots_are_twice_the_requests_plus_three_of_the_slot_size_
     assert _cfg(prefetch=300).most_requests == _cfg(prefetch=300).hello("t").credits == 300
     assert _cfg(prefetch=300).shm_geometry == Geometry(603, 32 * 2**20)
     assert _cfg(prefetch=5000).shm_geometry == Geometry(MAX_SHM_SLOTS, 32 * 2**20)
+    big = 2**31  # slots of 2 GiB: no more than 64 GiB of address space, or 2 x prefetch + 3
+    assert _cfg(shared_memory_slot_bytes=big).shm_geometry == Geometry(32, big)
+    assert _cfg(prefetch=20, shared_memory_slot_bytes=big).shm_geometry == Geometry(43, big)
     assert _cfg(shared_memory="off").shm_geometry is None
     for slot_bytes in (4096, 5000, 12345, 32 * 2**20 + 1):  # slots on pages of their own
         geo = _cfg(shared_memory_slot_bytes=slot_bytes).shm_geometry

@@ -19,7 +19,7 @@ from dataflow import wire
 from dataflow.batch import Ragged
 from dataflow.client.buffers import CudaSink, HostSink, hand_over
 from dataflow.client.receive import receive_header
-from dataflow.client.shmring import VIEWS, ShmRings, receive_shared
+from dataflow.client.shmring import PAGE_BYTES, VIEWS, ShmRings, receive_shared
 from dataflow.errors import ProtocolError
 from dataflow.server.shmserve import Segments
 from dataflow.shm import Geometry, read_proof
@@ -106,16 +106,32 @@ def test_every_sink_gets_what_the_server_wrote_and_the_slot_comes_back(
     sink.close()
 
 
+def _pages(msg: wire.BatchMsg) -> int:
+    return -(-wire.BatchLayout.of(msg).nbytes // PAGE_BYTES) * PAGE_BYTES
+
+
+def _mapped(name: str) -> bool:
+    with open("/proc/self/maps") as f:
+        return name in f.read()
+
+
 def test_a_registered_slot_is_copied_in_place_and_waits_for_the_copy(
         tmp_path, pair) -> None:  # noqa: F811
-    """Each slot is registered the first time it is read (a session pins the slots it uses,
-    not its whole segment), once, and unregistered when the ring closes."""
+    """A slot's bytes are registered in whole pages as a device copy first reads them (a
+    session pins what its slots in use were written, not its whole segment), again larger
+    when a larger reply comes, and unregistered, and the segment unmapped, when the ring
+    closes."""
     counts, registered, unregistered = Counts(), [], []
 
     def register(buf: memoryview):
         start = np.frombuffer(buf, np.uint8).ctypes.data
         registered.append((start, buf.nbytes))
-        return lambda: unregistered.append(start)
+        return lambda: unregistered.append((start, buf.nbytes))
+
+    def serve(req: wire.Request, batch: dict) -> tuple[wire.BatchMsg, list]:
+        _serve(segments, offer, req, batch, pair[0])
+        msg = _recv(pair[1])
+        return msg, receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts)
 
     r = ShmRings(wire.Hello(2, "t"), 2, GEO, counts, register=register,
                  directory=str(tmp_path))
@@ -127,29 +143,31 @@ def test_a_registered_slot_is_copied_in_place_and_waits_for_the_copy(
         assert registered == []
         reqs = [r.lend(0, wire.Request(k, [[0, 0, 4]])) for k in range(2)]
         assert r.lend(0, wire.Request(9, [[0, 0, 4]])).slot == -1  # both lent: TCP frames
-        readies = []
-        for k, req in enumerate(reqs):
-            _serve(segments, offer, req, _batch(k), pair[0])
-            msg = _recv(pair[1])
-            readies += receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts)
+        msgs, readies = zip(*(serve(req, _batch(k)) for k, req in enumerate(reqs)), strict=True)
         assert copier.hosts == []  # no copy into the sink's own ring: read in place
-        base = np.frombuffer(r._rings[0].segment.buf, np.uint8).ctypes.data
-        assert registered == [(base + GEO.offset(req.slot), GEO.slot_bytes) for req in reqs]
+        ring = r._rings[0]  # kept: its close unmaps the segment, not its garbage collection
+        base = np.frombuffer(ring.segment.buf, np.uint8).ctypes.data
+        at = [base + GEO.offset(req.slot) for req in reqs]
+        assert registered == [(at[0], _pages(msgs[0])), (at[1], _pages(msgs[1]))]
+        assert _pages(msgs[0]) < GEO.slot_bytes
         assert r.lend(0, wire.Request(10, [[0, 0, 4]])).slot == -1  # copies not finished
-        _equal(hand_over(readies[0]), _batch(0))
+        _equal(hand_over(readies[0][0]), _batch(0))
         again = r.lend(0, wire.Request(11, [[0, 0, 4]]))
         assert again.slot == reqs[0].slot
-        _equal(hand_over(readies[1]), _batch(1))
-        _serve(segments, offer, again, _batch(2), pair[0])
-        msg = _recv(pair[1])
-        got = receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts)
-        _equal(hand_over(got[0]), _batch(2))
-        assert len(registered) == 2 and copier.hosts == []  # that slot was registered already
+        _equal(hand_over(readies[1][0]), _batch(1))
+        big = {**_batch(2), "x": np.ones((4, 3, 100, 100), np.uint8)}
+        msg, got = serve(again, big)
+        _equal(hand_over(got[0]), big)
+        assert registered[2:] == [(at[0], _pages(msg))] and unregistered == registered[:1]
+        msg, got = serve(r.lend(0, wire.Request(12, [[0, 0, 4]])), _batch(3))
+        _equal(hand_over(got[0]), _batch(3))
+        assert len(registered) == 3 and copier.hosts == []  # registered large enough already
     finally:
         r.close()
         segments.close()
         sink.close()
-    assert sorted(unregistered) == sorted(start for start, _ in registered)
+    assert sorted(unregistered) == sorted(registered)
+    assert not _mapped(offer.name) and ring.segment.name == offer.name
     assert not os.listdir(tmp_path)
 
 
@@ -168,11 +186,13 @@ def test_after_a_failed_registration_slots_are_copied_and_none_is_registered_aga
         offer = _join(r, tmp_path)
         for k in range(3):
             req = r.lend(0, wire.Request(k, [[0, 0, 4]]))
-            _serve(segments, offer, req, _batch(k), pair[0])
+            msg = _serve(segments, offer, req, _batch(k), pair[0])
             msg = _recv(pair[1])
             got = receive_shared(pair[1], EP, msg, *r.take(0, msg, EP), sink, counts)
             _equal(hand_over(got[0]), _batch(k))
-        assert calls == [GEO.slot_bytes]
+            if k == 0:
+                assert calls == [_pages(msg)]
+        assert len(calls) == 1
         assert len(copier.hosts) == 3 and counts["shm_batches"] == 3
     finally:
         r.close()
@@ -181,22 +201,50 @@ def test_after_a_failed_registration_slots_are_copied_and_none_is_registered_aga
     assert not os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize("pin", [False, True])
+def test_pinned_cpu_batches_are_copied_out_of_their_slot(tmp_path, pair) -> None:  # noqa: F811
+    """A pinned CPU batch is copied into a buffer of its own (torch's caching host allocator:
+    it guards a training loop's ``non_blocking`` copies from it), never a view of its slot,
+    which is written again as soon as it is given back; the segment is not registered."""
+    counts, calls = Counts(), []
+    r = ShmRings(wire.Hello(1, "t"), 1, GEO, counts,
+                 register=lambda buf: calls.append(buf.nbytes) or (lambda: None),
+                 directory=str(tmp_path))
+    segments = Segments(directory=str(tmp_path))
+    sink = HostSink(pin=True, alloc=lambda n: torch.empty(n, dtype=torch.uint8))
+    try:
+        offer = _join(r, tmp_path)
+        held = []
+        for k in range(3):
+            req = r.lend(0, wire.Request(k, [[0, 0, 4]]))
+            _serve(segments, offer, req, _batch(k), pair[0])
+            msg = _recv(pair[1])
+            ring, slot = r.take(0, msg, EP)
+            held += map(hand_over, receive_shared(pair[1], EP, msg, ring, slot, sink, counts))
+            assert ring.ledger.free == GEO.slots  # given back at once
+        segment = np.frombuffer(ring.segment.buf, np.uint8)
+        for k, got in enumerate(held):
+            _equal(got, _batch(k))
+            assert not np.shares_memory(got["x"].numpy(), segment)
+        assert calls == [] and counts["shm_batches"] == 3
+        del segment
+    finally:
+        r.close()
+        segments.close()
+    assert not os.listdir(tmp_path)
+
+
 @pytest.mark.parametrize("readers", [1, 3])
 def test_cpu_batches_view_their_slot_until_freed_and_beyond_views_are_copied(
-        pin, readers, tmp_path, pair) -> None:  # noqa: F811
-    """Unpinned, or pinned where the segment is registered with CUDA (so its views are). A
-    loader at ``prefetch`` 1 keeps a request at a server of one reader, and two (its grant)
-    at one of three: as many replies waiting and :data:`VIEWS` more batches are held as
-    views, however many the consumer keeps."""
+        readers, tmp_path, pair) -> None:  # noqa: F811
+    """Unpinned CPU batches. A loader at ``prefetch`` 1 keeps a request at a server of one
+    reader, and two (its grant) at one of three: as many replies waiting and :data:`VIEWS`
+    more batches are held as views, however many the consumer keeps."""
     kept = min(readers, 2)
     counts, geo = Counts(), Geometry(2 * kept + VIEWS, 1 << 20)
     views = kept + VIEWS
-    r = ShmRings(wire.Hello(256, "t"), 1, geo, counts,
-                 register=lambda buf: (lambda: None) if pin else None,
-                 directory=str(tmp_path))
+    r = ShmRings(wire.Hello(256, "t"), 1, geo, counts, directory=str(tmp_path))
     segments = Segments(directory=str(tmp_path))
-    sink = HostSink(pin=pin, alloc=lambda n: torch.empty(n, dtype=torch.uint8))
+    sink = HostSink(pin=False)
     try:
         offer = wire.decode(r.hello(0)).shm
         r.joined(0, wire.Index(2, readers, "{}", "t", ("a",) * readers,
