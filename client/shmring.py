@@ -151,8 +151,8 @@ class Ring:
         return self._host
 
     def may_view(self) -> bool:
-        """Whether a batch may be a view of its slot (fewer slots than ``views``, its slots
-        beyond the server's credits, are held as views)."""
+        """Whether a batch may be a view of its slot (fewer than ``views`` slots are held as
+        views)."""
         self._views = [v for v in self._views if v() is not None]
         return len(self._views) < self._most_views
 
