@@ -236,9 +236,9 @@ class LoaderConfig:
         device copies, :data:`~dataflow.client.shmring.VIEWS`) of ``shared_memory_slot_bytes``
         rounded up to whole pages of :data:`PAGE_BYTES` bytes (fewer slots where they would
         span more than :data:`SEGMENT_SPAN`, never fewer than ``2 x prefetch + 3``, nor
-        more than the wire allows); None when ``shared_memory`` is
-        off. The segment is sparse: a slot takes memory as it is written (and is pinned, on
-        pages of its own, as a CUDA ``device``'s copies first read it)."""
+        more than the wire allows); None when ``shared_memory`` is off. The segment is
+        sparse: a slot takes memory as it is written (and is pinned, on pages of its own, as
+        a CUDA ``device``'s copies first read it)."""
         if self.shared_memory == "off":
             return None
         slot_bytes = -(-self.shared_memory_slot_bytes // PAGE_BYTES) * PAGE_BYTES
