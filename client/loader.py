@@ -534,8 +534,11 @@ class DataLoader:
         """Counters: ``delivered`` batches, ``discarded`` batches of abandoned iterators,
         batches ``waiting`` for the consumer, samples ``skipped`` as damaged (left out of the
         batches received, and on rank 0 those the dataset index lost, once per pass over an
-        epoch from its start), ``servers_lost``, servers ``rejoined``, batches ``rerequested``
-        from another server after a loss, ``recovered`` (re-requested batches received),
+        epoch from its start), ``servers_lost`` (no usable connection for the ``grace``
+        period; a server whose connection dropped has its requests asked again at once,
+        before that), servers ``rejoined``, batches ``rerequested`` (asked again: their
+        server's connection dropped or the server was lost, or the request was late),
+        ``recovered`` (re-requested batches received),
         servers that ``joined`` after the loader started without them (found by discovery, or
         listed but busy, slow or not up at the start), servers that ``left`` (discovery), and
         batches ``late`` (no reply within ``request_timeout``: asked of another server, or
