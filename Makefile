@@ -11,7 +11,7 @@ LINT_PATHS := dataflow server client bench tests examples .ci
 .PHONY: setup demo-setup demo peers test lint ruff typecheck clean
 
 # `make demo` installs only what the demo runs (the package, torch, the bench's matplotlib and
-# pillow); `make setup` (for the tests) adds the dev tools: lightning, datasets, moto, mypy...
+# pillow); `make setup` (for the tests) adds the dev tools: lightning, accelerate, datasets, moto, mypy...
 setup: $(VENV)/.installed
 demo-setup: $(VENV)/.demo-installed
 

@@ -17,21 +17,14 @@ sample ids of every step in ``OUT/rank{r}.jsonl``.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-from collections import Counter
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ranks import Records, assert_one_epoch, run_ranks
 
 from dataflow.plan import epoch_size
 
@@ -44,70 +37,24 @@ WORLD = 2
 BATCH = 8
 VAL_BATCH = 12
 SCRIPT_TIMEOUT_S = 120
-# The environment a launcher or scheduler would leave behind; Lightning would take it as a job.
-ENV_DROP = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-            "MASTER_ADDR", "MASTER_PORT")
-ENV_DROP_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "JSM_", "PL_")
-
-Records = dict[int, list[dict[str, Any]]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _train(tmp_path: Path, endpoint: str, name: str, *args: str) -> Records:
     """Run the training script on 2 DDP ranks to completion; returns each rank's records.
 
-    Both ranks are started here, as torchrun would (``LOCAL_RANK``, ``MASTER_ADDR``,
-    ``MASTER_PORT``: Lightning's own launcher starts rank 1 the same way, but only once rank 0
-    has imported everything, which doubles the start-up time on 2 cores). Each rank runs in a
-    session of its own, killed whole when the run ends or times out.
+    Both ranks are started here, as torchrun would (Lightning's own launcher starts rank 1
+    the same way, but only once rank 0 has imported everything, which doubles the start-up
+    time on 2 cores).
     """
     script = tmp_path / SCRIPT.name
     if not script.exists():
         shutil.copy(SCRIPT, script)
     out = tmp_path / name
-    env = {k: v for k, v in os.environ.items()
-           if k not in ENV_DROP and not k.startswith(ENV_DROP_PREFIXES)}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()), NODE_RANK="0")
     cmd = [sys.executable, str(script), "--endpoint", endpoint, "--out", str(out),
            "--devices", str(WORLD), "--batch-size", str(BATCH),
            "--val-batch-size", str(VAL_BATCH), *args]
-    logs = [tmp_path / f"{name}-rank{rank}.log" for rank in range(WORLD)]
-    procs: list[subprocess.Popen] = []
-    codes: list[int | None] = []
-    deadline = time.monotonic() + SCRIPT_TIMEOUT_S
-    try:
-        for rank, log_path in enumerate(logs):
-            with log_path.open("wb") as log:
-                procs.append(subprocess.Popen(
-                    cmd, cwd=tmp_path, env={**env, "LOCAL_RANK": str(rank)},
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True))
-        for proc in procs:
-            try:
-                codes.append(proc.wait(max(0.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-    finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    if codes != [0] * WORLD:
-        tails = "\n".join(f"--- rank {rank} ---\n{p.read_text(errors='replace')[-3000:]}"
-                          for rank, p in enumerate(logs))
-        pytest.fail(f"{name}: exit statuses {codes} (None: still running after "
-                    f"{SCRIPT_TIMEOUT_S} s); log tails:\n{tails}")
-    records = {}
-    for rank in range(WORLD):
-        lines = (out / f"rank{rank}.jsonl").read_text().splitlines()
-        records[rank] = [json.loads(line) for line in lines]
-    return records
+    return run_ranks(cmd, cwd=tmp_path, out=out, world=WORLD, timeout_s=SCRIPT_TIMEOUT_S,
+                     name=name)
 
 
 def _batches(records: Records, kind: str, epoch: int | None = None) -> dict[int, list[list[int]]]:
@@ -115,23 +62,6 @@ def _batches(records: Records, kind: str, epoch: int | None = None) -> dict[int,
     return {rank: [r["ids"] for r in recs
                    if r["kind"] == kind and (epoch is None or r["epoch"] == epoch)]
             for rank, recs in records.items()}
-
-
-def _assert_one_epoch(per_rank: dict[int, list[list[int]]], total: int, batch_size: int,
-                      what: str) -> None:
-    """``per_rank`` is one full epoch: equal batch counts, every sample exactly once plus the
-    documented padding repeats."""
-    size = epoch_size(total, world_size=WORLD, batch_size=batch_size, drop_last=False)
-    counts = {rank: len(b) for rank, b in per_rank.items()}
-    assert set(counts.values()) == {size.batches_per_rank}, f"{what}: batches per rank {counts}"
-    seen = Counter(i for batches in per_rank.values() for b in batches for i in b)
-    missing = sorted(set(range(total)) - set(seen))
-    assert not missing, f"{what}: {len(missing)} samples never seen, e.g. {missing[:10]}"
-    assert set(seen) <= set(range(total)), f"{what}: unknown ids"
-    extra = sum(seen.values()) - total
-    assert extra == size.repeated, (f"{what}: {extra} repeated samples, expected the "
-                                    f"{size.repeated} padding repeats; "
-                                    f"{sorted(i for i, c in seen.items() if c > 1)[:20]}")
 
 
 def _loader_events(records: Records, name: str) -> dict[int, list[dict[str, Any]]]:
@@ -155,7 +85,7 @@ def test_ddp_fit_reads_every_sample_once_per_epoch(demo_data, servers, tmp_path)
     # (a) each training epoch is a full, reshuffled epoch without set_epoch
     epochs = [_batches(records, "train", e) for e in range(2)]
     for e, per_rank in enumerate(epochs):
-        _assert_one_epoch(per_rank, demo.total, BATCH, f"train epoch {e}")
+        assert_one_epoch(per_rank, demo.total, BATCH, f"train epoch {e}")
     assert epochs[0][0] != epochs[1][0], "epoch 1 repeats epoch 0's order"
     assert {r["loader_epoch"] for r in records[0] if r["kind"] == "train" and r["epoch"] == 1} \
         == {1}
@@ -164,7 +94,7 @@ def test_ddp_fit_reads_every_sample_once_per_epoch(demo_data, servers, tmp_path)
     sanity = _batches(records, "sanity")
     assert {rank: len(b) for rank, b in sanity.items()} == {r: 2 for r in range(WORLD)}
     for e in range(2):
-        _assert_one_epoch(_batches(records, "val", e), demo.total, VAL_BATCH,
+        assert_one_epoch(_batches(records, "val", e), demo.total, VAL_BATCH,
                           f"validation after epoch {e}")
 
 
@@ -182,7 +112,7 @@ def test_ddp_resume_mid_epoch_from_a_lightning_checkpoint(demo_data, servers, tm
     first = _train(tmp_path, endpoint, "first", "--max-epochs", "2", "--max-steps", str(stop),
                    "--ckpt-dir", str(ckpt_dir), "--ckpt-step", str(stop))
 
-    _assert_one_epoch(_batches(first, "train", 0), demo.total, BATCH, "run 1, train epoch 0")
+    assert_one_epoch(_batches(first, "train", 0), demo.total, BATCH, "run 1, train epoch 0")
     head = _batches(first, "train", 1)
     assert {rank: len(b) for rank, b in head.items()} == {r: k for r in range(WORLD)}
 
@@ -212,9 +142,9 @@ def test_ddp_resume_mid_epoch_from_a_lightning_checkpoint(demo_data, servers, tm
     assert {rank: len(b) for rank, b in tail.items()} == {r: n - k for r in range(WORLD)}
     assert {(r["epoch"], r["loader_epoch"]) for recs in second.values() for r in recs
             if r["kind"] == "train"} == {(1, 1)}
-    _assert_one_epoch({rank: head[rank] + tail[rank] for rank in range(WORLD)}, demo.total,
+    assert_one_epoch({rank: head[rank] + tail[rank] for rank in range(WORLD)}, demo.total,
                       BATCH, "train epoch 1 across the interruption")
-    _assert_one_epoch(_batches(second, "val", 1), demo.total, VAL_BATCH,
+    assert_one_epoch(_batches(second, "val", 1), demo.total, VAL_BATCH,
                       "validation after the resumed epoch")
 
 
@@ -231,7 +161,7 @@ def test_ddp_resume_from_an_end_of_epoch_checkpoint_continues_the_epochs(demo_da
                     "--resume", str(ckpt_dir / "epoch0.ckpt"))
 
     resumed = _batches(second, "train", 1)
-    _assert_one_epoch(resumed, demo.total, BATCH, "train epoch 1 after the resume")
+    assert_one_epoch(resumed, demo.total, BATCH, "train epoch 1 after the resume")
     epoch0 = _batches(first, "train", 0)
     loader_epochs = {r["loader_epoch"] for recs in second.values() for r in recs
                      if r["kind"] == "train"}
