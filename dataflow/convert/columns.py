@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -26,6 +27,8 @@ NULLS = ("mask", "fill")
 DICTIONARY = ("values", "codes")
 DECIMAL = ("refuse", "float64", "str")
 VALID_SUFFIX = ".valid"
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+"""The directory value pyarrow (and Spark, Hive) write for a null partition value."""
 ITEMS_SUFFIX = "[]"
 """Null-count key suffix for null items inside list values (``tags[]``)."""
 PANDAS_META = b"pandas"
@@ -48,7 +51,8 @@ class ReadOptions:
             integer ``"codes"``.
         decimal: decimal columns ``"refuse"``d (naming the field), or as ``"float64"``
             (lossy above 15 significant digits) or as ``"str"`` text.
-        masked: fields served with a validity mask (set from the index's null counts).
+        masked: fields served with a validity mask (set from the index's null counts, and
+            for hive keys with null values from the shard paths).
         hive: ``(key, dtype)`` of each hive partition level (``"int64"`` or ``"str"``),
             from the shard paths under ``hive_root``; served as constant columns.
         hive_root: the directory the partition levels are under.
@@ -159,6 +163,8 @@ def with_extras(schema: Schema, options: ReadOptions) -> Schema:
         if options.wanted(key):
             out.append(FieldSpec(key, "int64") if dtype == "int64" else
                        FieldSpec(key, "uint8", ragged="str"))
+            if key in options.masked:
+                out.append(FieldSpec(key + VALID_SUFFIX, "bool"))
     names = [f.name for f in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
@@ -169,7 +175,7 @@ def with_extras(schema: Schema, options: ReadOptions) -> Schema:
 
 def hive_levels(shards: Sequence[str], root: str) -> tuple[tuple[str, str], ...]:
     """The hive partition keys (``key=value`` directories under ``root``) every shard has,
-    with ``"int64"`` where every value parses as an integer, else ``"str"``.
+    with ``"int64"`` where every value but nulls parses as an integer, else ``"str"``.
 
     Raises:
         SchemaError: shards disagree on the keys (naming two of them).
@@ -187,9 +193,16 @@ def hive_levels(shards: Sequence[str], root: str) -> tuple[tuple[str, str], ...]
                               f"under {list(keys[0])}")
     out = []
     for j, key in enumerate(keys[0]):
-        values = [hive_values(s, root)[j][1] for s in shards]
-        out.append((key, "int64" if all(_is_int(v) for v in values) else "str"))
+        values = [v for s in shards if (v := hive_values(s, root)[j][1]) is not None]
+        out.append((key, "int64" if values and all(_is_int(v) for v in values) else "str"))
     return tuple(out)
+
+
+def hive_nulls(shards: Sequence[str], root: str) -> tuple[str, ...]:
+    """The hive partition keys some shard of ``shards`` is under a null value of
+    (:data:`HIVE_NULL`), in level order."""
+    found = {k for s in shards for k, v in hive_values(s, root) if v is None}
+    return tuple(k for k, _ in hive_levels(shards, root) if k in found)
 
 
 def _is_int(text: str) -> bool:
@@ -200,12 +213,14 @@ def _is_int(text: str) -> bool:
     return True
 
 
-def hive_values(shard: str, root: str) -> list[tuple[str, str]]:
+def hive_values(shard: str, root: str) -> list[tuple[str, str | None]]:
     """``[(key, value), ...]`` of the ``key=value`` directories between ``root`` and the
-    shard's file name."""
+    shard's file name, URI-decoded as pyarrow writes them (``city=New%20York`` is
+    ``"New York"``); the value None for :data:`HIVE_NULL`."""
     rel = shard[len(root):] if shard.startswith(root) else shard
     parts = rel.split("/")[:-1]
-    return [(k, v) for k, sep, v in (p.partition("=") for p in parts) if sep and k]
+    return [(unquote(k), None if v == HIVE_NULL else unquote(v))
+            for k, sep, v in (p.partition("=") for p in parts) if sep and k]
 
 
 def hive_columns(shard: str, options: ReadOptions, n: int) -> Batch:
@@ -218,18 +233,46 @@ def hive_columns(shard: str, options: ReadOptions, n: int) -> Batch:
         if key not in values:
             raise SchemaError(f"{shard}: not under a {key}=... directory, unlike the other "
                               "shards")
+        value = values[key]
+        if key in options.masked:
+            out[key + VALID_SUFFIX] = np.full(n, value is not None, dtype=bool)
+        if value is None:
+            value = options.fill_of(key) or ("0" if dtype == "int64" else "")
         if dtype == "int64":
-            out[key] = np.full(n, int(values[key]), dtype=np.int64)
+            out[key] = np.full(n, int(value), dtype=np.int64)
         else:
-            raw = np.frombuffer(values[key].encode("utf-8"), dtype=np.uint8)
+            raw = np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
             out[key] = Ragged(np.tile(raw, n), np.arange(n + 1, dtype=np.int64) * len(raw), "str")
     return out
 
 
 def with_hive(options: ReadOptions, shards: Sequence[str], root: str) -> ReadOptions:
     """``options`` with the hive levels of ``shards`` under ``root`` (before the scan, so
-    readers serve them and ``--columns`` may name them)."""
-    return replace(options, hive=hive_levels(shards, root), hive_root=root)
+    readers serve them and ``--columns`` may name them). A key with null values (a shard
+    under :data:`HIVE_NULL`) is served with its fill value there, else masked (its
+    ``<key>.valid`` false there) under ``nulls="mask"``.
+
+    Raises:
+        SchemaError: such a key has no fill value under ``nulls="fill"``, or an integer key's
+            fill value is not an integer (naming the key, a shard and the ways out).
+    """
+    levels = hive_levels(shards, root)
+    masked = list(options.masked)
+    for key in hive_nulls(shards, root):
+        if not options.wanted(key):
+            continue
+        shard = next(s for s in shards if (key, None) in hive_values(s, root))
+        fill = options.fill_of(key)
+        if fill is None and options.nulls == "fill":
+            raise SchemaError(f"hive partition {key!r}: {shard} is under a null value "
+                              f"({HIVE_NULL}) and there is no fill value; give --fill-value "
+                              f"{key}=VALUE, --nulls mask or --drop-columns {key}")
+        if fill is not None and dict(levels)[key] == "int64" and not _is_int(fill):
+            raise SchemaError(f"hive partition {key!r}: its values are integers, but its fill "
+                              f"value {fill!r} is not one (its null value: {shard})")
+        if fill is None:
+            masked.append(key)
+    return replace(options, hive=levels, hive_root=root, masked=tuple(masked))
 
 
 def serving_options(options: ReadOptions, nulls: Mapping[str, int],
@@ -260,7 +303,8 @@ def serving_options(options: ReadOptions, nulls: Mapping[str, int],
                               f"{name}")
         masked.append(name)
     cats = tuple((k, tuple(sorted(set(v)))) for k, v in sorted((categories or {}).items()))
-    return replace(options, masked=tuple(masked), categories=cats)
+    hive = [k for k in options.masked if k in dict(options.hive)]  # masked by with_hive
+    return replace(options, masked=tuple(masked + hive), categories=cats)
 
 
 class Census(NamedTuple):

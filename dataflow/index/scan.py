@@ -12,7 +12,13 @@ from typing import Any, NamedTuple
 
 from dataflow.batch import Schema
 from dataflow.checks import check_int
-from dataflow.convert.columns import ReadOptions, serving_options, with_extras, with_hive
+from dataflow.convert.columns import (
+    VALID_SUFFIX,
+    ReadOptions,
+    serving_options,
+    with_extras,
+    with_hive,
+)
 from dataflow.errors import ConfigError
 from dataflow.index.dataset import DatasetIndex, check_schemas
 from dataflow.index.splits import dataset_shards
@@ -196,6 +202,7 @@ def scan_shards(
             categories.setdefault(name, set()).update(values)
     read = serving_options(how.read, index.null_totals(), categories)
     hive = {key for key, _ in read.hive}
+    hive |= {key + VALID_SUFFIX for key in hive}
     index = replace(index, schema=with_extras(tuple(f for f in schema if f.name not in hive),
                                               read), read=read)
     return Scanned(index, skipped, damaged)

@@ -29,6 +29,9 @@ WORLD = 2
 BATCH = 8
 N_HF = 45
 N_PD = 40
+# hive partition values pyarrow writes URI-encoded (city=New%20York), and a null one
+# (city=__HIVE_DEFAULT_PARTITION__)
+CITIES = ["New York", "a/b", "São Paulo", "x%y", None]
 
 
 def _png(i: int) -> bytes:
@@ -71,8 +74,9 @@ def pandas_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "kind": pd.Categorical([["a", "b", None][i % 3] for i in range(N_PD)]),
         "count": pd.array([None if i % 4 == 0 else i for i in range(N_PD)], dtype="Int64"),
         "lang": ["en" if i % 2 else "fr" for i in range(N_PD)],
+        "city": [CITIES[i % len(CITIES)] for i in range(N_PD)],
     }, index=pd.Index(np.arange(N_PD) * 10, name="row"))
-    df.to_parquet(root, partition_cols=["lang"])
+    df.to_parquet(root, partition_cols=["lang", "city"])
     return root
 
 
@@ -135,6 +139,7 @@ def test_pandas_hive_parquet_served_exactly_once(pandas_root: Path, servers) -> 
         assert "row" not in b and "__index_level_0__" not in b
         kinds = ragged_rows(b, "kind")
         langs = ragged_rows(b, "lang")
+        cities = ragged_rows(b, "city")
         for k, i in enumerate(b["id"].tolist()):
             seen[i] += 1
             assert b["ts"][k] == start + i * 60_000_000
@@ -143,6 +148,9 @@ def test_pandas_hive_parquet_served_exactly_once(pandas_root: Path, servers) -> 
             assert bool(b["count.valid"][k]) == (i % 4 != 0)
             assert b["count"][k] == (i if i % 4 else 0)
             assert langs[k].tobytes() == (b"en" if i % 2 else b"fr")
+            city = CITIES[i % len(CITIES)]
+            assert cities[k].tobytes().decode() == (city or "")
+            assert bool(b["city.valid"][k]) == (city is not None)
     _check_once(seen, N_PD)
 
 

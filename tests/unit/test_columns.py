@@ -18,8 +18,11 @@ from dataflow.convert.columns import (
     ReadOptions,
     hive_columns,
     hive_levels,
+    hive_values,
     parse_fill,
     serving_options,
+    with_extras,
+    with_hive,
 )
 from dataflow.convert.tables import check_selection, from_arrow, schema_of_arrow
 from dataflow.errors import ConfigError, SchemaError
@@ -159,3 +162,26 @@ def test_a_ragged_column_is_indexed_as_a_sequence() -> None:
     for i in (3, -4):
         with pytest.raises(IndexError, match=f"sample {i} of a ragged column of 3"):
             r[i]
+
+
+def test_hive_values_are_uri_decoded_and_null_partitions_masked_or_filled() -> None:
+    shards = ["/d/city=New%20York/k=1/a.parquet",
+              "/d/city=a%2Fb/k=__HIVE_DEFAULT_PARTITION__/b.parquet",
+              "/d/city=__HIVE_DEFAULT_PARTITION__/k=3/c.parquet"]
+    assert hive_values(shards[1], "/d/") == [("city", "a/b"), ("k", None)]
+    assert hive_levels(shards, "/d/") == (("city", "str"), ("k", "int64"))
+    opts = with_hive(ReadOptions(), shards, "/d/")
+    assert opts.masked == ("city", "k")
+    cols = hive_columns(shards[1], opts, 2)
+    assert [cols["city"][i] for i in range(2)] == ["a/b"] * 2 and cols["city.valid"].all()
+    assert cols["k"].tolist() == [0, 0] and not cols["k.valid"].any()
+    assert [f.name for f in with_extras((), opts)] == ["city", "city.valid", "k", "k.valid"]
+    filled = with_hive(ReadOptions(fill=(("k", "-1"),), drop=("city",)), shards, "/d/")
+    assert filled.masked == ()
+    assert {k: v.tolist() for k, v in hive_columns(shards[1], filled, 1).items()} == {"k": [-1]}
+    assert serving_options(opts, {"x": 1}).masked == ("x", "city", "k")
+    with pytest.raises(SchemaError, match=r"'city': /d/city=__HIVE_DEFAULT_PARTITION__/k=3/c"
+                                          r"\.parquet is under a null value.*--fill-value city"):
+        with_hive(ReadOptions(nulls="fill", fill=(("k", "0"),)), shards, "/d/")
+    with pytest.raises(SchemaError, match="'k': its values are integers, but its fill value 'x'"):
+        with_hive(ReadOptions(fill=(("k", "x"),)), shards, "/d/")
