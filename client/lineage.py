@@ -38,8 +38,17 @@ class Origin(NamedTuple):
     row: int
 
 
+def renumbered(skipped: Sequence[int]) -> np.ndarray | None:
+    """Per shard of an index whose ``skipped`` counts are these, whether its samples are
+    numbered apart from the file's rows (the index left damaged samples out, so the rows after
+    them shifted, and where is not known); None: no shard."""
+    flags = np.asarray(skipped, dtype=np.int64) > 0
+    return flags if flags.any() else None
+
+
 def sample_rows(rows: np.ndarray, *, copies: np.ndarray | None = None,
-                left_out: tuple[int, ...] | None = ()) -> tuple[np.ndarray, np.ndarray]:
+                left_out: tuple[int, ...] | None = (),
+                unknown: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The shard and row of each sample a batch of ``rows`` holds, in the batch's order.
 
     Args:
@@ -47,6 +56,8 @@ def sample_rows(rows: np.ndarray, *, copies: np.ndarray | None = None,
         copies: how many times each sample the rows name is in the batch (None: once).
         left_out: positions of the samples the rows name that the server left out; None:
             some were and it is not known which (every shard and row is then -1).
+        unknown: per shard, whether its rows are not the file's (:func:`renumbered`): their
+            rows are -1.
 
     Returns:
         Two int64 arrays of shape ``(samples,)``: shard numbers and rows.
@@ -65,6 +76,8 @@ def sample_rows(rows: np.ndarray, *, copies: np.ndarray | None = None,
         shard, row = np.repeat(shard, copies), np.repeat(row, copies)
     if left_out is None:
         shard, row = np.full_like(shard, -1), np.full_like(row, -1)
+    elif unknown is not None:
+        row = np.where(unknown[shard], -1, row)
     return shard, row
 
 

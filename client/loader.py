@@ -31,7 +31,14 @@ from dataflow.client.discovery import (
     ENV_VAR,
     servers_setting,
 )
-from dataflow.client.lineage import Names, Origin, attach, check_free, sample_rows
+from dataflow.client.lineage import (
+    Names,
+    Origin,
+    attach,
+    check_free,
+    renumbered,
+    sample_rows,
+)
 from dataflow.client.lineage import fields as lineage_fields
 from dataflow.client.metrics import LoaderMetrics
 from dataflow.client.passes import PassIterator, PassPlan, plan_pass
@@ -262,7 +269,8 @@ class DataLoader:
             (:mod:`dataflow.client.lineage`): int64 CPU tensors ``lineage.source`` (0),
             ``lineage.shard`` (the shard's number in :attr:`index`) and ``lineage.row`` of
             shape ``(batch,)``, read by :meth:`lineage`; samples a server left out as damaged
-            are not in them. Off (the default): no cost.
+            are not in them, and a shard the index left samples out of has rows -1 (where
+            the rest moved is not recorded). Off (the default): no cost.
         tune_malloc: on Linux with glibc, set the process's malloc (process-wide) to keep
             freed buffers of up to 32 MiB rather than return them to the kernel, so each
             received batch's memory is not faulted in afresh (:mod:`dataflow.heap`;
@@ -375,6 +383,7 @@ class DataLoader:
             self.close()
             raise
         self._names = Names([(cfg.servers.spec, shards)])
+        self._renumbered = renumbered(self.index.skipped)
         planner = self._planner = Planner(functools.partial(plan_pass, cfg, self.index.sizes))
         weakref.finalize(self, planner.close)
         self._stream = Stream(EpochCursor(self.index.total), planner, self._io.handoff.want,
@@ -500,8 +509,8 @@ class DataLoader:
             if self._decoder is not None:  # a batch that fails to decode is not consumed
                 out = self._decoder(out, *stream.demand.batch(got), key=batch)
             if self.config.lineage:
-                shard, row = sample_rows(stream.demand.batch(got)[0],
-                                                 left_out=batch.left_out)
+                shard, row = sample_rows(stream.demand.batch(got)[0], left_out=batch.left_out,
+                                         unknown=self._renumbered)
                 out = attach(out, lineage_fields(0, shard, row, samples(out)))
             if self._meter is not None:
                 self._meter.batch(perf_counter() - t0, batch)

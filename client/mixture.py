@@ -34,7 +34,14 @@ from dataflow.client.cursor import EpochCursor, Pass
 from dataflow.client.decode import BatchDecoder
 from dataflow.client.discovery import ServerSource, servers_setting
 from dataflow.client.iothread import IOThread
-from dataflow.client.lineage import Names, Origin, attach, check_free, sample_rows
+from dataflow.client.lineage import (
+    Names,
+    Origin,
+    attach,
+    check_free,
+    renumbered,
+    sample_rows,
+)
 from dataflow.client.lineage import fields as lineage_fields
 from dataflow.client.loader import EpochSetter
 from dataflow.client.metrics import LoaderMetrics
@@ -277,6 +284,7 @@ class MixtureLoader:
             self.close()
             raise
         self._names = Names([(s.name, shards[k]) for k, s in enumerate(cfg.sources)])
+        self._renumbered = [renumbered(i.skipped) for i in self.indexes]
         self.samples_per_epoch = cfg.samples_per_epoch or sum(i.total for i in self.indexes)
         self._seeds = [source_seed(base.seed, k) for k in range(k_sources)]
         self._projection = Projection(k_sources)
@@ -453,7 +461,8 @@ class MixtureLoader:
             kept = np.delete(copies, list(left_out or ()))
             out = repeat(out, np.repeat(np.arange(len(kept)), kept))
         if self.config.loader.lineage:
-            shard, row = sample_rows(part.rows, copies=copies, left_out=left_out)
+            shard, row = sample_rows(part.rows, copies=copies, left_out=left_out,
+                                     unknown=self._renumbered[part.source])
             out = attach(out, lineage_fields(part.source, shard, row, samples(out)))
         return out
 

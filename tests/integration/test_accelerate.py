@@ -16,7 +16,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from ranks import Records, assert_one_epoch, run_ranks
+from ranks import Records, assert_one_epoch, run_rank_processes
 
 from dataflow.plan import epoch_size
 
@@ -37,7 +37,7 @@ def _train(tmp_path: Path, endpoint: str, name: str, *args: str) -> Records:
     out = tmp_path / name
     cmd = [sys.executable, str(script), "--endpoint", endpoint, "--out", str(out),
            "--ckpt", str(tmp_path / "ckpt"), "--batch-size", str(BATCH), *args]
-    return run_ranks(cmd, cwd=tmp_path, out=out, world=WORLD, timeout_s=SCRIPT_TIMEOUT_S,
+    return run_rank_processes(cmd, cwd=tmp_path, out=out, world=WORLD, timeout_s=SCRIPT_TIMEOUT_S,
                      name=name)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ranks import Records, assert_one_epoch, run_ranks
+from ranks import Records, assert_one_epoch, run_rank_processes
 
 from dataflow.plan import epoch_size
 
@@ -53,7 +53,7 @@ def _train(tmp_path: Path, endpoint: str, name: str, *args: str) -> Records:
     cmd = [sys.executable, str(script), "--endpoint", endpoint, "--out", str(out),
            "--devices", str(WORLD), "--batch-size", str(BATCH),
            "--val-batch-size", str(VAL_BATCH), *args]
-    return run_ranks(cmd, cwd=tmp_path, out=out, world=WORLD, timeout_s=SCRIPT_TIMEOUT_S,
+    return run_rank_processes(cmd, cwd=tmp_path, out=out, world=WORLD, timeout_s=SCRIPT_TIMEOUT_S,
                      name=name)
 
 

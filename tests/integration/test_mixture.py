@@ -5,10 +5,12 @@ also when a server leaves damaged samples out."""
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import subprocess
 import sys
+import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -248,6 +250,32 @@ def test_lineage_leaves_out_what_the_server_left_out(servers, tmp_path) -> None:
             assert [o.row for o in origins] == batch["x"].tolist()
             assert all(isinstance(o, Origin) for o in origins)
         assert ml.stats()["skipped"] == 20
+
+
+@pytest.mark.timeout(60)
+def test_lineage_rows_of_a_shard_the_index_left_samples_out_of_are_unknown(servers,
+                                                                           tmp_path) -> None:
+    """``--missing-field skip`` drops sample 1 of ``b.tar`` while the index is built: the
+    samples after it are served one row early, so their rows are -1 (not another sample's);
+    ``a.tar``'s rows are its own."""
+    for name, lacking in (("a.tar", None), ("b.tar", 1)):
+        with tarfile.open(tmp_path / name, "w") as tf:
+            for i in range(5):
+                members = {"id": str(i).encode(), "cls": b"7"}
+                if i == lacking:
+                    del members["cls"]
+                for ext, data in members.items():
+                    info = tarfile.TarInfo(f"{i:06d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    server = servers([str(tmp_path / "a.tar"), str(tmp_path / "b.tar")],
+                     extra_args=["--missing-field", "skip"])
+    with DataLoader(server.endpoint, batch_size=9, shuffle=False, timeout=20,
+                    lineage=True) as dl:
+        (batch,) = list(dl)
+        origins = dl.lineage(batch)
+    assert [(o.shard, o.row) for o in origins] == [("a.tar", i) for i in range(5)] + [
+        ("b.tar", -1)] * 4
 
 
 @pytest.mark.timeout(90)

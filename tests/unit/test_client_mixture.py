@@ -22,6 +22,7 @@ from dataflow.client.lineage import (
     attach,
     check_free,
     fields,
+    renumbered,
     sample_rows,
 )
 from dataflow.client.mixstream import MixturePass, Projection, SourcePass
@@ -344,6 +345,12 @@ def test_sample_rows_follow_the_ranges_copies_and_samples_left_out() -> None:
         (0, 4), (0, 4), (2, 0), (2, 8)]
     shard, row = sample_rows(rows, left_out=None)
     assert set(shard.tolist()) == set(row.tolist()) == {-1}
+    assert renumbered([0, 0, 0]) is None
+    unknown = renumbered([0, 0, 2])  # the index left samples of shard 2 out: rows shifted
+    shard, row = sample_rows(rows, copies=np.array([1, 2, 1, 3, 1]), left_out=(0,),
+                             unknown=unknown)
+    assert list(zip(shard.tolist(), row.tolist(), strict=True)) == [
+        (0, 4), (0, 4), (2, -1), (2, -1), (2, -1), (2, -1), (2, -1)]
 
 
 def test_lineage_fields_name_source_shard_and_row() -> None:
