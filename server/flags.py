@@ -56,6 +56,14 @@ def _open_shards(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
 
 
+def _bytes(text: str) -> int:
+    """A byte count: ``1000``, ``512M``, ``8G`` (binary units)."""
+    try:
+        return parse_size(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "dataflow-server",
                  description: str = SERVE_HELP) -> argparse.ArgumentParser:
     """The server's flags; ``defaults`` replaces some flags' defaults (by ``dest``; ``data``
@@ -173,7 +181,7 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                           "(default: %(default)s)")
     caps = p.add_argument_group(
         "caps", "bounds on what one peer can make the server hold; each refusal or cut is "
-                "counted in STATS")
+                "counted in STATS; BYTES as a number or a size (512M, 2G)")
     caps.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS, metavar="N",
                       help="most client sessions at once; a HELLO beyond is refused with an "
                            "ERROR ServerBusy, and connections beyond 2 x N + 64 are cut "
@@ -206,7 +214,7 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                            "HELLO whose credits x batch_size (else --max-request-samples) is "
                            "larger is granted fewer credits, at least one "
                            "(default: %(default)s)")
-    caps.add_argument("--max-unsent-bytes", type=int, default=DEFAULT_MAX_UNSENT_BYTES,
+    caps.add_argument("--max-unsent-bytes", type=_bytes, default=DEFAULT_MAX_UNSENT_BYTES,
                       metavar="BYTES",
                       help="most bytes of replies the readers hold that are not yet written to "
                            "their clients; no request is handed to a reader while it is used, "
@@ -223,17 +231,17 @@ def build_parser(defaults: Mapping[str, object] | None = None, *, prog: str = "d
                            "allows, or naming a sample twice (overlapping ranges), is refused "
                            "before any read "
                            "(STATS refused) (default: %(default)s)")
-    caps.add_argument("--max-reply-bytes", type=int, default=DEFAULT_MAX_REPLY_BYTES,
+    caps.add_argument("--max-reply-bytes", type=_bytes, default=DEFAULT_MAX_REPLY_BYTES,
                       metavar="BYTES",
                       help="most bytes of one reply; a larger batch is answered with an ERROR "
                            "ReadFailed (STATS replies_too_large) (default: %(default)s)")
-    caps.add_argument("--max-inbound-bytes", type=int, default=DEFAULT_MAX_INBOUND_BYTES,
+    caps.add_argument("--max-inbound-bytes", type=_bytes, default=DEFAULT_MAX_INBOUND_BYTES,
                       metavar="BYTES",
                       help="most bytes one tcp client connection may have sent that the "
                            "server has not received as whole messages (a multipart message "
                            "never finished), and the largest frame; the connection is cut "
                            "beyond (STATS connections_cut) (default: %(default)s)")
-    caps.add_argument("--max-inbound-total", type=int, default=DEFAULT_MAX_INBOUND_TOTAL,
+    caps.add_argument("--max-inbound-total", type=_bytes, default=DEFAULT_MAX_INBOUND_TOTAL,
                       metavar="BYTES",
                       help="most such bytes over all client connections together; beyond, the "
                            "connections holding the most are cut (STATS connections_cut). "

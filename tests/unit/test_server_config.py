@@ -32,6 +32,16 @@ def test_per_address_caps_follow_the_flags() -> None:
     assert config.max_window_samples == 64 and config.max_inbound_total == 16 << 20
 
 
+def test_byte_caps_take_sizes_like_the_cache_flags(capsys) -> None:
+    config = parse_args(["--data", "x", "--max-reply-bytes", "100M", "--max-unsent-bytes",
+                         "1G", "--max-inbound-bytes", "2M", "--max-inbound-total", "1.5GiB"])
+    assert (config.max_reply_bytes, config.max_unsent_bytes, config.max_inbound_bytes,
+            config.max_inbound_total) == (100 << 20, 1 << 30, 2 << 20, 3 << 29)
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "x", "--max-reply-bytes", "100 apples"])
+    assert "--max-reply-bytes: not a size in bytes (like 512M or 8G)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"max_request_samples": 1 << 20, "max_inbound_bytes": 1 << 20}, "`max_inbound_bytes`"),
     ({"client_ttl": 10, "session_idle_timeout": 5}, "`session_idle_timeout` must be greater"),
