@@ -3,7 +3,9 @@
 Every server joins through the same path (:class:`~dataflow.client.handshake.Join`: HELLO,
 INDEX, a HEARTBEAT answered on every reader connection): at the start, when it was busy, slow
 or not up yet, when discovery found it, and again after it was lost. The first server to join
-decides the dataset and starts the loader; one serving another dataset stays out, logged. A
+decides the dataset and starts the loader, unless another one answered with another dataset
+already (the constructor then fails: ranks could start on different datasets); one serving
+another dataset later stays out, logged. A
 failed join is logged once per reason and tried again in the background (the scheduler's
 backoff, :mod:`dataflow.client.servers`).
 
@@ -179,9 +181,27 @@ class Joins:
         self._said[server] = reason
         (log.error if error else log.warning)("%s", text)
 
+    def _agree(self, server: int, join: Join) -> None:
+        """``server`` is the first to join: no other server may have answered with another
+        dataset already (the ranks of a job, each starting with its first server, could
+        start on different ones: unequal epochs, samples lost and read twice).
+
+        Raises:
+            DatasetMismatchError: naming both servers and their datasets.
+        """
+        for other, theirs in self._joins.items():
+            if other != server and theirs.fingerprint and theirs.fingerprint != join.fingerprint:
+                raise DatasetMismatchError(
+                    f"{self._endpoint(server)} serves dataset {join.fingerprint} and "
+                    f"{self._endpoint(other)} dataset {theirs.fingerprint}: one loader's "
+                    "servers must serve one dataset (each rank would start with whichever "
+                    "answers first); fix the server list")
+
     def _joined(self, server: int, join: Join, now: float) -> wire.Index:
         index, endpoint = join.index, self._endpoint(server)
         assert index is not None
+        if not self.fingerprint:
+            self._agree(server, join)
         shared = self._shm.joined(server, index, endpoint)
         first = self._scheduler.grant(server, index.credits, now, readers=len(index.data),
                                       group=index.group, ahead=index.ahead, shared=shared)

@@ -5,17 +5,20 @@ sample once, in plan order)."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
 import socket
+import threading
 import time
 
 import pytest
 import zmq
-from srvtools import RawClient, repo_env, server_stat, wait_for
+from srvtools import RawClient, repo_env, scrape, server_stat, wait_for
 
 from dataflow import wire
 from dataflow.client import DataLoader
-from dataflow.errors import ServerUnavailable
+from dataflow.errors import DatasetMismatchError, ServerUnavailable
 
 SLOW = '''
 def slow(batch):
@@ -168,3 +171,47 @@ def test_a_server_of_another_dataset_stays_out(demo_data, servers, tmp_path, cap
     (line,) = [r for r in caplog.records if "stays out" in r.getMessage()]
     assert line.levelno == logging.ERROR and wrong.endpoint in line.getMessage()
     assert wrong.ready["fingerprint"] in line.getMessage()
+
+
+@pytest.mark.timeout(60)
+def test_servers_answering_with_two_datasets_at_the_start_fail_the_constructor(
+        demo_data, servers) -> None:
+    """Each rank starts with the first server to admit it: with two datasets answering, ranks
+    could start on different ones. Both INDEXes are in (every reader stopped, so neither join
+    can finish) when one server's readers go on: the constructor fails, naming both."""
+    demo = demo_data("arrow")
+    one = servers([str(p) for p in demo.paths], extra_args=["--metrics-port", "0"])
+    other = servers([str(p) for p in demo.paths[:-1]], extra_args=["--metrics-port", "0"])
+    readers = {h.endpoint: h.ready["worker_pids"] for h in (one, other)}
+    for pids in readers.values():
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            _loader([one.endpoint, other.endpoint], timeout=20).close()
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=start)
+    try:
+        thread.start()
+        for h in (one, other):  # (a STATS probe would wait for the stopped readers)
+            port = h.ready["metrics_port"]
+            wait_for(lambda port=port: scrape(port).get(("dataflow_sessions", ()), 0) >= 1,
+                     20, f"{h.endpoint} to answer the HELLO")
+        time.sleep(0.5)  # its INDEX on the way to the loader
+        for pid in readers[one.endpoint]:
+            os.kill(pid, signal.SIGCONT)
+        thread.join(30)
+    finally:
+        for pids in readers.values():
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+    assert not thread.is_alive()
+    (error,) = outcome
+    assert isinstance(error, DatasetMismatchError), error
+    assert one.endpoint in str(error) and other.endpoint in str(error)
+    assert one.ready["fingerprint"] in str(error) and other.ready["fingerprint"] in str(error)
