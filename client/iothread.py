@@ -195,6 +195,10 @@ class IOThread(threading.Thread):
             for server in self._scheduler.hellos_due(now):
                 self._joins.hello(server, now)
             self._request(now)
+            # after the requests: a credit a reply just gave back first takes a batch asked
+            # again (a batch waiting for it is not late), and those found late now go at once
+            if self._late(now):
+                self._request(now)
             events, stop = self._poll(min(wait, self._scheduler.next_deadline(now)))
             if stop:
                 return
@@ -220,8 +224,13 @@ class IOThread(threading.Thread):
                 log.warning("%s: lost (no usable connection for the grace period); its "
                             "batches go to the other servers", self._scheduler.endpoint(server))
                 self.handoff.count("servers_lost")
-            for late in self._scheduler.late(now):
-                self._inbox.late(late, request_timeout=self._request_timeout)
+
+    def _late(self, now: float) -> bool:
+        """Apply the request timeout; returns whether a batch was found late."""
+        found = self._scheduler.late(now)
+        for late in found:
+            self._inbox.late(late, request_timeout=self._request_timeout)
+        return bool(found)
 
     # -- discovery ------------------------------------------------------------------------------
 

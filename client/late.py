@@ -5,7 +5,9 @@ ago, without a reply, is *late*: it is requested again, alone, before any new ba
 usable server that does not hold a request of it alone (the first reply is accepted, as in
 failover): a request of several batches may be late for one of them, so its server may be
 asked for each of the others alone. When there is none, or that request too is not answered
-within ``request_timeout`` (counted from when it was decided), the batch fails. A late
+within ``request_timeout`` (counted from when it was decided; while it waits for a credit, from
+the latest request sent to a server that may take it: a server that answers gives its credits
+back, so a batch queued behind others at a healthy server is not failed), the batch fails. A late
 request says nothing about its server's liveness: the server keeps its other requests and
 gets new ones. Applied by :meth:`~dataflow.client.scheduler.Scheduler.late` to its records,
 with the time passed in.
@@ -70,6 +72,18 @@ def first_sent(servers: Sequence[ServerRecord]) -> float:
                 if s.state is State.UP and s.outstanding), default=math.inf)
 
 
+def credit_until(servers: Sequence[ServerRecord], holders: Sequence[Slot],
+                 limit: float) -> float:
+    """Until when a batch asked again, not sent yet, may wait for a credit: ``limit`` after
+    the latest request sent to a usable server that may take it (one not holding it alone:
+    it sends requests as its replies come, so its credits come back); -inf: none."""
+    alone = alone_at(holders)
+    return max((next(reversed(s.outstanding.values())).sent + limit
+                for i, s in enumerate(servers)
+                if s.state is State.UP and i not in alone and s.outstanding),
+               default=-math.inf)
+
+
 def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
               limit: float) -> list[Late]:
     """Apply the request timeout ``limit`` (seconds; infinite: never) at ``now``.
@@ -87,8 +101,8 @@ def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
         if any(now - slot.sent <= limit for slot in holders):
             continue
         since = fetch.late.get(index)
-        if since is not None and now - since <= limit:
-            continue  # requested again: waiting for a server's credit
+        if since is not None and now <= max(since + limit, credit_until(servers, holders, limit)):
+            continue  # requested again: waiting for the credit of a server that answers
         failed = since is not None or not up - alone_at(holders)
         if failed:
             fetch.close(index)
@@ -113,6 +127,6 @@ def late_in(fetch: Fetch, servers: Sequence[ServerRecord], now: float, limit: fl
     for index, holders in _held(fetch, servers).items():
         due = max(slot.sent for slot in holders) + limit
         if index in fetch.late:
-            due = max(due, fetch.late[index] + limit)
+            due = max(due, fetch.late[index] + limit, credit_until(servers, holders, limit))
         soonest = min(soonest, due - now)
     return soonest

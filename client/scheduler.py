@@ -607,7 +607,8 @@ class Scheduler:
             raise ServerUnavailable(
                 ", ".join(s.endpoint for s in members) or "every server left",
                 f"no server usable for {now - self._stalled_since:.1f} s (timeout "
-                f"{self._timeout} s; states: {', '.join(s.state.value for s in members)})")
+                f"{self._timeout} s; states: "
+                + "; ".join(f"{s.endpoint}: {s.describe()}" for s in members) + ")")
 
     def late(self, now: float) -> list[Late]:
         """Apply the request timeout at ``now`` (:func:`dataflow.client.late.find_late`): the

@@ -373,8 +373,8 @@ def test_unavailable_only_after_timeout_with_no_usable_server_and_work_left() ->
     assert s.next_deadline(50.0) == pytest.approx(0.0)  # heartbeats are overdue
     s.check(55.0)
     with pytest.raises(ServerUnavailable, match=r"tcp://a:1, tcp://b:2: no server usable for "
-                                                r"5.1 s \(timeout 5.0 s; states: suspect, "
-                                                r"suspect\)") as info:
+                                                r"5.1 s \(timeout 5.0 s; states: tcp://a:1: "
+                                                r"suspect; tcp://b:2: suspect\)") as info:
         s.check(55.1)
     assert info.value.endpoint == "tcp://a:1, tcp://b:2"
 
@@ -635,6 +635,39 @@ def test_a_late_batch_waiting_for_credit_fails_after_the_timeout() -> None:
     assert s.assignments(taken=0, now=5.01) == []  # no credit anywhere
     assert s.late(10.0) == []
     assert [(x.index, x.failed) for x in s.late(10.02)] == [(0, True), (1, True)]
+
+
+def test_a_late_batch_waiting_for_the_credit_of_a_server_that_answers_is_not_failed() -> None:
+    """Server 0 never answers; server 1 (one credit) goes on answering: the batches asked
+    again queue behind one another for its credit, the last one sent 5.5 s after they were
+    found late, and none fails while server 1 answers; once it stops, the one it holds fails
+    ``request_timeout`` after it was sent."""
+    s = _late_sched(credits=(3, 1))
+    _start(s, 1, _batches(8))
+    first = s.assignments(taken=0, now=0.0)
+    hung = sorted(a.index for a in first if a.server == 0)
+    (busy,) = [a for a in first if a.server == 1]
+    assert len(hung) == 3
+    s.on_reply(1, busy.req_id, now=0.5)
+    (busy,) = s.assignments(taken=4, now=0.5)  # (taken: room in the depth)
+    assert busy.server == 1 and not busy.retry
+    _alive(s, 5.0)
+    assert [(x.index, x.failed) for x in s.late(5.01)] == [(i, False) for i in hung]
+    asked = []
+    for t in (6.0, 9.0, 10.5):  # each reply frees the credit for the next batch asked again
+        _alive(s, t)
+        s.on_reply(1, busy.req_id, now=t)
+        (busy,) = s.assignments(taken=4, now=t)
+        assert busy.retry and busy.server == 1
+        asked.append(busy.index)
+        assert s.late(t) == []
+        if t == 9.0:  # the last one waits past 5.01 + 5: server 1 sent a request at 9
+            _alive(s, 10.2)
+            assert s.late(10.2) == []
+    assert asked == hung
+    _alive(s, 15.0)
+    assert s.late(15.0) == [] and s.next_deadline(15.0) == pytest.approx(0.5)
+    assert [(x.index, x.failed, x.again) for x in s.late(15.51)] == [(hung[-1], True, True)]
 
 
 def test_no_batch_is_looked_for_late_before_the_oldest_request_is_request_timeout_old() -> None:
