@@ -195,7 +195,9 @@ class Joins:
                     f"{self._endpoint(server)} serves dataset {join.fingerprint} and "
                     f"{self._endpoint(other)} dataset {theirs.fingerprint}: one loader's "
                     "servers must serve one dataset (each rank would start with whichever "
-                    "answers first); fix the server list")
+                    "answers first). The fingerprint covers the shards' names, sizes and "
+                    "mtimes (or etags) and the served schema (--columns, --nulls...): copy "
+                    "shards with their times (cp -p, rsync -t) and start servers alike")
 
     def _joined(self, server: int, join: Join, now: float) -> wire.Index:
         index, endpoint = join.index, self._endpoint(server)

@@ -10,7 +10,9 @@ them into :class:`Origin` values. Off (the default), nothing of this runs.
 Samples a server left out as damaged (``--on-error skip``) are not in the batch, and the BATCH
 says which they were (its ``left_out``): the lineage is of the samples the batch holds. Where a
 server did not say which (the damage read otherwise when read again), shard and row are -1 for
-every sample of that batch's part.
+every sample of that batch's part. In a shard the index left samples out of when it was built
+(its ``skipped``), the rows after them shifted by an unrecorded amount: rows are -1 there
+(:func:`renumbered`).
 """
 
 from __future__ import annotations

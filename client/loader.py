@@ -129,10 +129,12 @@ class DataLoader:
     discovery do, and take requests from then on: one busy (``ServerBusy``: it holds its
     ``--max-sessions``), still starting, slow to answer or not up yet is asked again with a
     backoff (1 s, doubling up to 30 s; at once when its connection comes up), logged once per
-    reason; one serving another dataset stays out, logged as an error; one that refuses the
-    HELLO itself (a ``batch_size`` or ``columns`` it does not accept) fails the constructor
-    while no server admitted this loader yet. ``stats()["joined"]`` counts the servers that
-    joined after the loader started without them.
+    reason; one serving another dataset stays out, logged as an error, but fails the
+    constructor (``DatasetMismatchError``, naming both) when it answered before the first server
+    admitted this loader (ranks, each starting with its first server, could start on different
+    datasets); one that refuses the HELLO itself (a ``batch_size`` or ``columns`` it does not
+    accept) fails the constructor while no server admitted this loader yet.
+    ``stats()["joined"]`` counts the servers that joined after the loader started without them.
     ``server_readers`` holds the reader process count of each server that joined so far.
 
     Under the server's ``--on-error skip`` a batch may be short: damaged samples are left out,
@@ -287,6 +289,7 @@ class DataLoader:
     Raises:
         ConfigError: an argument is invalid, or is one of torch's DataLoader only.
         MetricsError: the metrics port is taken, or the registry has a DataLoader's already.
+        DatasetMismatchError: servers answered with two datasets before one admitted it.
         ServerUnavailable: no server admitted this loader within ``timeout`` (naming every
             endpoint and its state: not connected, no answer, busy, ...), or a name or a
             registry named no server within ``timeout`` (while iterating: no server was

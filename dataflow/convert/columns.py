@@ -180,7 +180,13 @@ def hive_levels(shards: Sequence[str], root: str) -> tuple[tuple[str, str], ...]
     Raises:
         SchemaError: shards disagree on the keys (naming two of them).
     """
-    keys = [tuple(k for k, _ in hive_values(s, root)) for s in shards]
+    return _levels(shards, [hive_values(s, root) for s in shards])
+
+
+def _levels(shards: Sequence[str],
+            parsed: Sequence[list[tuple[str, str | None]]]) -> tuple[tuple[str, str], ...]:
+    """:func:`hive_levels` of ``shards`` whose :func:`hive_values` are ``parsed``."""
+    keys = [tuple(k for k, _ in p) for p in parsed]
     if not keys or not keys[0]:
         if any(keys):
             first = next(i for i, k in enumerate(keys) if k)
@@ -193,16 +199,9 @@ def hive_levels(shards: Sequence[str], root: str) -> tuple[tuple[str, str], ...]
                               f"under {list(keys[0])}")
     out = []
     for j, key in enumerate(keys[0]):
-        values = [v for s in shards if (v := hive_values(s, root)[j][1]) is not None]
+        values = [v for p in parsed if (v := p[j][1]) is not None]
         out.append((key, "int64" if values and all(_is_int(v) for v in values) else "str"))
     return tuple(out)
-
-
-def hive_nulls(shards: Sequence[str], root: str) -> tuple[str, ...]:
-    """The hive partition keys some shard of ``shards`` is under a null value of
-    (:data:`HIVE_NULL`), in level order."""
-    found = {k for s in shards for k, v in hive_values(s, root) if v is None}
-    return tuple(k for k, _ in hive_levels(shards, root) if k in found)
 
 
 def _is_int(text: str) -> bool:
@@ -256,20 +255,22 @@ def with_hive(options: ReadOptions, shards: Sequence[str], root: str) -> ReadOpt
         SchemaError: such a key has no fill value under ``nulls="fill"``, or an integer key's
             fill value is not an integer (naming the key, a shard and the ways out).
     """
-    levels = hive_levels(shards, root)
+    parsed = [hive_values(s, root) for s in shards]
+    levels = _levels(shards, parsed)
     masked = list(options.masked)
-    for key in hive_nulls(shards, root):
-        if not options.wanted(key):
+    for j, (key, dtype) in enumerate(levels):
+        shard = next((s for s, p in zip(shards, parsed, strict=True) if p[j][1] is None), None)
+        if shard is None or not options.wanted(key):
             continue
-        shard = next(s for s in shards if (key, None) in hive_values(s, root))
         fill = options.fill_of(key)
         if fill is None and options.nulls == "fill":
             raise SchemaError(f"hive partition {key!r}: {shard} is under a null value "
                               f"({HIVE_NULL}) and there is no fill value; give --fill-value "
                               f"{key}=VALUE, --nulls mask or --drop-columns {key}")
-        if fill is not None and dict(levels)[key] == "int64" and not _is_int(fill):
+        if fill is not None and dtype == "int64" and not _is_int(fill):
             raise SchemaError(f"hive partition {key!r}: its values are integers, but its fill "
-                              f"value {fill!r} is not one (its null value: {shard})")
+                              f"value {fill!r} is not one (its null value: {shard}); give an "
+                              f"integer --fill-value {key}=VALUE, or --nulls mask without one")
         if fill is None:
             masked.append(key)
     return replace(options, hive=levels, hive_root=root, masked=tuple(masked))

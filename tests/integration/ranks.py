@@ -39,8 +39,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_rank_processes(cmd: list[str], *, cwd: Path, out: Path, world: int, timeout_s: float,
-              name: str) -> Records:
+def run_rank_processes(cmd: list[str], *, cwd: Path, out: Path, world: int,
+                       timeout_s: float, name: str) -> Records:
     """Run ``cmd`` as ranks ``0..world-1`` of one job to completion (``pytest.fail`` with the
     log tails if any exits non-zero or outlives ``timeout_s``); returns each rank's records
     from ``out``."""

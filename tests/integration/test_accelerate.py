@@ -37,8 +37,8 @@ def _train(tmp_path: Path, endpoint: str, name: str, *args: str) -> Records:
     out = tmp_path / name
     cmd = [sys.executable, str(script), "--endpoint", endpoint, "--out", str(out),
            "--ckpt", str(tmp_path / "ckpt"), "--batch-size", str(BATCH), *args]
-    return run_rank_processes(cmd, cwd=tmp_path, out=out, world=WORLD, timeout_s=SCRIPT_TIMEOUT_S,
-                     name=name)
+    return run_rank_processes(cmd, cwd=tmp_path, out=out, world=WORLD,
+                              timeout_s=SCRIPT_TIMEOUT_S, name=name)
 
 
 def _steps(records: Records, epoch: int, last: int | None = None) -> dict[int, list[list[int]]]:
@@ -63,7 +63,8 @@ def test_save_state_mid_epoch_then_load_state_reads_the_rest_once(demo_data, ser
     for rank, recs in first.items():
         assert [r["same"] for r in recs if r["kind"] == "prepared"] == [True], rank
     assert_one_epoch(_steps(first, 0), demo.total, BATCH, "run 1, epoch 0 (no set_epoch)")
-    assert _steps(first, 0)[0] != _steps(first, 1)[0], "epoch 1 repeats epoch 0's order"
+    head0, head1 = _steps(first, 0)[0][: n // 2], _steps(first, 1)[0][: n // 2]
+    assert len(head1) == n // 2 and head0 != head1, "epoch 1 repeats epoch 0's order"
 
     second = _train(tmp_path, endpoint, "second", "--resume")
 

@@ -53,8 +53,8 @@ def _train(tmp_path: Path, endpoint: str, name: str, *args: str) -> Records:
     cmd = [sys.executable, str(script), "--endpoint", endpoint, "--out", str(out),
            "--devices", str(WORLD), "--batch-size", str(BATCH),
            "--val-batch-size", str(VAL_BATCH), *args]
-    return run_rank_processes(cmd, cwd=tmp_path, out=out, world=WORLD, timeout_s=SCRIPT_TIMEOUT_S,
-                     name=name)
+    return run_rank_processes(cmd, cwd=tmp_path, out=out, world=WORLD,
+                              timeout_s=SCRIPT_TIMEOUT_S, name=name)
 
 
 def _batches(records: Records, kind: str, epoch: int | None = None) -> dict[int, list[list[int]]]:
@@ -95,7 +95,7 @@ def test_ddp_fit_reads_every_sample_once_per_epoch(demo_data, servers, tmp_path)
     assert {rank: len(b) for rank, b in sanity.items()} == {r: 2 for r in range(WORLD)}
     for e in range(2):
         assert_one_epoch(_batches(records, "val", e), demo.total, VAL_BATCH,
-                          f"validation after epoch {e}")
+                         f"validation after epoch {e}")
 
 
 @pytest.mark.timeout(2 * SCRIPT_TIMEOUT_S + 60)
@@ -143,9 +143,9 @@ def test_ddp_resume_mid_epoch_from_a_lightning_checkpoint(demo_data, servers, tm
     assert {(r["epoch"], r["loader_epoch"]) for recs in second.values() for r in recs
             if r["kind"] == "train"} == {(1, 1)}
     assert_one_epoch({rank: head[rank] + tail[rank] for rank in range(WORLD)}, demo.total,
-                      BATCH, "train epoch 1 across the interruption")
+                     BATCH, "train epoch 1 across the interruption")
     assert_one_epoch(_batches(second, "val", 1), demo.total, VAL_BATCH,
-                      "validation after the resumed epoch")
+                     "validation after the resumed epoch")
 
 
 @pytest.mark.timeout(2 * SCRIPT_TIMEOUT_S + 60)

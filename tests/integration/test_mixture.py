@@ -276,6 +276,12 @@ def test_lineage_rows_of_a_shard_the_index_left_samples_out_of_are_unknown(serve
         origins = dl.lineage(batch)
     assert [(o.shard, o.row) for o in origins] == [("a.tar", i) for i in range(5)] + [
         ("b.tar", -1)] * 4
+    with MixtureLoader([Source(server.endpoint, 1, name="tars")], batch_size=9, timeout=20,
+                       lineage=True) as ml:
+        (batch,) = list(ml)
+        origins = ml.lineage(batch)
+    assert sorted((o.shard, o.row) for o in origins) == [("a.tar", i) for i in range(5)] + [
+        ("b.tar", -1)] * 4
 
 
 @pytest.mark.timeout(90)
