@@ -11,6 +11,7 @@ which read that source's part of each batch; the loader puts the parts together.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import weakref
@@ -52,7 +53,14 @@ from dataflow.client.stream import Demand, Stream
 from dataflow.convert.columns import is_under
 from dataflow.errors import ConfigError, InternalError, LoaderClosedError, SchemaMismatchError
 from dataflow.index import DatasetIndex
-from dataflow.mixture import Part, Weights, mixture_batches, mixture_size, source_seed
+from dataflow.mixture import (
+    Part,
+    Weights,
+    last_epoch,
+    mixture_batches,
+    mixture_size,
+    source_seed,
+)
 from dataflow.plan import EpochSize, consumed
 
 __all__ = ["COMBINE", "MixtureConfig", "MixtureLoader", "Source"]
@@ -152,6 +160,33 @@ class MixtureConfig:
 def _stop(ios: list[IOThread]) -> None:
     for io in ios:
         io.stop()
+
+
+# The stream's plan and hand-off are functions of the loader's data, not methods of it: a
+# loader in no reference cycle is freed (its I/O threads stopped) as soon as it is dropped.
+
+def _mixture_size(cfg: LoaderConfig, samples_per_epoch: int, start: int) -> EpochSize:
+    return mixture_size(samples_per_epoch, world_size=cfg.world_size,
+                        batch_size=cfg.batch_size, drop_last=cfg.drop_last, start=start)
+
+
+def _plan(config: MixtureConfig, sizes: list[Sequence[int]], samples_per_epoch: int,
+          seeds: list[int], span: Pass) -> MixturePass:
+    cfg = config.loader
+    batches = mixture_batches(
+        sizes, config.weights, samples_per_epoch=samples_per_epoch, world_size=cfg.world_size,
+        rank=cfg.rank, epoch=span.epoch, seed=cfg.seed, batch_size=cfg.batch_size,
+        drop_last=cfg.drop_last, start=span.start, shuffle=cfg.shuffle)
+    expected = _mixture_size(cfg, samples_per_epoch, span.start).batches_per_rank
+    if len(batches) != expected:
+        raise InternalError(f"mixture plan has {len(batches)} batches; expected {expected}")
+    return MixturePass.of(span, batches, seeds)
+
+
+def _publish(ios: list[IOThread], projection: Projection,
+             demand: Demand[MixturePass]) -> None:
+    for io, wanted in zip(ios, projection.project(demand), strict=True):
+        io.handoff.want(wanted)
 
 
 class MixtureLoader:
@@ -289,7 +324,10 @@ class MixtureLoader:
         self._seeds = [source_seed(base.seed, k) for k in range(k_sources)]
         self._projection = Projection(k_sources)
         self._stream: Stream[MixturePass] = Stream(
-            EpochCursor(self.samples_per_epoch), self._plan, self._publish,
+            EpochCursor(self.samples_per_epoch),
+            functools.partial(_plan, cfg, [i.sizes for i in self.indexes],
+                              self.samples_per_epoch, self._seeds),
+            functools.partial(_publish, self._io, self._projection),
             read_ahead=base.read_ahead)
         self._live: weakref.ref[PassIterator] | None = None
         self.epoch_size = self._size(0)
@@ -320,26 +358,8 @@ class MixtureLoader:
 
     # -- the plan -------------------------------------------------------------------------------
 
-    def _plan(self, span: Pass) -> MixturePass:
-        cfg = self.config.loader
-        batches = mixture_batches(
-            [i.sizes for i in self.indexes], self.config.weights,
-            samples_per_epoch=self.samples_per_epoch, world_size=cfg.world_size,
-            rank=cfg.rank, epoch=span.epoch, seed=cfg.seed, batch_size=cfg.batch_size,
-            drop_last=cfg.drop_last, start=span.start, shuffle=cfg.shuffle)
-        expected = self._size(span.start).batches_per_rank
-        if len(batches) != expected:
-            raise InternalError(f"mixture plan has {len(batches)} batches; expected {expected}")
-        return MixturePass.of(span, batches, self._seeds)
-
-    def _publish(self, demand: Demand[MixturePass]) -> None:
-        for io, wanted in zip(self._io, self._projection.project(demand), strict=True):
-            io.handoff.want(wanted)
-
     def _size(self, start: int) -> EpochSize:
-        cfg = self.config.loader
-        return mixture_size(self.samples_per_epoch, world_size=cfg.world_size,
-                            batch_size=cfg.batch_size, drop_last=cfg.drop_last, start=start)
+        return _mixture_size(self.config.loader, self.samples_per_epoch, start)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -379,9 +399,10 @@ class MixtureLoader:
         """Make the next pass cover mixture epoch ``epoch`` (as :meth:`DataLoader.set_epoch`).
 
         Raises:
-            ConfigError: ``epoch`` is not an integer >= 0.
+            ConfigError: ``epoch`` is not an integer >= 0 (and at most the last epoch whose
+                slots an int64 numbers: ~9.2e18 / ``samples_per_epoch``).
         """
-        value = check_int("epoch", epoch, 0)
+        value = check_int("epoch", epoch, 0, last_epoch(self.samples_per_epoch))
         self._stream.set_epoch(value, held=self._held() and self._failure() is None)
 
     def _held(self) -> bool:

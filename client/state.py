@@ -30,7 +30,7 @@ from typing import Any
 
 from dataflow.checks import check_int
 from dataflow.errors import DatasetMismatchError, StateMismatchError
-from dataflow.mixture import Weights
+from dataflow.mixture import Weights, last_epoch
 from dataflow.shuffle import Shuffle
 
 VERSION = 2
@@ -136,8 +136,10 @@ def read_mixture_state(state: Mapping[str, Any], *, samples_per_epoch: int, weig
         if state[name] != ours or isinstance(state[name], bool) != isinstance(ours, bool):
             raise StateMismatchError(f"state_dict `{name}` is {state[name]!r} but this loader "
                                      f"has {ours!r}")
-    epoch, consumed = (check_int(name, state[name], 0, error=StateMismatchError,
-                                 of="the state_dict") for name in ("epoch", "consumed"))
+    epoch = check_int("epoch", state["epoch"], 0, last_epoch(samples_per_epoch),
+                      error=StateMismatchError, of="the state_dict")
+    consumed = check_int("consumed", state["consumed"], 0, error=StateMismatchError,
+                         of="the state_dict")
     if consumed > samples_per_epoch:
         raise StateMismatchError(f"state_dict `consumed` must be <= {samples_per_epoch}. "
                                  f"Found: {consumed}")

@@ -61,11 +61,13 @@ from dataflow.plan import (
 )
 from dataflow.shuffle import Shuffle, as_shuffle, compact_epoch_order, id_dtype, shard_sizes_array
 from dataflow.transform import SEED_MAX, global_batch_index
+from dataflow.wire.fields import INT64_MAX
 
 __all__ = [
     "MAX_PERIOD",
     "MixtureBatches",
     "Weights",
+    "last_epoch",
     "mixture_batches",
     "mixture_size",
     "source_seed",
@@ -200,6 +202,12 @@ class Weights:
         turn, at = divmod(check_int("slot", slot, 0), self.period)
         return tuple(turn * a + int(b) for a, b in zip(self.counts, self.before[at],
                                                         strict=True))
+
+
+def last_epoch(samples_per_epoch: int) -> int:
+    """The last mixture epoch of ``samples_per_epoch`` slots whose slots an int64 numbers
+    (slot ``epoch * samples_per_epoch + i``)."""
+    return INT64_MAX // check_int("samples_per_epoch", samples_per_epoch, 1) - 1
 
 
 def source_seed(seed: int, source: int) -> int:
@@ -446,8 +454,7 @@ def mixture_batches(
         raise ConfigError(f"`sources` must have one entry per weight ({len(weights.counts)}). "
                           f"Found: {len(sources)}")
     check_int("rank", rank, 0, check_int("world_size", world_size, 1) - 1)
-    check_int("epoch", epoch, 0)
-    check_int("samples_per_epoch", samples_per_epoch, 1)
+    check_int("epoch", epoch, 0, last_epoch(samples_per_epoch))
     how = as_shuffle(shuffle)
     sizes = [shard_sizes_array(s) for s in sources]
     for k, s in enumerate(sizes):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -12,9 +13,9 @@ import threading
 import time
 
 import pytest
-from srvtools import pid_alive, repo_env
+from srvtools import pid_alive, repo_env, wait_for
 
-from dataflow.client import DataLoader
+from dataflow.client import DataLoader, MixtureLoader, Source
 from dataflow.errors import LoaderClosedError, ServerUnavailable
 from dataflow.server import launch
 
@@ -155,3 +156,31 @@ def test_io_threads_are_the_loaders_own_and_end_with_it(demo_data, servers) -> N
     assert sorted(ids) == list(range(demo.total))
     assert _zmq_io_threads() == before
     assert kept["id"].tolist() == list(range(8))
+
+
+@pytest.mark.timeout(60)
+def test_a_loader_dropped_without_close_stops_its_io_threads_at_once(demo_data,
+                                                                    servers) -> None:
+    """No reference cycle holds a loader: dropped, it is freed at once (not by the cyclic
+    garbage collector, which may run its finalizer on one of its own I/O threads), and its
+    I/O threads end."""
+    endpoint = servers([str(p) for p in demo_data("arrow").paths]).endpoint
+    makers = (lambda: DataLoader(endpoint, batch_size=8, rank=0, world_size=1, timeout=20),
+              lambda: MixtureLoader([Source(endpoint, 1, name="a"), Source(endpoint, 1,
+                                                                            name="b")],
+                                    batch_size=8, rank=0, world_size=1, timeout=20))
+    gc.disable()
+    try:
+        for make in makers:
+            loader = make()
+            next(iter(loader))
+            assert _client_io_threads()
+            del loader
+            wait_for(lambda: not _client_io_threads(), 10, "the dropped loader's I/O threads "
+                     "to end")
+    finally:
+        gc.enable()
+
+
+def _client_io_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "dataflow-client-io"]

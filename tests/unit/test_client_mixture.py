@@ -200,6 +200,8 @@ def test_a_mixture_state_has_each_source_s_position_and_loads_on_any_world_size(
     (dict(mixture=2), StateMismatchError, "`mixture` must be 1"),
     (dict(consumed=65), StateMismatchError, "`consumed`"),
     (dict(epoch=-1), StateMismatchError, "epoch"),
+    (dict(epoch=2**62), StateMismatchError, r"`epoch` of the state_dict must be an integer "
+                                            r"in \[0, "),
     (dict(consumed=32), StateMismatchError, "positions"),
     (dict(sources=IDS), StateMismatchError, "`sources`"),
 ])

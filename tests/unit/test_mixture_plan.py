@@ -16,6 +16,7 @@ from dataflow.mixture import (
     MAX_PERIOD,
     MixtureBatches,
     Weights,
+    last_epoch,
     mixture_batches,
     mixture_size,
     source_seed,
@@ -312,12 +313,21 @@ def test_deterministic_and_sources_shuffled_apart() -> None:
     (dict(world_size=0), "world_size"), (dict(epoch=-1), "epoch"), (dict(batch_size=0),
                                                                      "batch_size"),
     (dict(start=11), "start"), (dict(seed=-1), "seed"),
+    (dict(epoch=2**62), r"`epoch` must be an integer in \[0, 922337203685477579\]"),
 ])
 def test_invalid_inputs_name_the_field(kwargs: dict, field: str) -> None:
     kw = dict(samples_per_epoch=10, world_size=2, rank=0, epoch=0, seed=0, batch_size=2)
     kw.update(kwargs)
     with pytest.raises(ConfigError, match=field):
         mixture_batches([[5], [5]], Weights.of([1, 1]), **kw)
+
+
+def test_the_last_epoch_is_planned() -> None:
+    """Slot numbers are int64: the last epoch whose slots they hold is planned, exactly."""
+    kw = dict(samples_per_epoch=10, world_size=2, rank=1, seed=0, batch_size=2)
+    last = last_epoch(10)
+    assert (last + 1) * 10 - 1 <= 2**63 - 1 < (last + 2) * 10 - 1
+    assert len(mixture_batches([[5], [5]], Weights.of([1, 1]), epoch=last, **kw)) == 3
 
 
 def test_a_source_without_samples_or_weight_is_refused() -> None:
