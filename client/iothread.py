@@ -103,7 +103,6 @@ class IOThread(threading.Thread):
         self._sink = sink
         self._routing_id = secrets.token_hex(8).encode()
         self._wake_r, self._wake_w = os.pipe()
-        self._orphaned = False  # stopped from its own thread: it closes the pipe itself
         os.set_blocking(self._wake_w, False)
         self.handoff: Handoff[Received] = Handoff(self._wake)
         self._scheduler = Scheduler(endpoints, timeout=timeout, heartbeat_s=HEARTBEAT_S,
@@ -146,8 +145,8 @@ class IOThread(threading.Thread):
             self._wake()
             if threading.current_thread() is self:
                 # the garbage collector ran a loader's finalizer on this thread (a loader in
-                # a reference cycle): the loop ends at its next poll, then closes the pipe
-                self._orphaned = True
+                # a reference cycle): the loop ends at its next poll (its wake pipe stays
+                # open: a stop() from another thread may still write to it, and closes it)
                 return
             self.join(join_timeout)
         if not self.is_alive():
@@ -175,10 +174,6 @@ class IOThread(threading.Thread):
             self.handoff.fail(e)
         finally:
             self._close()
-            if self._orphaned:
-                os.close(self._wake_r)
-                os.close(self._wake_w)
-                self._wake_r = self._wake_w = -1
 
     def _poll(self, seconds: float) -> tuple[dict, bool]:
         """Poll once, at most MONITOR_MS (connections' changes, :meth:`Links.changes`, and what

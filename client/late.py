@@ -84,6 +84,13 @@ def credit_until(servers: Sequence[ServerRecord], holders: Sequence[Slot],
                default=-math.inf)
 
 
+def _waiting(fetch: Fetch, index: int, servers: Sequence[ServerRecord],
+             holders: Sequence[Slot], limit: float) -> float:
+    """Until when late batch ``index`` may wait unsent (:func:`credit_until`; -inf once it
+    was sent again: its request then has ``limit`` of its own)."""
+    return credit_until(servers, holders, limit) if index in fetch.retry else -math.inf
+
+
 def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
               limit: float) -> list[Late]:
     """Apply the request timeout ``limit`` (seconds; infinite: never) at ``now``.
@@ -101,8 +108,9 @@ def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
         if any(now - slot.sent <= limit for slot in holders):
             continue
         since = fetch.late.get(index)
-        if since is not None and now <= max(since + limit, credit_until(servers, holders, limit)):
-            continue  # requested again: waiting for the credit of a server that answers
+        if since is not None and now <= max(since + limit, _waiting(fetch, index, servers,
+                                                                    holders, limit)):
+            continue  # requested again: not sent yet, or waiting for a credit
         failed = since is not None or not up - alone_at(holders)
         if failed:
             fetch.close(index)
@@ -127,6 +135,7 @@ def late_in(fetch: Fetch, servers: Sequence[ServerRecord], now: float, limit: fl
     for index, holders in _held(fetch, servers).items():
         due = max(slot.sent for slot in holders) + limit
         if index in fetch.late:
-            due = max(due, fetch.late[index] + limit, credit_until(servers, holders, limit))
+            due = max(due, fetch.late[index] + limit,
+                      _waiting(fetch, index, servers, holders, limit))
         soonest = min(soonest, due - now)
     return soonest

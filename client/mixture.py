@@ -162,8 +162,9 @@ def _stop(ios: list[IOThread]) -> None:
         io.stop()
 
 
-# The stream's plan and hand-off are functions of the loader's data, not methods of it: a
-# loader in no reference cycle is freed (its I/O threads stopped) as soon as it is dropped.
+# The stream's plan and hand-off, and the metrics' counters, are functions of the loader's
+# data, not methods of it: a loader in no reference cycle is freed (its I/O threads stopped)
+# as soon as it is dropped.
 
 def _mixture_size(cfg: LoaderConfig, samples_per_epoch: int, start: int) -> EpochSize:
     return mixture_size(samples_per_epoch, world_size=cfg.world_size,
@@ -181,6 +182,22 @@ def _plan(config: MixtureConfig, sizes: list[Sequence[int]], samples_per_epoch: 
     if len(batches) != expected:
         raise InternalError(f"mixture plan has {len(batches)} batches; expected {expected}")
     return MixturePass.of(span, batches, seeds)
+
+
+def _totals(ios: list[IOThread]) -> dict[str, int]:
+    """The sources' I/O counters, summed."""
+    out: dict[str, int] = {}
+    for io in ios:
+        for key, value in io.handoff.stats().items():
+            out[key] = out.get(key, 0) + value
+    return out
+
+
+def _per_source(sources: Sequence[Source], ios: list[IOThread], samples: list[int],
+                batches: list[int]) -> dict[str, dict[str, int]]:
+    """Per source name: its ``samples`` and ``batches`` returned, and its I/O counters."""
+    return {src.name: {"samples": samples[k], "batches": batches[k], **ios[k].handoff.stats()}
+            for k, src in enumerate(sources) if k < len(ios)}
 
 
 def _publish(ios: list[IOThread], projection: Projection,
@@ -301,7 +318,10 @@ class MixtureLoader:
             for k, src in enumerate(cfg.sources):
                 self._io.append(start_io(cfg.source_config(k), f"source {src.name}"))
             if metrics is not None:
-                self._metrics = LoaderMetrics(metrics, base.rank, self._totals, self._per_source)
+                self._metrics = LoaderMetrics(
+                    metrics, base.rank, functools.partial(_totals, self._io),
+                    functools.partial(_per_source, cfg.sources, self._io, self._samples,
+                                      self._batches))
                 weakref.finalize(self, self._metrics.close)
             hellos = [first_index(io) for io in self._io]
             self.indexes = [DatasetIndex.from_json(h.index_json) for h in hellos]
@@ -507,25 +527,14 @@ class MixtureLoader:
             return [o for part in batch.values() for o in self._names(part)]
         return self._names(batch)
 
-    def _totals(self) -> dict[str, int]:
-        """The sources' I/O counters, summed."""
-        out: dict[str, int] = {}
-        for io in self._io:
-            for key, value in io.handoff.stats().items():
-                out[key] = out.get(key, 0) + value
-        return out
-
-    def _per_source(self) -> dict[str, dict[str, int]]:
-        return {src.name: {"samples": self._samples[k], "batches": self._batches[k],
-                           **self._io[k].handoff.stats()}
-                for k, src in enumerate(self.config.sources) if k < len(self._io)}
-
     def stats(self) -> dict[str, Any]:
         """Counters: ``batches`` returned, the sources' I/O counters summed (those of
         :meth:`DataLoader.stats`: ``delivered`` parts, ``discarded``, ``waiting``, ``skipped``,
         ``servers_lost``, ...), and ``sources``: per source name, ``samples`` and ``batches``
         of it returned, and its own I/O counters."""
-        return {"batches": self._delivered, **self._totals(), "sources": self._per_source()}
+        return {"batches": self._delivered, **_totals(self._io),
+                "sources": _per_source(self.config.sources, self._io, self._samples,
+                                       self._batches)}
 
     # -- resume ---------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 from srvtools import pid_alive, repo_env, wait_for
 
 from dataflow.client import DataLoader, MixtureLoader, Source
@@ -165,10 +166,11 @@ def test_a_loader_dropped_without_close_stops_its_io_threads_at_once(demo_data,
     garbage collector, which may run its finalizer on one of its own I/O threads), and its
     I/O threads end."""
     endpoint = servers([str(p) for p in demo_data("arrow").paths]).endpoint
+    sources = [Source(endpoint, 1, name="a"), Source(endpoint, 1, name="b")]
     makers = (lambda: DataLoader(endpoint, batch_size=8, rank=0, world_size=1, timeout=20),
-              lambda: MixtureLoader([Source(endpoint, 1, name="a"), Source(endpoint, 1,
-                                                                            name="b")],
-                                    batch_size=8, rank=0, world_size=1, timeout=20))
+              lambda: MixtureLoader(sources, batch_size=8, rank=0, world_size=1, timeout=20),
+              lambda: MixtureLoader(sources, batch_size=8, rank=0, world_size=1, timeout=20,
+                                    metrics=CollectorRegistry()))
     gc.disable()
     try:
         for make in makers:

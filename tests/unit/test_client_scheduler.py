@@ -670,6 +670,34 @@ def test_a_late_batch_waiting_for_the_credit_of_a_server_that_answers_is_not_fai
     assert [(x.index, x.failed, x.again) for x in s.late(15.51)] == [(hung[-1], True, True)]
 
 
+def test_a_batch_asked_again_fails_on_time_while_other_servers_go_on_answering() -> None:
+    """Batch 20 hangs at every server, the others are answered in 3 s and a slow consumer
+    keeps the servers busy: asked again at 5.01, it fails ``request_timeout`` after that
+    request, however many other requests the servers are sent meanwhile."""
+    s = _late_sched(credits=(8, 8, 8))
+    _start(s, 1, _batches(400))
+    pending: list[tuple[float, int, int, range]] = []
+    done: dict[int, float] = {}
+    failed = None
+    t, taken, last_take = 0.0, 0, 0.0
+    while failed is None and t < 60:
+        for a in s.assignments(taken=taken, now=t):
+            if 20 not in a.indexes:
+                pending.append((t + 3.0, a.server, a.req_id, a.indexes))
+        for x in s.late(t):
+            if x.index == 20 and x.failed:
+                failed = t
+        t = round(t + 0.01, 2)
+        _alive(s, t)
+        for p in [p for p in pending if p[0] <= t]:
+            pending.remove(p)
+            s.on_reply(p[1], p[2], now=t)
+            done.update(dict.fromkeys(p[3], t))
+        if taken in done and t - last_take >= 1.0:  # one batch a second, in order
+            taken, last_take = taken + 1, t
+    assert failed is not None and 10.0 < failed <= 10.05, failed
+
+
 def test_no_batch_is_looked_for_late_before_the_oldest_request_is_request_timeout_old() -> None:
     """The deadline is then that moment (here a request of an abandoned generation, whose
     batch is never late); from it on, the exact one."""
