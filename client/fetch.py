@@ -42,6 +42,7 @@ class Fetch:
     retry: list[int] = field(default_factory=list)  # a heap of open batches to request again
     late: dict[int, float] = field(default_factory=dict)  # open batch -> when it was re-asked
     # for want of a reply within the request timeout
+    queued: dict[int, float] = field(default_factory=dict)  # batch in ``retry`` -> since when
 
     def __post_init__(self) -> None:
         self.next_request = self.demand.first
@@ -119,6 +120,7 @@ class Fetch:
             if count != 1:
                 raise InternalError(f"batch {index} requested again with {count - 1} more")
             heapq.heappop(self.retry)
+            self.queued.pop(index, None)
             return True
         if index != self.next_request or index + count > self.demand.end:
             raise InternalError(f"batches [{index}, {index + count}) claimed; the next to "
@@ -163,14 +165,17 @@ class Fetch:
         """Batch ``index`` is done with (answered, or failed): later replies are discarded."""
         self.open.discard(index)
         self.late.pop(index, None)
+        self.queued.pop(index, None)
 
-    def again(self, index: int) -> None:
+    def again(self, index: int, now: float) -> None:
         """A reply accepted for ``index`` could not be delivered: request it again."""
         self.open.add(index)
         heapq.heappush(self.retry, index)
+        self.queued.setdefault(index, now)
 
-    def requeue(self, indexes: Iterable[int]) -> None:
+    def requeue(self, indexes: Iterable[int], now: float) -> None:
         """Request these batches again, those still open and not queued already."""
         for index in indexes:
             if index in self.open and index not in self.retry:
                 heapq.heappush(self.retry, index)
+                self.queued.setdefault(index, now)

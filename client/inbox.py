@@ -166,7 +166,7 @@ class Inbox:
         if reply is None:
             return
         if msg.kind is ErrorKind.UNDELIVERABLE or reply.slot.parts:
-            self._scheduler.again(reply)
+            self._scheduler.again(reply, now)
             return
         self._hand_over(reply.slot.gen, reply.slot.index,
                         Failed(RemoteError(self._endpoint(server), msg.kind, msg.message)))
@@ -184,13 +184,19 @@ class Inbox:
             log.warning("%s: no reply within request_timeout %g s from %s; asking for it "
                         "again, alone", what, request_timeout, asked)
             return
-        why = ("asked for again, alone, with no reply either" if late.again
-               else "no other server could take it")
         servers = dict.fromkeys(self._endpoint(i) for i, _ in late.asked)
-        error = RequestTimeout(", ".join(servers),
-                               f"no reply within request_timeout {request_timeout:g} s to "
-                               f"{what} (global batch index) from {asked}; {why}",
-                               epoch=late.tag.epoch, batch=late.tag.batch)
+        if late.queued:
+            text = (f"{what} (global batch index) waited over request_timeout "
+                    f"{request_timeout:g} s to be asked again (its server was lost, or its "
+                    f"reply undeliverable): no server it could go to answered a request "
+                    f"meanwhile, {asked}")
+        else:
+            why = ("asked for again, alone, with no reply either" if late.again
+                   else "no other server could take it")
+            text = (f"no reply within request_timeout {request_timeout:g} s to {what} (global "
+                    f"batch index) from {asked}; {why}")
+        error = RequestTimeout(", ".join(servers), text, epoch=late.tag.epoch,
+                               batch=late.tag.batch)
         self._hand_over(late.gen, late.index, Failed(error))
 
     def _hand_over(self, gen: int, index: int, item: Received | Failed) -> None:

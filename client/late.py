@@ -9,8 +9,13 @@ within ``request_timeout`` (counted from when it was decided; while it waits for
 the latest request sent to a server that may take it: a server that answers gives its credits
 back, so a batch queued behind others at a healthy server is not failed), the batch fails. A late
 request says nothing about its server's liveness: the server keeps its other requests and
-gets new ones. Applied by :meth:`~dataflow.client.scheduler.Scheduler.late` to its records,
-with the time passed in.
+gets new ones. A batch queued to be asked again that no usable server holds (its server was
+lost, or its reply undeliverable) fails by the same rule: once ``request_timeout`` passed since
+it was queued, and no usable server that may take it sent a request within ``request_timeout``
+(every one holds its credits with requests it does not answer); with no usable server at all,
+the unavailable rule (:meth:`~dataflow.client.scheduler.Scheduler.check`) applies instead.
+Applied by :meth:`~dataflow.client.scheduler.Scheduler.late` to its records, with the time
+passed in.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ class Late:
         failed: no other server could take it (or its request again was late too): the batch
             fails; else it is requested again from another server.
         again: it was late before (it was requested again already).
+        queued: it waited to be asked again, held by no usable server, and those in
+            ``asked`` (with the age of their oldest request) answered none meanwhile.
     """
 
     gen: int
@@ -43,6 +50,7 @@ class Late:
     asked: tuple[tuple[int, float], ...]
     failed: bool
     again: bool
+    queued: bool = False
 
 
 def _held(fetch: Fetch, servers: Sequence[ServerRecord]) -> dict[int, list[Slot]]:
@@ -91,6 +99,18 @@ def _waiting(fetch: Fetch, index: int, servers: Sequence[ServerRecord],
     return credit_until(servers, holders, limit) if index in fetch.retry else -math.inf
 
 
+def _stranded(fetch: Fetch, servers: Sequence[ServerRecord],
+              limit: float) -> dict[int, float]:
+    """Batches queued to be asked again that no usable server holds, and when each fails
+    unless sent (never while no server is usable)."""
+    if not fetch.queued or not any(s.state is State.UP for s in servers):
+        return {}
+    held = _held(fetch, servers)
+    wait = credit_until(servers, (), limit)
+    return {i: max(since + limit, wait) for i, since in fetch.queued.items()
+            if i in fetch.open and i not in held}
+
+
 def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
               limit: float) -> list[Late]:
     """Apply the request timeout ``limit`` (seconds; infinite: never) at ``now``.
@@ -100,9 +120,19 @@ def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
         ``fetch`` to be asked of another server), or failed (closed: a reply for it is
         discarded; the caller puts its error in its place).
     """
-    if math.isinf(limit) or now - first_sent(servers) <= limit:
+    if math.isinf(limit):
         return []
     out = []
+    for index, due in sorted(_stranded(fetch, servers, limit).items()):
+        if now > due:
+            asked = tuple((i, now - next(iter(s.outstanding.values())).sent)
+                          for i, s in enumerate(servers)
+                          if s.state is State.UP and s.outstanding)
+            fetch.close(index)
+            out.append(Late(fetch.gen, index, fetch.batch(index)[1], asked, True, True,
+                            queued=True))
+    if now - first_sent(servers) <= limit:
+        return out
     up = {i for i, s in enumerate(servers) if s.state is State.UP}
     for index, holders in sorted(_held(fetch, servers).items()):
         if any(now - slot.sent <= limit for slot in holders):
@@ -116,11 +146,11 @@ def find_late(fetch: Fetch, servers: Sequence[ServerRecord], now: float,
             fetch.close(index)
         else:
             fetch.late[index] = now
-            fetch.requeue([index])
+            fetch.requeue([index], now)
         asked = tuple((slot.server, now - slot.sent) for slot in holders)
         out.append(Late(fetch.gen, index, fetch.batch(index)[1], asked, failed,
                         since is not None))
-    return out
+    return sorted(out, key=lambda late: late.index)
 
 
 def late_in(fetch: Fetch, servers: Sequence[ServerRecord], now: float, limit: float) -> float:
@@ -128,10 +158,11 @@ def late_in(fetch: Fetch, servers: Sequence[ServerRecord], now: float, limit: fl
     is older than ``limit``; before, the seconds until it is (never later than exact)."""
     if math.isinf(limit):
         return math.inf
+    stranded = min(_stranded(fetch, servers, limit).values(), default=math.inf) - now
     early = first_sent(servers) + limit - now
     if early > 0:
-        return early
-    soonest = math.inf
+        return min(early, stranded)
+    soonest = stranded
     for index, holders in _held(fetch, servers).items():
         due = max(slot.sent for slot in holders) + limit
         if index in fetch.late:

@@ -490,12 +490,12 @@ class Scheduler:
         first = () if self._fetch is None else self._fetch.accept(slot)
         return Reply(slot, first) if first else None
 
-    def again(self, reply: Reply) -> None:
+    def again(self, reply: Reply, now: float) -> None:
         """``reply``'s batches are requested again (each alone): the server could not
         deliver the reply, or failed a request of several batches."""
         if self._fetch is not None and self._fetch.gen == reply.slot.gen:
             for index in reply.indexes:
-                self._fetch.again(index)
+                self._fetch.again(index, now)
 
     def outstanding(self, server: int) -> int:
         return len(self._servers[server].outstanding)
@@ -525,21 +525,21 @@ class Scheduler:
         if s.state is State.GONE:
             raise InternalError(f"{s.endpoint}: lost after it was removed")
         if s.state in (State.UP, State.SUSPECT):
-            self._requeue(s)
+            self._requeue(s, now)
             s.forgotten.update(s.outstanding)
             s.outstanding.clear()
         s.enter(State.DOWN, now)
         s.next_hello = now if hello else float("inf")
 
-    def _requeue(self, s: ServerRecord) -> None:
+    def _requeue(self, s: ServerRecord, now: float) -> None:
         fetch = self._fetch
         if fetch is None:
             return
         covered = {i for o in self._servers if o.state is State.UP and o is not s
                    for slot in o.outstanding.values() if slot.gen == fetch.gen
                    for i in slot.indexes}
-        fetch.requeue(i for slot in s.outstanding.values() if slot.gen == fetch.gen
-                      for i in slot.indexes if i not in covered)
+        fetch.requeue((i for slot in s.outstanding.values() if slot.gen == fetch.gen
+                       for i in slot.indexes if i not in covered), now)
 
     def heartbeats_due(self, now: float) -> list[int]:
         """Joined servers to send a HEARTBEAT to now (each is then due again in
@@ -565,7 +565,7 @@ class Scheduler:
                                 timeout=self._timeout)
             if change is Transition.SUSPECTED:
                 s.enter(State.SUSPECT, now)
-                self._requeue(s)
+                self._requeue(s, now)
             elif change is Transition.RECOVERED:
                 if s.broken:
                     s.forgotten.update(s.outstanding)

@@ -50,14 +50,14 @@ def test_batches_are_requested_in_order_at_most_depth_ahead_of_the_consumer(dept
 def test_batches_to_request_again_come_first_lowest_first_and_once() -> None:
     f = Fetch(Demand(1, (_pass(8),)))
     assert _request(f, 0, 4) == [0, 1, 2, 3]
-    f.requeue([3, 1, 1, 7])  # 7 was never requested: not open, not queued
+    f.requeue([3, 1, 1, 7], now=0.0)  # 7 was never requested: not open, not queued
     assert f.peek(0, 4) == 1 and f.retrying(1)
     assert f.claim(1) and f.peek(0, 4) == 3 and f.claim(3)  # re-requests stay open
     assert f.peek(0, 4) is None and f.open == {0, 1, 2, 3}
     assert f.accept(_slot(1, 2))
-    f.requeue([2])  # answered meanwhile: not asked again
+    f.requeue([2], now=0.0)  # answered meanwhile: not asked again
     assert f.peek(0, 4) is None
-    f.again(2)  # its reply could not be delivered: open and asked again
+    f.again(2, now=0.0)  # its reply could not be delivered: open and asked again
     assert f.peek(0, 4) == 2 and f.claim(2) and 2 in f.open
 
 

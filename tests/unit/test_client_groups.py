@@ -132,7 +132,7 @@ def test_a_failed_request_of_several_batches_is_asked_again_batch_by_batch() -> 
     s = _sched(credits=(1, 1), group=3)
     s.follow(Demand(1, (PassPlan(Pass(0, 0), _batches(6)),)))
     a, b = s.assignments(taken=0, now=0.0)
-    s.again(s.on_reply(a.server, a.req_id, now=0.1))
+    s.again(s.on_reply(a.server, a.req_id, now=0.1), now=0.1)
     got = s.assignments(taken=0, now=0.1)
     assert [(list(x.indexes), x.retry) for x in got] == [([0], True)]
     assert got[0].server == a.server  # it holds none of them alone

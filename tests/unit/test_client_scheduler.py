@@ -355,7 +355,7 @@ def test_no_server_joined_within_timeout_names_every_endpoint_and_its_state(
 def test_undeliverable_reply_is_requested_again() -> None:
     s = _sched(credits=(2,))
     a, b = _running(s)
-    s.again(s.on_reply(0, a.req_id, now=1.0))
+    s.again(s.on_reply(0, a.req_id, now=1.0), now=1.0)
     (again,) = s.assignments(taken=0, now=1.0)
     assert (again.index, again.retry) == (0, True)
     assert _key(s.on_reply(0, again.req_id, now=1.1)) == (1, 0, 4, True)
@@ -696,6 +696,30 @@ def test_a_batch_asked_again_fails_on_time_while_other_servers_go_on_answering()
         if taken in done and t - last_take >= 1.0:  # one batch a second, in order
             taken, last_take = taken + 1, t
     assert failed is not None and 10.0 < failed <= 10.05, failed
+
+
+def test_a_lost_server_s_batch_fails_when_every_other_server_holds_its_credit_unanswered(
+        ) -> None:
+    """Server 0 goes silent (lost: its batch is queued to be asked again); server 1 answers
+    heartbeats but never its request, so its one credit never comes back: the queued batch
+    fails ``request_timeout`` after it was queued, not never (the consumer would hang on it),
+    and batch 1 fails too; while a server answers, a queued batch waits."""
+    s = _late_sched(credits=(1, 1))
+    _start(s, 1, _batches(2))
+    assert [(a.index, a.server) for a in s.assignments(taken=0, now=0.0)] == [(0, 0), (1, 1)]
+    failed, t = {}, 0.0
+    while len(failed) < 2 and t < 60:
+        t = round(t + 0.5, 2)
+        for i in s.heartbeats_due(t):
+            if i == 1:
+                s.heard(i, t)
+        s.check(t)
+        failed.update((x.index, (t, x.queued)) for x in s.late(t) if x.failed)
+        assert s.assignments(taken=0, now=t) == []
+    assert s.state(0) is State.DOWN and s.state(1) is State.UP
+    assert failed[1] == (5.5, False)
+    when, queued = failed[0]
+    assert queued and 8.0 <= when <= 10.0, failed  # suspect at 3.5, queued then: + 5 s
 
 
 def test_no_batch_is_looked_for_late_before_the_oldest_request_is_request_timeout_old() -> None:
