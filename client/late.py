@@ -96,7 +96,7 @@ def _waiting(fetch: Fetch, index: int, servers: Sequence[ServerRecord],
              holders: Sequence[Slot], limit: float) -> float:
     """Until when late batch ``index`` may wait unsent (:func:`credit_until`; -inf once it
     was sent again: its request then has ``limit`` of its own)."""
-    return credit_until(servers, holders, limit) if index in fetch.retry else -math.inf
+    return credit_until(servers, holders, limit) if index in fetch.queued else -math.inf
 
 
 def _stranded(fetch: Fetch, servers: Sequence[ServerRecord],

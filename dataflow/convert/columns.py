@@ -214,7 +214,7 @@ def _is_int(text: str) -> bool:
 
 def hive_values(shard: str, root: str) -> list[tuple[str, str | None]]:
     """``[(key, value), ...]`` of the ``key=value`` directories between ``root`` and the
-    shard's file name, URI-decoded as pyarrow writes them (``city=New%20York`` is
+    shard's file name, URI-decoded as pyarrow reads them (``city=New%20York`` is
     ``"New York"``); the value None for :data:`HIVE_NULL`."""
     rel = shard[len(root):] if shard.startswith(root) else shard
     parts = rel.split("/")[:-1]
